@@ -1,0 +1,181 @@
+"""``IPUConfig``: the configuration tree of the TF-IPU API, as far as ipupod emulates it.
+
+The tree and defaults follow ``tensorflow.python.ipu.config.IPUConfig`` (seed ``004``
+lines 1475-1904). Assigning an attribute that does not exist raises ``AttributeError``
+naming the valid ones, so a typo never passes silently (the real IPUConfig does the same).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+
+class SelectionOrder(enum.Enum):
+    """Order in which a multi-IPU device's IPUs map to physical IPUs (seed 004:1324-1395)."""
+
+    AUTO = 0
+    ZIGZAG = 1
+    SNAKE = 2
+    HOOF = 3
+
+
+class _ConfigGroup:
+    """A node of the config tree: fixed attribute names, validated on assignment."""
+
+    _fields: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        for name, default in self._fields.items():
+            value = default() if callable(default) and not isinstance(default, enum.Enum) else default
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._fields:
+            valid = ", ".join(sorted(self._fields))
+            raise AttributeError(
+                f"{type(self).__name__} has no option {name!r}; valid options: {valid}")
+        check = getattr(self, f"_check_{name}", None)
+        object.__setattr__(self, name, check(value) if check else value)
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields)
+        return f"{type(self).__name__}({items})"
+
+
+def _check_ipu_selection(name: str, value: Any) -> int | list[int]:
+    """``auto_select_ipus``/``select_ipus``: an int, or a list/tuple of ints (seed 004:1496-1646)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a list of ints, not bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+        return value
+    if isinstance(value, (list, tuple)):
+        bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise TypeError(
+                f"{name} must be an int or a list of ints; got {type(bad[0]).__name__} "
+                f"{bad[0]!r} in {list(value)!r}")
+        if any(v < 0 for v in value):
+            raise ValueError(f"{name} entries must be >= 0, got {list(value)!r}")
+        return list(value)
+    raise TypeError(f"{name} must be an int or a list of ints, not {type(value).__name__}")
+
+
+class IPUModelConfig(_ConfigGroup):
+    """``IPUConfig.ipu_model``: version ``"ipu1"``/``"ipu2"`` and tiles per IPU (0 = standard)."""
+
+    _fields = {"compile_ipu_code": True, "tiles_per_ipu": 0, "version": "ipu2"}
+
+    def _check_version(self, value: Any) -> str:
+        if value not in ("ipu1", "ipu2"):
+            raise ValueError(f"ipu_model.version must be 'ipu1' or 'ipu2', got {value!r}")
+        return value
+
+    def _check_tiles_per_ipu(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ipu_model.tiles_per_ipu must be an int >= 0, got {value!r}")
+        return value
+
+
+class MultiReplicaDistributionConfig(_ConfigGroup):
+    """``IPUConfig.experimental.multi_replica_distribution`` (seed 004:1694-1706).
+
+    ``process_count`` instances each run ``local replicas``; the global replication factor is
+    their product. 0 (the default) means no multi-replica distribution. ``transport`` is
+    ipupod's own field: ``"auto"`` (MPI when ``process_count > 1``), ``"mpi"`` or ``"local"``.
+    """
+
+    _fields = {"process_count": 0, "process_index": 0, "transport": "auto"}
+
+    def _check_process_count(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"process_count must be an int >= 0, got {value!r}")
+        return value
+
+    def _check_process_index(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"process_index must be an int >= 0, got {value!r}")
+        return value
+
+    def _check_transport(self, value: Any) -> str:
+        if value not in ("auto", "mpi", "local"):
+            raise ValueError(f"transport must be 'auto', 'mpi' or 'local', got {value!r}")
+        return value
+
+
+class ExperimentalConfig(_ConfigGroup):
+    """``IPUConfig.experimental``."""
+
+    _fields = {"multi_replica_distribution": MultiReplicaDistributionConfig}
+
+
+class IPUConfig(_ConfigGroup):
+    """Configuration of this process's emulated IPU system.
+
+    Set options by assignment, then call :meth:`configure_ipu_system`::
+
+        cfg = IPUConfig()
+        cfg.auto_select_ipus = 4          # one TF device /device:IPU:0 with 4 IPUs
+        cfg.ipus_per_replica = 1          # ipupod: IPUs per model copy -> 4 local replicas
+        cfg.configure_ipu_system()
+
+    ``ipus_per_replica`` is ipupod's own option: it stands for the model's number of shards,
+    which the real stack derives from the compiled graph. The local replication factor is the
+    number of IPUs of ``/device:IPU:0`` divided by it.
+
+    Raises:
+        AttributeError: assignment to an option that does not exist (names the valid ones).
+        TypeError, ValueError: a value of the wrong type or range (names the option).
+    """
+
+    _fields = {
+        "auto_select_ipus": list,
+        "select_ipus": list,
+        "selection_order": SelectionOrder.AUTO,
+        "gcl_poplar_options": dict,
+        "ipus_per_replica": 1,
+        "ipu_model": IPUModelConfig,
+        "experimental": ExperimentalConfig,
+    }
+
+    def _check_auto_select_ipus(self, value: Any) -> int | list[int]:
+        return _check_ipu_selection("auto_select_ipus", value)
+
+    def _check_select_ipus(self, value: Any) -> int | list[int]:
+        return _check_ipu_selection("select_ipus", value)
+
+    def _check_selection_order(self, value: Any) -> SelectionOrder:
+        if not isinstance(value, SelectionOrder):
+            raise TypeError(f"selection_order must be a SelectionOrder, not {value!r}")
+        return value
+
+    def _check_gcl_poplar_options(self, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"gcl_poplar_options must be a dict, not {type(value).__name__}")
+        return dict(value)
+
+    def _check_ipus_per_replica(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"ipus_per_replica must be an int >= 1, got {value!r}")
+        return value
+
+    def device_ipu_counts(self) -> Sequence[int]:
+        """IPUs of each TF device ``/device:IPU:N`` that ``auto_select_ipus`` asks for."""
+        sel = self.auto_select_ipus
+        return [sel] if isinstance(sel, int) else list(sel)
+
+    def configure_ipu_system(self) -> "ipu_node.system.IPUSystem":  # noqa: F821
+        """Attach the simulated IPUs and make this the process's IPU system.
+
+        Returns:
+            The configured :class:`~ipu_node.system.IPUSystem`.
+
+        Raises:
+            IPUConfigError: the options do not describe a usable system.
+            AlreadyConfiguredError: replicas of the previous system are still running.
+        """
+        from ipu_node import system  # late: system imports this module
+
+        return system.configure(self)

@@ -1,0 +1,114 @@
+"""Replica contexts and the executor that runs one thread per local replica."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ipu_node.device import IPU
+from ipu_node.errors import NotInReplicaError
+
+logger = logging.getLogger(__name__)
+
+_current = threading.local()
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    """Where a replica function runs.
+
+    Attributes:
+        replica_index: global replica index, in ``[0, num_replicas)``.
+        local_index: index among this instance's replicas, in ``[0, num_local_replicas)``.
+        num_replicas: global replication factor.
+        num_local_replicas: replicas of this instance.
+        ipus: the IPUs this replica occupies (``ipus_per_replica`` of them).
+    """
+
+    replica_index: int
+    local_index: int
+    num_replicas: int
+    num_local_replicas: int
+    ipus: tuple[IPU, ...]
+
+
+def current_replica_context() -> ReplicaContext | None:
+    """The context of the replica running in this thread, or None outside replica functions."""
+    return getattr(_current, "ctx", None)
+
+
+def require_replica_context(what: str) -> ReplicaContext:
+    """The current replica context; raises :class:`NotInReplicaError` naming ``what`` outside one."""
+    ctx = current_replica_context()
+    if ctx is None:
+        raise NotInReplicaError(
+            f"{what} must be called inside a replica function "
+            "(the function passed to strategy.run)")
+    return ctx
+
+
+class ReplicaExecutor:
+    """Runs a function once per local replica, concurrently, each in its own thread.
+
+    With one local replica the function runs in the caller's thread (no hand-off).
+    """
+
+    def __init__(self, contexts: Sequence[ReplicaContext]):
+        self._contexts = tuple(contexts)
+        self._pool = (ThreadPoolExecutor(len(contexts), thread_name_prefix="ipu-replica")
+                      if len(contexts) > 1 else None)
+        self._failure_listeners: list[Callable[[BaseException], None]] = []
+        self._running = threading.Lock()
+        self._error_lock = threading.Lock()
+        self._first_error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._running.locked()
+
+    def add_failure_listener(self, listener: Callable[[BaseException], None]) -> None:
+        """Call ``listener(exc)`` as soon as a replica raises (to wake replicas that wait on it)."""
+        self._failure_listeners.append(listener)
+
+    def run(self, fn: Callable[..., Any], args: Sequence[tuple], kwargs: Sequence[dict]) -> list:
+        """Call ``fn(*args[i], **kwargs[i])`` for local replica i; results in local order.
+
+        Raises:
+            The first exception any replica raised (in time order); the others are logged.
+        """
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("strategy.run is already running; it cannot be nested")
+        try:
+            if self._pool is None:
+                return [self._call(self._contexts[0], fn, args[0], kwargs[0])]
+            self._first_error = None
+            futures = [self._pool.submit(self._call, ctx, fn, a, k)
+                       for ctx, a, k in zip(self._contexts, args, kwargs)]
+            wait(futures)
+            if self._first_error is not None:
+                raise self._first_error
+            return [f.result() for f in futures]
+        finally:
+            self._running.release()
+
+    def _call(self, ctx: ReplicaContext, fn, args, kwargs):
+        _current.ctx = ctx
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            logger.debug("replica %d raised %r", ctx.replica_index, exc)
+            with self._error_lock:
+                if self._first_error is None:
+                    self._first_error = exc
+            for listener in self._failure_listeners:
+                listener(exc)
+            raise
+        finally:
+            _current.ctx = None
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
