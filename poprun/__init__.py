@@ -1,0 +1,5 @@
+"""poprun: the ``poprun`` launcher and the PopDist API (``from poprun import popdist``)."""
+
+from poprun import popdist
+
+__all__ = ["popdist"]

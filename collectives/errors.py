@@ -1,0 +1,21 @@
+"""Exceptions of the collectives, one class per cause."""
+
+
+class CollectiveError(RuntimeError):
+    """Base class of every error raised by a collective operation."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Replicas called the same collective with different arguments (op, dtype, shape, group)."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """Some replicas did not reach a collective within the timeout; names the missing ones."""
+
+
+class CollectiveAbortedError(CollectiveError):
+    """A collective was abandoned because another replica of this instance failed."""
+
+
+class TransportError(CollectiveError):
+    """The transport between instances failed; the cause is ``__cause__``."""

@@ -1,0 +1,47 @@
+"""Options of the collectives, read once from the environment (the one place that does).
+
+| variable                       | meaning                                               | default |
+|--------------------------------|-------------------------------------------------------|---------|
+| ``IPUPOD_STALL_WARNING_S``     | seconds a replica waits before a warning names the    | 60      |
+|                                | replicas or instances that have not arrived           |         |
+| ``IPUPOD_COLLECTIVE_TIMEOUT_S``| seconds before the wait becomes a CollectiveTimeoutError | 300  |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
+TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be > 0 seconds")
+    return value
+
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """How long collectives wait (wall seconds).
+
+    Attributes:
+        stall_warning_s: a waiting replica logs a warning naming the missing ones after this.
+        timeout_s: the wait raises :class:`~collectives.errors.CollectiveTimeoutError` after this.
+    """
+
+    stall_warning_s: float = 60.0
+    timeout_s: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> "CollectiveOptions":
+        return cls(_seconds(STALL_WARNING_ENV, cls.stall_warning_s),
+                   _seconds(TIMEOUT_ENV, cls.timeout_s))

@@ -1,0 +1,66 @@
+"""The transport interface the collective algorithms sit on.
+
+Every buffer is a 1-D ``uint8`` numpy array (raw bytes); the engine reinterprets them with
+the dtype and shape the descriptors agreed on, so nothing is pickled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import numpy as np
+
+from collectives.waiting import Patience
+
+
+class Communicator(ABC):
+    """A fixed set of instances that exchange data together.
+
+    Attributes:
+        members: instance indices, increasing.
+        rank: this instance's position in ``members``.
+    """
+
+    members: tuple[int, ...]
+    rank: int
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @abstractmethod
+    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
+        """Every member's ``send`` (same length on all): ``uint8[size, len(send)]``."""
+
+    @abstractmethod
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+        """Send ``send[displ_j : displ_j + send_counts[j]]`` to member j; receive
+        ``recv_counts[j]`` bytes from member j. Returns the received bytes concatenated in
+        member order."""
+
+    @abstractmethod
+    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
+                   patience: Patience) -> np.ndarray:
+        """Every member's ``send`` (``recv_counts[j]`` bytes from member j), concatenated."""
+
+
+class Transport(ABC):
+    """How the instances of one job reach each other.
+
+    Attributes:
+        process_index: this instance.
+        process_count: instances of the job.
+    """
+
+    process_index: int
+    process_count: int
+
+    @abstractmethod
+    def communicator(self, members: tuple[int, ...]) -> Communicator:
+        """The communicator of ``members`` (this instance among them); created once, reused.
+        Every member must ask for the same communicators in the same order."""
+
+    def close(self) -> None:
+        """Release the transport's resources."""

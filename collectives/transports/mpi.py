@@ -1,0 +1,113 @@
+"""The MPI transport: mpi4py buffer methods on raw bytes, one communicator per instance set.
+
+Only one thread of an instance calls MPI at a time (the engine's leader). Calls are
+nonblocking (``Iallgather``, ``Ialltoallv``, ``Iallgatherv``) and polled with
+:class:`~collectives.waiting.Patience`, which yields the CPU and turns a missing peer into a
+timeout instead of a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from collectives.errors import TransportError
+from collectives.transports.base import Communicator, Transport
+from collectives.waiting import Patience
+
+logger = logging.getLogger(__name__)
+
+
+def _displacements(counts: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
+
+
+class MPICommunicator(Communicator):
+    """A communicator over an mpi4py ``Comm`` whose ranks are ``members`` in order."""
+
+    def __init__(self, comm, members: tuple[int, ...]):
+        self._comm = comm
+        self.members = members
+        self.rank = comm.Get_rank()
+
+    def _wait(self, request, patience: Patience) -> None:
+        while not request.Test():
+            patience.backoff()
+
+    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
+        from mpi4py import MPI
+        recv = np.empty((self.size, send.size), dtype=np.uint8)
+        self._wait(self._comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
+        return recv
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+        from mpi4py import MPI
+        recv = np.empty(sum(recv_counts), dtype=np.uint8)
+        request = self._comm.Ialltoallv(
+            [send, (list(send_counts), _displacements(send_counts)), MPI.BYTE],
+            [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
+        self._wait(request, patience)
+        return recv
+
+    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
+                   patience: Patience) -> np.ndarray:
+        from mpi4py import MPI
+        recv = np.empty(sum(recv_counts), dtype=np.uint8)
+        request = self._comm.Iallgatherv(
+            [send, MPI.BYTE],
+            [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
+        self._wait(request, patience)
+        return recv
+
+
+class MPITransport(Transport):
+    """Instances are the ranks of ``MPI.COMM_WORLD`` (started by poprun's mpirun, or mpirun).
+
+    Raises:
+        TransportError: mpi4py cannot be imported, or the MPI world does not match the job
+            (size or rank differ from ``process_count``/``process_index``).
+    """
+
+    def __init__(self, process_index: int, process_count: int):
+        try:
+            from mpi4py import MPI
+        except ImportError as exc:
+            raise TransportError(
+                "the MPI transport needs mpi4py (pip install mpi4py mpich)") from exc
+        world = MPI.COMM_WORLD
+        if world.Get_size() != process_count or world.Get_rank() != process_index:
+            raise TransportError(
+                f"this instance is {process_index} of {process_count}, but the MPI world has "
+                f"rank {world.Get_rank()} of {world.Get_size()}: start the program with "
+                f"poprun (or mpirun -n {process_count})")
+        self.process_index, self.process_count = process_index, process_count
+        self._world = world
+        self._comms: dict[tuple[int, ...], MPICommunicator] = {}
+
+    def communicator(self, members: tuple[int, ...]) -> Communicator:
+        comm = self._comms.get(members)
+        if comm is None:
+            if self.process_index not in members:
+                raise ValueError(f"instance {self.process_index} is not in {members}")
+            if members == tuple(range(self.process_count)):
+                raw = self._world.Dup()
+            else:
+                # Create_group is collective over the members only (MPI-3).
+                raw = self._world.Create_group(self._world.Get_group().Incl(list(members)))
+            comm = self._comms[members] = MPICommunicator(raw, members)
+        return comm
+
+    def close(self) -> None:
+        for comm in self._comms.values():
+            try:
+                comm._comm.Free()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                logger.debug("freeing a communicator failed", exc_info=True)
+        self._comms.clear()

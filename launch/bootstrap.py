@@ -1,0 +1,94 @@
+"""Run one instance's Python program so that a failure ends the whole job at once.
+
+``python -m launch.bootstrap (script.py | -m module | -c command) [args...]`` runs the program
+in this process, like ``python`` itself (and like ``python -m mpi4py``). If it raises, or exits
+with a non-zero code, the bootstrap prints the traceback, writes the instance's error file
+(``IPUPOD_ERROR_FILE``) and leaves with ``os._exit``: skipping ``MPI_Finalize``, which would
+otherwise wait for the other instances for ever (DESIGN.md, known traps). mpirun (or poprun's
+own supervisor) then stops the other instances.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from launch import env as envnames
+from launch.errorfile import write_error_file
+
+USAGE = "usage: python -m launch.bootstrap (script.py | -m module | -c command) [args...]"
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _fail(exit_code: int, error: str, tb: str) -> None:
+    path = os.environ.get(envnames.ERROR_FILE)
+    if path:
+        instance = int(os.environ.get(envnames.INSTANCE_INDEX, "0"))
+        try:
+            write_error_file(path, instance, exit_code, error, tb)
+        except OSError as exc:  # the job still has to end
+            print(f"bootstrap: could not write the error file {path}: {exc}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+def _run(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit(USAGE)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit(USAGE)
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        if len(argv) < 2:
+            raise SystemExit(USAGE)
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without the frames of this bootstrap and runpy."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the program; returns 0 on success (failures never return)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code != 0:
+            _fail(code, f"SystemExit: {code}", "")
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - anything else ends the job
+        tb = _user_traceback(exc)
+        sys.stderr.write(tb)
+        _fail(1, f"{type(exc).__name__}: {exc}", tb)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

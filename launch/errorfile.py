@@ -1,0 +1,40 @@
+"""Error files: an instance that fails writes why, so the launcher can name the root cause.
+
+One JSON file per instance (path in ``IPUPOD_ERROR_FILE``), written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+from launch.errors import InstanceFailure
+
+
+def write_error_file(path: str, instance: int, exit_code: int, error: str,
+                     traceback_text: str = "") -> None:
+    """Record a failure at ``path`` (temp file + rename, so a reader never sees half)."""
+    record = {"instance": instance, "exit_code": exit_code, "error": error,
+              "traceback": traceback_text, "time": time.time(), "pid": os.getpid(),
+              "host": socket.gethostname()}
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".err-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def read_error_file(path: str) -> InstanceFailure | None:
+    """The failure recorded at ``path``, or None when there is none (or it is unreadable)."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        return InstanceFailure(instance=int(record["instance"]),
+                               exit_code=int(record["exit_code"]),
+                               error=str(record.get("error", "")),
+                               time=float(record["time"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,54 @@
+"""Exceptions of the launcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LaunchError(RuntimeError):
+    """The job could not be started (e.g. no mpirun); says what to do."""
+
+
+@dataclass(frozen=True)
+class InstanceFailure:
+    """How one instance failed.
+
+    Attributes:
+        instance: instance index.
+        exit_code: its exit code (0 when it died by a signal).
+        signal: the signal number that ended it, or 0.
+        error: ``"ValueError: boom"`` when the program raised, else "".
+        time: wall-clock time of the failure (seconds since the epoch), or None if unknown.
+    """
+
+    instance: int
+    exit_code: int = 0
+    signal: int = 0
+    error: str = ""
+    time: float | None = None
+
+    def describe(self) -> str:
+        import signal as _signal
+        if self.signal:
+            try:
+                name = _signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            how = f"killed by {name}"
+        else:
+            how = f"exit code {self.exit_code}"
+        return f"instance {self.instance} failed ({how})" + (f": {self.error}" if self.error else "")
+
+
+class InstanceFailedError(RuntimeError):
+    """An instance of the job failed; the others were stopped.
+
+    Attributes:
+        root_cause: the first failure (earliest in time where known).
+        failures: every failure observed.
+    """
+
+    def __init__(self, root_cause: InstanceFailure, failures: list[InstanceFailure]):
+        super().__init__(root_cause.describe())
+        self.root_cause = root_cause
+        self.failures = failures

@@ -1,0 +1,233 @@
+"""Start and supervise a job through MPICH's ``mpirun`` (Hydra).
+
+Each instance is one MPMD block with its own environment
+(``mpirun -n 1 -env K V prog : -n 1 -env K V2 prog``). Python programs run under
+:mod:`launch.bootstrap`, so a failing instance ends the job at once; Hydra then stops the
+others. Each instance's stdout and stderr go to files that poprun follows and tags by line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
+
+from launch import env as envnames
+from launch.errorfile import read_error_file
+from launch.errors import InstanceFailedError, InstanceFailure, LaunchError
+from launch.output import FileTailer, LineTagger, instance_output_paths, stream_writer
+from launch.plan import LaunchPlan
+
+logger = logging.getLogger(__name__)
+
+#: seconds between forwarding SIGTERM to mpirun and killing it
+GRACE_PERIOD_S = 5.0
+
+_PYTHON = re.compile(r"python[0-9.]*$")
+_FLAGS_WITH_ARG = ("-X", "-W")
+_EXIT_CODES = re.compile(r"Exit codes: \[[^\]]*\] ([0-9,]+)")
+
+
+def find_mpirun() -> str:
+    """The ``mpirun`` of the MPICH installed with this Python (the ``mpich`` wheel puts it
+    beside the interpreter).
+
+    Raises:
+        LaunchError: none is there (says how to install it).
+    """
+    for directory in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        candidate = directory / "mpirun"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise LaunchError(f"mpirun was not found next to {sys.executable}; install MPICH into "
+                      "this environment with: pip install mpich mpi4py")
+
+
+def instance_command(command: Sequence[str]) -> list[str]:
+    """``command``, with a Python program run under :mod:`launch.bootstrap`.
+
+    ``python [interpreter options] (script | -m mod | -c cmd) args`` becomes
+    ``python [interpreter options] -m launch.bootstrap (script | -m mod | -c cmd) args``;
+    any other program is left as it is (it gets no fail-fast guarantee beyond mpirun's).
+    A bare ``python``/``python3`` (no directory) means the interpreter running poprun, the
+    one ipupod is installed in, whether or not its environment is activated.
+    """
+    command = list(command)
+    if not command or not _PYTHON.match(os.path.basename(command[0])):
+        return command
+    if os.sep not in command[0]:
+        command[0] = sys.executable
+    i = 1
+    while i < len(command) and command[i].startswith("-") and command[i] not in ("-m", "-c"):
+        i += 2 if command[i] in _FLAGS_WITH_ARG else 1
+    if i >= len(command):
+        return command  # an interactive interpreter: nothing to wrap
+    return [*command[:i], "-m", "launch.bootstrap", *command[i:]]
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if poprun dies (so mpirun and its instances never outlive it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _decode_status(status: int) -> tuple[int, int]:
+    """A wait status from Hydra's exit-code list as (exit code, signal)."""
+    if status & 0x7F:
+        return 0, status & 0x7F
+    return status >> 8, 0
+
+
+class MpirunBackend:
+    """Runs a :class:`LaunchPlan` with mpirun and supervises it.
+
+    Args:
+        mpirun: path of mpirun (default: :func:`find_mpirun`).
+        stdout, stderr: where tagged instance output goes.
+        spawn: creates the mpirun process (``subprocess.Popen`` signature); injectable.
+    """
+
+    def __init__(self, mpirun: str | None = None, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None, spawn: Callable[..., subprocess.Popen] = subprocess.Popen):
+        self.mpirun = mpirun or find_mpirun()
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.spawn = spawn
+
+    def command_line(self, plan: LaunchPlan, workdir: str) -> list[str]:
+        """The full mpirun command for ``plan``, writing output files into ``workdir``."""
+        cmd = [self.mpirun, "-print-all-exitcodes",
+               "-outfile-pattern", os.path.join(workdir, "out.%r"),
+               "-errfile-pattern", os.path.join(workdir, "err.%r"),
+               "-genv", "PYTHONUNBUFFERED", "1"]
+        program = instance_command(plan.command)
+        for k, placement in enumerate(plan.instances):
+            if k:
+                cmd.append(":")
+            cmd += ["-n", "1"]
+            error_file = os.path.join(workdir, f"error.{placement.index}.json")
+            for name, value in envnames.instance_env(plan, placement, error_file).items():
+                cmd += ["-env", name, value]
+            cmd += program
+        return cmd
+
+    def run(self, plan: LaunchPlan) -> int:
+        """Run the job to its end.
+
+        Returns:
+            0 when every instance succeeded.
+
+        Raises:
+            InstanceFailedError: an instance failed (the others were stopped).
+            LaunchError: mpirun could not be started.
+        """
+        workdir = tempfile.mkdtemp(prefix="poprun-")
+        try:
+            return self._run(plan, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _run(self, plan: LaunchPlan, workdir: str) -> int:
+        out, err = stream_writer(self.stdout), stream_writer(self.stderr)
+        sources = []
+        for p in plan.instances:
+            out_path, err_path = instance_output_paths(workdir, p.index)
+            sources.append((out_path, LineTagger(f"[1,{p.index}]<stdout>:", out)))
+            sources.append((err_path, LineTagger(f"[1,{p.index}]<stderr>:", err)))
+        cmd = self.command_line(plan, workdir)
+        logger.info("Running command: %s", " ".join(cmd))
+        try:
+            proc = self.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
+        tailer = FileTailer(sources).start()
+        statuses: list[int] = []
+        relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
+                                 daemon=True)
+        relay.start()
+        with _forward_signals(proc):
+            returncode = proc.wait()
+        relay.join(timeout=10)
+        tailer.stop()
+        failures = self._failures(plan, workdir, statuses)
+        if returncode == 0 and not failures:
+            return 0
+        if not failures:
+            failures = [InstanceFailure(instance=-1, exit_code=returncode)]
+        raise InstanceFailedError(_root_cause(failures), failures)
+
+    def _relay(self, pipe, write, statuses: list[int]) -> None:
+        """Pass mpirun's own messages on (untagged), keeping its exit-code list."""
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            match = _EXIT_CODES.search(line)
+            if match:
+                statuses.extend(int(s) for s in match.group(1).split(","))
+                continue
+            write(line)
+        pipe.close()
+
+    def _failures(self, plan: LaunchPlan, workdir: str,
+                  statuses: list[int]) -> list[InstanceFailure]:
+        failures = []
+        for p in plan.instances:
+            recorded = read_error_file(os.path.join(workdir, f"error.{p.index}.json"))
+            if recorded is not None:
+                failures.append(recorded)
+            elif p.index < len(statuses) and statuses[p.index]:
+                code, sig = _decode_status(statuses[p.index])
+                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
+        return failures
+
+
+def _root_cause(failures: list[InstanceFailure]) -> InstanceFailure:
+    """The failure that came first: the earliest recorded one, else the first non-signal
+    one (instances stopped by mpirun after a failure die by a signal)."""
+    timed = [f for f in failures if f.time is not None]
+    if timed:
+        return min(timed, key=lambda f: f.time)
+    return next((f for f in failures if not f.signal), failures[0])
+
+
+class _forward_signals:
+    """While the job runs: SIGINT/SIGTERM to poprun go to mpirun, which stops the instances;
+    if mpirun is still there after :data:`GRACE_PERIOD_S`, it is killed."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.previous: dict[int, object] = {}
+
+    def _handler(self, signum, frame):
+        self.proc.send_signal(signum)
+        threading.Timer(GRACE_PERIOD_S, self._kill).start()
+
+    def _kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        return False

@@ -1,0 +1,5 @@
+import sys
+
+from poprun.cli import main
+
+sys.exit(main())
