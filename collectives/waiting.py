@@ -57,7 +57,7 @@ class Patience:
         if not self._warned and elapsed >= self.options.stall_warning_s:
             self._warned = True
             logger.warning(
-                "%s: waiting %.0f s for %s. If this persists, some replicas are not calling "
+                "%s: waiting %.1f s for %s. If this persists, some replicas are not calling "
                 "this collective (different control flow or data per replica).",
                 self.what, elapsed, self.missing())
 

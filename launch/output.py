@@ -15,6 +15,9 @@ from typing import Callable, TextIO
 class LineTagger:
     """Turns a byte stream into tagged lines; a partial line waits for its end.
 
+    A carriage return also ends a line (a progress bar's refresh becomes a line of its own),
+    but empty pieces around one are dropped.
+
     Args:
         prefix: e.g. ``"[1,0]<stdout>:"``.
         write: called with each tagged line (ending in a newline).
@@ -26,10 +29,15 @@ class LineTagger:
         self._pending = b""
 
     def feed(self, data: bytes) -> None:
-        data = self._pending + data
+        data = (self._pending + data).replace(b"\r\n", b"\n")
         *lines, self._pending = data.split(b"\n")
+        if b"\r" in self._pending:
+            *refreshed, self._pending = self._pending.split(b"\r")
+            lines += [piece for piece in refreshed if piece]
         for line in lines:
-            self._write(f"{self.prefix}{line.decode(errors='replace')}\n")
+            for piece in line.split(b"\r") if b"\r" in line else (line,):
+                if piece or b"\r" not in line:
+                    self._write(f"{self.prefix}{piece.decode(errors='replace')}\n")
 
     def close(self) -> None:
         """Emit a last line that has no newline."""

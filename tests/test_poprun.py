@@ -1,0 +1,109 @@
+"""poprun end to end: real instances started through mpirun."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from poprun.cli import main as poprun_main
+from tests.helpers import PROGRAMS, describe, run_poprun, wait_no_processes
+
+
+def test_every_instance_gets_its_environment(tmp_path):
+    result = run_poprun(["--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica",
+                         "2", "python", str(PROGRAMS / "dump_env.py"), str(tmp_path)], 60)
+    assert result.returncode == 0, describe(result)
+    seen = [json.loads((tmp_path / f"instance_{i}.json").read_text()) for i in range(2)]
+    job_ids = {s["env"]["IPUPOD_JOB_ID"] for s in seen}
+    assert len(job_ids) == 1 and job_ids != {""}
+    for i, s in enumerate(seen):
+        env = s["env"]
+        assert env["POPDIST_NUM_TOTAL_REPLICAS"] == "4"
+        assert env["POPDIST_NUM_IPUS_PER_REPLICA"] == "2"
+        assert env["POPDIST_NUM_LOCAL_REPLICAS"] == "2"
+        assert env["POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"] == "1"
+        assert env["POPDIST_REPLICA_INDEX_OFFSET"] == str(2 * i)
+        assert env["POPDIST_LOCAL_INSTANCE_INDEX"] == str(i)
+        assert env["IPUPOD_INSTANCE_INDEX"] == str(i)
+        assert env["IPUPOD_NUM_INSTANCES"] == "2"
+        assert s["popdist"] == {
+            "isPopdistEnvSet": True, "getNumInstances": 2, "getInstanceIndex": i,
+            "getNumTotalReplicas": 4, "getNumLocalReplicas": 2, "getReplicaIndexOffset": 2 * i,
+            "getNumIpusPerReplica": 2, "getLocalInstanceIndex": i}
+
+
+def test_output_is_tagged_per_instance_and_stream():
+    code = "import sys; print('out'); print('err', file=sys.stderr); print('end', end='')"
+    result = run_poprun(["-n", "3", "python", "-c", code], 60)
+    assert result.returncode == 0, describe(result)
+    for i in range(3):
+        assert f"[1,{i}]<stdout>:out\n" in result.stdout
+        assert f"[1,{i}]<stdout>:end\n" in result.stdout
+        assert f"[1,{i}]<stderr>:err\n" in result.stderr
+    assert all(line.startswith("[1,") for line in result.stdout.splitlines())
+
+
+def test_a_failing_exit_code_is_passed_on():
+    result = run_poprun(["-n", "2", "python", "-c", "import sys; sys.exit(3)"], 60)
+    assert result.returncode == 3, describe(result)
+    assert "exit code 3" in result.stderr
+
+
+def test_an_instance_that_raises_stops_the_job_and_is_named():
+    started = time.monotonic()
+    result = run_poprun(["-n", "3", "python", str(PROGRAMS / "fail_in_collective.py"), "1"], 30)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0, describe(result)
+    assert elapsed < 30
+    assert "poprun: instance 1 failed" in result.stderr, describe(result)
+    assert "RuntimeError: deliberate failure of this instance" in result.stderr
+    assert "[1,1]<stderr>:RuntimeError: deliberate failure" in result.stderr
+    assert "unreachable" not in result.stdout
+    assert wait_no_processes("fail_in_collective.py") == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-instances", "3", "--num-replicas", "4"],
+     "poprun: error: --num-replicas (4) must be divisible by --num-instances (3)"),
+    (["-n", "0"], "poprun: error: argument -n/--num-instances: must be a positive integer"),
+    (["-n", "-2"], "poprun: error: argument -n/--num-instances: must be a positive integer"),
+    (["--num-replicas", "0"], "poprun: error: argument --num-replicas: must be a positive"),
+    (["--ipus-per-replica", "0"], "poprun: error: argument --ipus-per-replica: must be"),
+])
+def test_bad_arguments_exit_2_with_one_line_and_start_nothing(argv, message, tmp_path, capsys):
+    marker = tmp_path / "started"
+    code = poprun_main([*argv, "python", "-c", f"open({str(marker)!r}, 'w')"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(message), err
+    assert err.count("\n") == 1
+    assert not marker.exists()
+
+
+def test_a_missing_program_exits_2_with_one_line(capsys):
+    assert poprun_main(["-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("poprun: error:") and "program" in err and err.count("\n") == 1
+
+
+def test_bad_arguments_from_the_command_line_too():
+    result = run_poprun(["--num-instances", "3", "--num-replicas", "4", "python", "-V"], 30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == \
+        "poprun: error: --num-replicas (4) must be divisible by --num-instances (3)"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("instances", [1, 2, 4])
+def test_cross_replica_sum_is_bit_identical_for_every_layout(tmp_path, instances):
+    """1x4, 2x2 and 4x1 (instances x local replicas) give the same bytes as the tree oracle."""
+    out = tmp_path / "sum.npy"
+    result = run_poprun(["-n", str(instances), "--num-replicas", "4", "python",
+                         str(PROGRAMS / "layout_sum.py"), str(out)], 90)
+    assert result.returncode == 0, describe(result)
+    data = np.random.default_rng(1234).standard_normal((4, 4099)).astype(np.float32) * 1e3
+    full = (data[0] + data[1]) + (data[2] + data[3])
+    pair = data[0] + data[1]
+    expected = np.concatenate([full, pair, full[:5]])
+    assert np.load(out).tobytes() == expected.tobytes()

@@ -1,0 +1,118 @@
+"""Pure pieces: the canonical tree, replica groups, operators, output tagging, IPUConfig."""
+
+import numpy as np
+import pytest
+
+import ipu_node
+from collectives.descriptor import Descriptor
+from collectives.groups import CommGroup, CommGroupType, consecutive
+from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
+from collectives.tree import split_point, tree_reduce
+from launch.mpirun import instance_command
+from launch.output import LineTagger
+
+
+def _show(items):
+    return tree_reduce(items, lambda a, b, out: f"({a}+{b})")
+
+
+@pytest.mark.parametrize("n, order", [
+    (1, "0"), (2, "(0+1)"), (3, "((0+1)+2)"), (4, "((0+1)+(2+3))"),
+    (6, "(((0+1)+(2+3))+(4+5))"), (8, "(((0+1)+(2+3))+((4+5)+(6+7)))"),
+])
+def test_canonical_tree_splits_at_powers_of_two(n, order):
+    assert _show([str(i) for i in range(n)]) == order
+
+
+def test_aligned_power_of_two_blocks_are_subtrees():
+    # 8 items as 2 blocks of 4: combining the blocks' partials gives the same tree.
+    full = _show([str(i) for i in range(8)])
+    blocks = [_show([str(i) for i in range(b, b + 4)]) for b in (0, 4)]
+    assert _show(blocks) == full
+    assert split_point(5) == 4 and split_point(2) == 1 and split_point(9) == 8
+
+
+def test_tree_reduce_does_not_modify_inputs_it_does_not_own():
+    items = [np.full(3, float(i)) for i in range(5)]
+    copies = [a.copy() for a in items]
+    out = tree_reduce(items, lambda a, b, o: np.add(a, b, out=o) if o is not None else a + b)
+    assert np.array_equal(out, np.full(3, 10.0))
+    assert all(np.array_equal(a, c) for a, c in zip(items, copies))
+
+
+@pytest.mark.parametrize("group, members", [
+    (CommGroup(), [(0, 1, 2, 3, 4, 5, 6, 7)]),
+    (CommGroup(CommGroupType.CONSECUTIVE, 2), [(0, 1), (2, 3), (4, 5), (6, 7)]),
+    (CommGroup(CommGroupType.CONSECUTIVE, 4), [(0, 1, 2, 3), (4, 5, 6, 7)]),
+    (CommGroup(CommGroupType.ORTHOGONAL, 2), [(0, 4), (1, 5), (2, 6), (3, 7)]),
+    (CommGroup(CommGroupType.ORTHOGONAL, 4), [(0, 2, 4, 6), (1, 3, 5, 7)]),
+    (CommGroup(CommGroupType.NONE), [(i,) for i in range(8)]),
+    (consecutive(None), [tuple(range(8))]),
+])
+def test_group_membership_follows_gcl(group, members):
+    assert [tuple(g) for g in group.members(8)] == members
+
+
+def test_group_size_must_divide_replicas():
+    with pytest.raises(ValueError, match="group size 3 does not divide the number of replicas"):
+        CommGroup(CommGroupType.CONSECUTIVE, 3).members(8)
+    with pytest.raises(ValueError, match="replica_group_size"):
+        consecutive(0)
+
+
+def test_operators_parse_and_combine():
+    assert parse_operator("COLLECTIVE_OP_MAX") is CollectiveOperator.MAX
+    assert parse_operator("min") is CollectiveOperator.MIN
+    with pytest.raises(ValueError, match="COLLECTIVE_OP_ADD"):
+        parse_operator("SUM")
+    a, b = np.array([1, 5]), np.array([3, 2])
+    assert combine_into(CollectiveOperator.MAX, a, b, None).tolist() == [3, 5]
+    assert combine_into(CollectiveOperator.LOGICAL_AND, a, np.array([0, 2]), None).tolist() \
+        == [0, 1]
+    assert finish(CollectiveOperator.MEAN, np.array([3.0, 5.0]), 2).tolist() == [1.5, 2.5]
+    assert finish(CollectiveOperator.MEAN, np.array([3, 5]), 2).tolist() == [1, 2]
+
+
+def test_descriptor_roundtrip_and_differences():
+    d = Descriptor(3, "cross_replica_sum", "COLLECTIVE_OP_ADD", "float32", (4, 2), "ALL(0)",
+                   name="grads")
+    assert Descriptor.decode(d.encode()) == d
+    other = Descriptor(3, "cross_replica_sum", "COLLECTIVE_OP_ADD", "float32", (4,), "ALL(0)",
+                       name="grads")
+    assert d.differences(other) == ["shape (4, 2) vs (4,)"]
+
+
+def test_line_tagger_tags_whole_lines_and_progress_refreshes():
+    out = []
+    tagger = LineTagger("[1,2]<stdout>:", out.append)
+    tagger.feed(b"hel")
+    assert out == []
+    tagger.feed(b"lo\nwor")
+    tagger.feed(b"ld\n\rbar 1\rbar 2\r\n")
+    tagger.feed(b"no newline")
+    tagger.close()
+    assert out == ["[1,2]<stdout>:hello\n", "[1,2]<stdout>:world\n", "[1,2]<stdout>:bar 1\n",
+                   "[1,2]<stdout>:bar 2\n", "[1,2]<stdout>:no newline\n"]
+
+
+def test_python_programs_run_under_the_bootstrap():
+    import sys
+    assert instance_command(["python", "-u", "t.py", "-x"]) == \
+        [sys.executable, "-u", "-m", "launch.bootstrap", "t.py", "-x"]
+    assert instance_command(["/usr/bin/python3", "-X", "dev", "-m", "pytest", "-q"]) == \
+        ["/usr/bin/python3", "-X", "dev", "-m", "launch.bootstrap", "-m", "pytest", "-q"]
+    assert instance_command(["echo", "hi"]) == ["echo", "hi"]
+
+
+def test_ipu_config_rejects_unknown_options_and_bad_values():
+    cfg = ipu_node.IPUConfig()
+    with pytest.raises(AttributeError, match="no option 'auto_selct_ipus'"):
+        cfg.auto_selct_ipus = 2
+    with pytest.raises(TypeError, match="str 'a'"):
+        cfg.auto_select_ipus = [1, "a"]
+    with pytest.raises(ValueError, match="ipu_model.version"):
+        cfg.ipu_model.version = "ipu3"
+    with pytest.raises(ValueError, match="tiles_per_ipu"):
+        cfg.ipu_model.tiles_per_ipu = -1
+    with pytest.raises(ipu_node.IPUConfigError, match="asks for no IPUs"):
+        ipu_node.IPUConfig().configure_ipu_system()
