@@ -9,7 +9,9 @@
   :func:`ipu_node.selection.assign_instance_ipus`; busy is an error, never a silent shift.
 
 Each device's IPUs are then put in ``selection_order`` (:func:`ipu_node.selection.order_ipus`).
-Occupancy is :mod:`ipu_node.occupancy`: all IPUs of one configuration are held together.
+Occupancy is :mod:`ipu_node.occupancy`: all IPUs of one configuration are held together, in
+the partition of the job (``IPUPOD_JOB_ID``), of the launcher (a multi-instance job without a
+job id), or of the machine (:func:`ipu_node.occupancy.default_scope`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from ipu_node.config import IPUConfig
 from ipu_node.device_ids import find_device, gc_device
 from ipu_node.errors import IPUBusyError, IPUConfigError, NotEnoughIPUsError
-from ipu_node.occupancy import Lease, Occupancy
+from ipu_node.occupancy import Lease, Occupancy, default_scope
 from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, order_ipus
 from ipu_node.systems import SystemModel
 
@@ -138,7 +140,8 @@ def attach(config: IPUConfig, model: SystemModel, occupancy: Occupancy | None = 
             (:class:`~ipu_node.errors.NotEnoughIPUsError`).
         IPUBusyError: the IPUs are attached by another process (named in the message).
     """
-    occupancy = occupancy or Occupancy(model.name)
+    multi = config.experimental.multi_replica_distribution.process_count > 1
+    occupancy = occupancy or Occupancy(model.name, default_scope(multi_instance=multi))
     selecting = config.select_ipus not in ([], ())
     if selecting and config.auto_select_ipus not in ([], ()):
         raise IPUConfigError("set either auto_select_ipus or select_ipus, not both")
@@ -155,11 +158,16 @@ def attach(config: IPUConfig, model: SystemModel, occupancy: Occupancy | None = 
     if selecting:
         chosen = _selected(config, model)
         lease = occupancy.acquire(i for ipus, _ in chosen for i in ipus)
-    elif config.experimental.multi_replica_distribution.process_count > 1:
+    elif multi:
         chosen = _instance_share(config, model)
         lease = occupancy.acquire(chosen[0][0])
     else:
         chosen, lease = _auto(config, model, occupancy)
+    if len(chosen[0][0]) % config.ipus_per_replica:
+        lease.release()
+        raise IPUConfigError(
+            f"/device:IPU:0 has {len(chosen[0][0])} IPUs, not a multiple of ipus_per_replica "
+            f"({config.ipus_per_replica})")
     devices = [AttachedDevice(k, device_id, tuple(order_ipus(model, ipus, config.selection_order)))
                for k, (ipus, device_id) in enumerate(chosen)]
     lease.write_holder_info(_holder_infos(occupancy, devices))

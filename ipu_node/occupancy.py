@@ -7,11 +7,15 @@ any way, SIGKILL included, so a killed process frees its IPUs; a clean release e
 first. Nothing is ever unlinked (unlinking lock files races with new holders).
 
 ``<root>`` is :func:`ipu_node.env.occupancy_dir` (``IPUPOD_OCCUPANCY_DIR`` overrides it).
-``<scope>`` is the partition: ``machine`` for processes started on their own (they compete for
-the machine's IPUs, as ``auto_select_ipus`` does on a real server, seed 002:219), or
-``job-<IPUPOD_JOB_ID>`` for the instances of a launched job: a job gets a partition of its own,
-as poprun gets a V-IPU partition for a job on a real POD, and its instances never collide with
-other jobs or with the IPUs of the launching process.
+``<scope>`` is the partition (:func:`default_scope`):
+
+* ``job-<IPUPOD_JOB_ID>`` for the instances of a launched job (poprun sets the variable): a job
+  gets a partition of its own, as poprun gets a V-IPU partition for a job on a real POD, so its
+  instances never collide with other jobs or with IPUs the launching process holds;
+* ``launcher-<parent pid>`` for an instance of a multi-instance job without a job id (e.g.
+  started by a bare ``mpirun``): the instances one launcher started together share a partition;
+* ``machine`` for a process started on its own: such processes compete for the machine's IPUs,
+  as ``auto_select_ipus`` does on a real server (seed 002:219).
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ def scope_name(job_id: str | None) -> str:
     if not job_id:
         return MACHINE_SCOPE
     return "job-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:100]
+
+
+def default_scope(multi_instance: bool = False) -> str:
+    """The partition of this process: its job's, its launcher's, or the machine's (see above)."""
+    job = env.job_id()
+    if job:
+        return scope_name(job)
+    if multi_instance:
+        return f"launcher-{os.getppid()}"
+    return MACHINE_SCOPE
 
 
 @dataclass(frozen=True)
@@ -138,12 +152,12 @@ class Occupancy:
 
     Args:
         system_name: the system (each has its own IPUs).
-        job_id: the job (None: ``$IPUPOD_JOB_ID``; empty string: the machine scope).
+        scope: the partition directory name (None: :func:`default_scope` of a single process).
         root: directory of all lock files (None: :func:`ipu_node.env.occupancy_dir`).
     """
 
-    def __init__(self, system_name: str, job_id: str | None = None, root: str | None = None):
-        self.scope = scope_name(env.job_id() if job_id is None else job_id)
+    def __init__(self, system_name: str, scope: str | None = None, root: str | None = None):
+        self.scope = scope or default_scope()
         self.system_dir = os.path.join(root or env.occupancy_dir(), system_name)
         self.dir = os.path.join(self.system_dir, self.scope)
 

@@ -30,12 +30,26 @@ time.sleep(60)
 """
 
 
-def _start_child(device_id: int, job_id: str | None = None) -> subprocess.Popen:
+INSTANCE = """
+import sys, time
+from ipu_node import IPUConfig
+cfg = IPUConfig()
+cfg.auto_select_ipus = 4
+mrd = cfg.experimental.multi_replica_distribution
+mrd.process_count, mrd.process_index, mrd.transport = 4, int(sys.argv[1]), "mpi"
+system = cfg.configure_ipu_system()
+print("ATTACHED", [i.id for i in system.devices[0].ipus], flush=True)
+time.sleep(60)
+"""
+
+
+def _start_child(device_id: int, job_id: str | None = None,
+                 script: str = CHILD) -> subprocess.Popen:
     child_env = dict(os.environ)
     child_env.pop(env.IPUPOD_JOB_ID, None)
     if job_id:
         child_env[env.IPUPOD_JOB_ID] = job_id
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(device_id)], env=child_env,
+    return subprocess.Popen([sys.executable, "-c", script, str(device_id)], env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -119,3 +133,16 @@ def test_a_job_has_a_partition_of_its_own(isolated, children, monkeypatch):
         cfg.configure_ipu_system()
     scopes = {h.scope for h in Occupancy("POD16").holders()}
     assert scopes == {"job-job-A"}
+
+
+def test_instances_of_one_launcher_share_a_partition(isolated, children):
+    cfg = IPUConfig()
+    cfg.select_ipus = 30                               # this process holds the whole machine
+    cfg.configure_ipu_system()
+    for index in range(4):                             # a 4-instance job, no IPUPOD_JOB_ID
+        children.append(_start_child(index, script=INSTANCE))
+    lines = [_wait_attached(child) for child in children]
+    assert [line.split(" ", 1)[1].strip() for line in lines] == [
+        "[0, 1, 2, 3]", "[4, 5, 6, 7]", "[8, 9, 10, 11]", "[12, 13, 14, 15]"]
+    scopes = {h.scope for h in Occupancy("POD16").holders()}
+    assert scopes == {"machine", f"launcher-{os.getpid()}"}

@@ -143,6 +143,11 @@ def test_bad_input_is_a_clear_error(isolated):
     cfg.auto_select_ipus = 1
     with pytest.raises(IPUConfigError, match="not both"):
         cfg.configure_ipu_system()
+    cfg.auto_select_ipus = []
+    cfg.select_ipus = 16
+    cfg.ipus_per_replica = 4
+    with pytest.raises(IPUConfigError, match="2 IPUs, not a multiple of ipus_per_replica"):
+        cfg.configure_ipu_system()
     cfg2 = IPUConfig()
     cfg2.auto_select_ipus = 17
     with pytest.raises(NotEnoughIPUsError, match="asks for 17 IPUs but POD16 has 16"):
