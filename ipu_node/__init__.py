@@ -1,19 +1,36 @@
 """ipu_node: one instance's emulated IPU system.
 
-Configuration (:class:`IPUConfig`), simulated IPUs and TF devices, replica contexts and the
-executor that runs replica functions. This package imports no other ipupod package.
+Configuration (:class:`IPUConfig`), the modelled POD hardware (systems, gc-info device ids,
+selection orders, links, occupancy, memory), simulated IPUs and TF devices, replica contexts
+and the executor that runs replica functions. This package imports no other ipupod package.
 """
 
 from ipu_node.config import IPUConfig, SelectionOrder
 from ipu_node.device import IPU, IPUDevice
-from ipu_node.errors import (AlreadyConfiguredError, IPUConfigError, IPUError,
-                             NotConfiguredError, NotInReplicaError)
+from ipu_node.device_ids import GcDevice, gc_device, gc_devices
+from ipu_node.env import DEFAULT_SYSTEM, IPUPOD_JOB_ID, IPUPOD_OCCUPANCY_DIR, IPUPOD_SYSTEM
+from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigError, IPUError,
+                             IPUOutOfMemoryError, NotConfiguredError, NotEnoughIPUsError,
+                             NotInReplicaError, UnknownDeviceError, UnknownIPUError,
+                             UnknownSystemError)
+from ipu_node.links import Link, LinkKind
+from ipu_node.memory import IPUMemory, MemoryUsage, free, memory_usage, place
 from ipu_node.replica import ReplicaContext, current_replica_context, require_replica_context
+from ipu_node.routing import host_transfer_time_s, hops, route, transfer_time_s
+from ipu_node.selection import assign_instance_ipus, order_ipus
 from ipu_node.system import IPUSystem, get_system, reset_ipu_configuration
+from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
+from ipu_node.topology_table import format_topology_table
 
 __all__ = [
     "IPUConfig", "SelectionOrder", "IPU", "IPUDevice", "IPUSystem", "ReplicaContext",
     "current_replica_context", "require_replica_context", "get_system",
     "reset_ipu_configuration", "IPUError", "IPUConfigError", "NotConfiguredError",
-    "AlreadyConfiguredError", "NotInReplicaError",
+    "AlreadyConfiguredError", "NotInReplicaError", "UnknownSystemError", "UnknownIPUError",
+    "UnknownDeviceError", "NotEnoughIPUsError", "IPUBusyError", "IPUOutOfMemoryError",
+    "SystemModel", "SYSTEM_NAMES", "get_system_model", "GcDevice", "gc_devices", "gc_device",
+    "order_ipus", "assign_instance_ipus", "Link", "LinkKind", "route", "hops",
+    "transfer_time_s", "host_transfer_time_s", "IPUMemory", "MemoryUsage", "place", "free",
+    "memory_usage", "format_topology_table", "IPUPOD_SYSTEM", "IPUPOD_OCCUPANCY_DIR",
+    "IPUPOD_JOB_ID", "DEFAULT_SYSTEM",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Sequence
 
+from ipu_node.systems import canonical_system_name
+
 
 class SelectionOrder(enum.Enum):
     """Order in which a multi-IPU device's IPUs map to physical IPUs (seed 004:1324-1395)."""
@@ -37,6 +39,11 @@ class _ConfigGroup:
                 f"{type(self).__name__} has no option {name!r}; valid options: {valid}")
         check = getattr(self, f"_check_{name}", None)
         object.__setattr__(self, name, check(value) if check else value)
+        self.__dict__.setdefault("_explicit", set()).add(name)
+
+    def is_set(self, name: str) -> bool:
+        """Whether option ``name`` was assigned (as opposed to holding its default)."""
+        return name in self.__dict__.get("_explicit", ())
 
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields)
@@ -64,7 +71,12 @@ def _check_ipu_selection(name: str, value: Any) -> int | list[int]:
 
 
 class IPUModelConfig(_ConfigGroup):
-    """``IPUConfig.ipu_model``: version ``"ipu1"``/``"ipu2"`` and tiles per IPU (0 = standard)."""
+    """``IPUConfig.ipu_model``: version ``"ipu1"``/``"ipu2"`` and tiles per IPU (0 = standard).
+
+    Seed 004:1760-1766. When ``version`` is not assigned, the IPUs have the system's native
+    version (``ipu1`` on C2-16, ``ipu2`` on the IPU-M2000 PODs); assigning it overrides that,
+    as the IPU Model does. ``tiles_per_ipu`` > 0 overrides the tile count (and so the SRAM).
+    """
 
     _fields = {"compile_ipu_code": True, "tiles_per_ipu": 0, "version": "ipu2"}
 
@@ -125,6 +137,14 @@ class IPUConfig(_ConfigGroup):
     which the real stack derives from the compiled graph. The local replication factor is the
     number of IPUs of ``/device:IPU:0`` divided by it.
 
+    ``system`` is ipupod's own option too: the emulated system (``"POD16"``, ``"C2-16"``, ...,
+    see :mod:`ipu_node.systems`); ``""`` (the default) means ``$IPUPOD_SYSTEM``, else POD16.
+
+    ``auto_select_ipus`` is an int (one TF device) or a list of ints, entry ``N`` being the
+    number of IPUs of ``/device:IPU:N`` (seed 004:1496-1514); devices are named, not listed,
+    so strings such as ``"/device:IPU:0"`` are rejected. ``select_ipus`` takes ``gc-info``
+    device ids the same way (seed 004:1515-1646).
+
     Raises:
         AttributeError: assignment to an option that does not exist (names the valid ones).
         TypeError, ValueError: a value of the wrong type or range (names the option).
@@ -136,6 +156,7 @@ class IPUConfig(_ConfigGroup):
         "selection_order": SelectionOrder.AUTO,
         "gcl_poplar_options": dict,
         "ipus_per_replica": 1,
+        "system": "",
         "ipu_model": IPUModelConfig,
         "experimental": ExperimentalConfig,
     }
@@ -155,6 +176,11 @@ class IPUConfig(_ConfigGroup):
         if not isinstance(value, dict):
             raise TypeError(f"gcl_poplar_options must be a dict, not {type(value).__name__}")
         return dict(value)
+
+    def _check_system(self, value: Any) -> str:
+        if value == "":
+            return value
+        return canonical_system_name(value)
 
     def _check_ipus_per_replica(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -51,11 +51,13 @@ class IPUDevice:
 
     Attributes:
         ordinal: N of ``/device:IPU:N``.
-        ipus: the IPUs, in the order replicas and shards use them.
+        ipus: the IPUs, in the order replicas and shards use them (the selection order).
+        device_id: its ``gc-info -l`` device id, or None when its IPUs form no such device.
     """
 
     ordinal: int
     ipus: tuple[IPU, ...]
+    device_id: int | None = None
 
     @property
     def name(self) -> str:

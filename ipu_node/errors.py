@@ -19,3 +19,42 @@ class AlreadyConfiguredError(IPUError, RuntimeError):
 
 class NotInReplicaError(IPUError, RuntimeError):
     """A per-replica operation was called outside of a replica function."""
+
+
+class UnknownSystemError(IPUConfigError):
+    """A system name that is not in the registry (the message lists the known names)."""
+
+
+class UnknownIPUError(IPUConfigError):
+    """An IPU id that the system does not have (the message gives the valid range)."""
+
+
+class UnknownDeviceError(IPUConfigError):
+    """A ``gc-info`` device id that the system does not have (the message gives the range)."""
+
+
+class NotEnoughIPUsError(IPUConfigError):
+    """A request for more IPUs (or a device size) than the system can give."""
+
+
+class IPUBusyError(IPUError, RuntimeError):
+    """An IPU is attached by another process (the message names the IPU and the holder)."""
+
+
+class IPUOutOfMemoryError(IPUError, MemoryError):
+    """A tensor does not fit in an IPU's In-Processor-Memory.
+
+    Attributes:
+        ipu_id: the IPU.
+        needed_bytes: bytes the new tensor needs.
+        available_bytes: bytes still free on the IPU.
+        largest: ``(name, nbytes)`` of the largest tensors on the IPU, largest first.
+    """
+
+    def __init__(self, message: str, *, ipu_id: int, needed_bytes: int,
+                 available_bytes: int, largest: list[tuple[str, int]]):
+        super().__init__(message)
+        self.ipu_id = ipu_id
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.largest = largest

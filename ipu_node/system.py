@@ -11,10 +11,13 @@ import logging
 import threading
 from typing import Any, Callable, Sequence
 
+from ipu_node.attach import Attachment, attach
 from ipu_node.config import IPUConfig
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.errors import AlreadyConfiguredError, IPUConfigError, NotConfiguredError
+from ipu_node.memory import IPUMemory
 from ipu_node.replica import ReplicaContext, ReplicaExecutor
+from ipu_node.systems import SystemModel, get_system_model
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +38,17 @@ class IPUSystem:
         num_replicas: global replication factor (``num_local_replicas * process_count``).
         replica_index_offset: global index of this instance's first replica.
         transport: ``"local"`` or ``"mpi"``: how instances exchange collective data.
+        model: the :class:`~ipu_node.systems.SystemModel` the IPUs belong to (None when built
+            by hand without one).
+        memory: an :class:`~ipu_node.memory.IPUMemory` per attached IPU, by IPU id.
     """
 
-    def __init__(self, config: IPUConfig, devices: Sequence[IPUDevice]):
+    def __init__(self, config: IPUConfig, devices: Sequence[IPUDevice], *,
+                 model: SystemModel | None = None, attachment: Attachment | None = None):
         self.config = config
         self.devices = tuple(devices)
+        self.model = model
+        self.memory = {ipu.id: IPUMemory(ipu) for d in self.devices for ipu in d.ipus}
         self.ipus_per_replica = config.ipus_per_replica
         self.num_local_replicas = len(self.devices[0].ipus) // self.ipus_per_replica
         mrd = config.experimental.multi_replica_distribution
@@ -52,6 +61,8 @@ class IPUSystem:
             transport = "mpi" if self.process_count > 1 else "local"
         self.transport = transport
         self._closers: list[Callable[[], None]] = []
+        if attachment is not None:
+            self._closers.append(attachment.release)  # closers run last-first: freed last
         self.executor = ReplicaExecutor(
             [self.replica_context(i) for i in range(self.num_local_replicas)])
 
@@ -77,6 +88,7 @@ class IPUSystem:
         self._closers.append(closer)
 
     def close(self) -> None:
+        """Run the closers (last added first), stop the executor and free the IPUs."""
         for closer in reversed(self._closers):
             closer()
         self._closers.clear()
@@ -89,24 +101,29 @@ class IPUSystem:
                 f"ipus_per_replica={self.ipus_per_replica}, transport={self.transport!r})")
 
 
-def _build_devices(config: IPUConfig, first_ipu_id: int) -> list[IPUDevice]:
-    if config.select_ipus not in ([], ()):
-        raise IPUConfigError(
-            "select_ipus (choosing devices by gc-info id) needs the POD hardware model, "
-            "which this version does not have yet; use auto_select_ipus")
-    counts = config.device_ipu_counts()
-    if not counts or any(c == 0 for c in counts):
-        raise IPUConfigError(
-            f"auto_select_ipus={config.auto_select_ipus!r} asks for no IPUs; set it to the "
-            "number of IPUs (e.g. cfg.auto_select_ipus = 1) or call popdist.set_ipu_config(cfg)")
-    version = config.ipu_model.version
+def _ipu_version(config: IPUConfig, model: SystemModel) -> str:
+    """The system's native version unless ``ipu_model.version`` was assigned (seed 004:1764)."""
+    model_cfg = config.ipu_model
+    return model_cfg.version if model_cfg.is_set("version") else model.version
+
+
+def _build_devices(config: IPUConfig, attachment: Attachment) -> list[IPUDevice]:
+    version = _ipu_version(config, attachment.model)
     tiles = config.ipu_model.tiles_per_ipu
-    devices, next_id = [], first_ipu_id
-    for ordinal, count in enumerate(counts):
-        ipus = tuple(IPU.of_version(next_id + k, version, tiles) for k in range(count))
-        devices.append(IPUDevice(ordinal, ipus))
-        next_id += count
-    return devices
+    return [IPUDevice(d.ordinal, tuple(IPU.of_version(i, version, tiles) for i in d.ipus),
+                      d.device_id)
+            for d in attachment.devices]
+
+
+def _attach_line(device: IPUDevice) -> str:
+    """The attach log line of seed 002:94 (one IPU) and 002:229 (a multi-IPU device id)."""
+    if len(device.ipus) == 1 and device.device_id is not None:
+        return f"Device {device.name} attached to IPU: {device.device_id}"
+    if device.device_id is not None:
+        return f"Device {device.name} attached to IPUs: {device.device_id}"
+    ids = ", ".join(str(ipu.id) for ipu in device.ipus)
+    return (f"Device {device.name} attached to IPUs: {ids} "
+            f"(ipupod: {len(device.ipus)} IPUs form no gc-info device)")
 
 
 def _validate(config: IPUConfig) -> None:
@@ -128,28 +145,38 @@ def _validate(config: IPUConfig) -> None:
 def configure(config: IPUConfig) -> IPUSystem:
     """Make ``config`` this process's IPU system (``IPUConfig.configure_ipu_system``).
 
+    The system model is ``config.system``, else ``$IPUPOD_SYSTEM``, else POD16. The previous
+    system of this process is closed (and its IPUs freed) before the new IPUs are attached; if
+    attaching fails, the process is left without a system.
+
     Raises:
-        IPUConfigError: the options do not describe a usable system.
+        IPUConfigError: the options do not describe a usable system (unknown system, device id
+            out of range, more IPUs than the system has, ...).
+        IPUBusyError: the IPUs are attached by another process.
         AlreadyConfiguredError: replicas of the current system are running.
     """
     global _system
     _validate(config)
-    mrd = config.experimental.multi_replica_distribution
-    counts = config.device_ipu_counts()
-    # Instance i owns the IPUs of its replicas: global IPU ids are contiguous per instance.
-    first_ipu_id = mrd.process_index * sum(counts)
-    system = IPUSystem(config, _build_devices(config, first_ipu_id))
+    model = get_system_model(config.system or None)
     with _lock:
         old = _system
         if old is not None and old.executor.running:
             raise AlreadyConfiguredError(
                 "configure_ipu_system() called while replicas are running")
-        _system = system
+        _system = None
     if old is not None:
         old.close()
+    attachment = attach(config, model)
+    try:
+        system = IPUSystem(config, _build_devices(config, attachment), model=model,
+                           attachment=attachment)
+    except BaseException:
+        attachment.release()
+        raise
+    with _lock:
+        _system = system
     for device in system.devices:
-        ids = ", ".join(str(ipu.id) for ipu in device.ipus)
-        logger.info("Device %s attached to IPUs: %s", device.name, ids)
+        logger.info("%s", _attach_line(device))
     return system
 
 

@@ -1,0 +1,52 @@
+"""The one place where :mod:`ipu_node` reads the environment.
+
+Names are constants so launchers (poprun, the mpirun path) can set them without spelling them
+again. Every value is read when a function below is called, never at import time.
+
+* ``IPUPOD_SYSTEM``: the emulated system (``C2-16``, ``POD4``, ``POD16``, ``POD64``,
+  ``POD128``, ``POD256``); :data:`DEFAULT_SYSTEM` when unset. poprun passes ``--system`` on to
+  every instance through it.
+* ``IPUPOD_OCCUPANCY_DIR``: directory of the IPU lock files shared by the processes of one
+  machine (default ``$XDG_RUNTIME_DIR/ipupod`` or ``/tmp/ipupod-<uid>``); tests point it at a
+  fresh temporary directory.
+* ``IPUPOD_JOB_ID``: the job an instance belongs to. All instances of one job share one
+  partition (an occupancy scope of their own); processes without it share the machine's scope.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+#: Environment variable naming the emulated system.
+IPUPOD_SYSTEM = "IPUPOD_SYSTEM"
+#: Environment variable overriding the directory of the IPU lock files.
+IPUPOD_OCCUPANCY_DIR = "IPUPOD_OCCUPANCY_DIR"
+#: Environment variable naming the job (set by launchers for every instance of a job).
+IPUPOD_JOB_ID = "IPUPOD_JOB_ID"
+
+#: The system used when neither an argument nor ``IPUPOD_SYSTEM`` names one.
+DEFAULT_SYSTEM = "POD16"
+
+
+def system_name(explicit: str | None = None) -> str:
+    """The system name: ``explicit`` if given and non-empty, else ``$IPUPOD_SYSTEM``, else POD16."""
+    if explicit:
+        return explicit
+    return os.environ.get(IPUPOD_SYSTEM) or DEFAULT_SYSTEM
+
+
+def occupancy_dir() -> str:
+    """Root directory of the IPU lock files (not created here)."""
+    explicit = os.environ.get(IPUPOD_OCCUPANCY_DIR)
+    if explicit:
+        return explicit
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
+        return os.path.join(runtime, "ipupod")
+    return os.path.join(tempfile.gettempdir(), f"ipupod-{os.getuid()}")
+
+
+def job_id() -> str | None:
+    """The job id of this process (``$IPUPOD_JOB_ID``), or None outside a launched job."""
+    return os.environ.get(IPUPOD_JOB_ID) or None

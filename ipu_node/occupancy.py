@@ -1,0 +1,224 @@
+"""Which IPUs are attached, shared by all processes of the machine: one lock file per IPU.
+
+A process attaches IPU ``i`` by holding an exclusive ``fcntl.flock`` on
+``<root>/<system>/<scope>/ipu-<i>.lock`` and writes who it is into the file (pid, command line,
+user, time, job, device) for ``gc-monitor``. The kernel drops the lock when the process ends in
+any way, SIGKILL included, so a killed process frees its IPUs; a clean release empties the file
+first. Nothing is ever unlinked (unlinking lock files races with new holders).
+
+``<root>`` is :func:`ipu_node.env.occupancy_dir` (``IPUPOD_OCCUPANCY_DIR`` overrides it).
+``<scope>`` is the partition (:func:`default_scope`):
+
+* ``job-<IPUPOD_JOB_ID>`` for the instances of a launched job (poprun sets the variable): a job
+  gets a partition of its own, as poprun gets a V-IPU partition for a job on a real POD, so its
+  instances never collide with other jobs or with IPUs the launching process holds;
+* ``launcher-<parent pid>`` for an instance of a multi-instance job without a job id (e.g.
+  started by a bare ``mpirun``): the instances one launcher started together share a partition;
+* ``machine`` for a process started on its own: such processes compete for the machine's IPUs,
+  as ``auto_select_ipus`` does on a real server (seed 002:219).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import getpass
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from ipu_node import env
+from ipu_node.errors import IPUBusyError
+
+MACHINE_SCOPE = "machine"
+
+
+def scope_name(job_id: str | None) -> str:
+    """Directory name of the partition of ``job_id`` (None: the machine's shared scope)."""
+    if not job_id:
+        return MACHINE_SCOPE
+    return "job-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:100]
+
+
+def default_scope(multi_instance: bool = False) -> str:
+    """The partition of this process: its job's, its launcher's, or the machine's (see above)."""
+    job = env.job_id()
+    if job:
+        return scope_name(job)
+    if multi_instance:
+        return f"launcher-{os.getppid()}"
+    return MACHINE_SCOPE
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds an IPU, as written into its lock file.
+
+    Attributes:
+        ipu_id: the IPU.
+        pid: holder process id.
+        command: holder's command line.
+        user: holder's user name.
+        attached_at: when it attached (seconds since the epoch, wall clock).
+        scope: the partition (``machine`` or ``job-<id>``).
+        device: the TF device and gc-info id it attached, e.g. ``/device:IPU:0 (24)``.
+    """
+
+    ipu_id: int
+    pid: int
+    command: str
+    user: str
+    attached_at: float
+    scope: str
+    device: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} ({self.command}, user {self.user}, partition {self.scope})"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_holder(path: str, ipu_id: int, scope: str) -> Holder | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read() or "null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not _pid_alive(int(data.get("pid", 0)) or -1):
+        return None
+    return Holder(ipu_id, int(data["pid"]), str(data.get("command", "?")),
+                  str(data.get("user", "?")), float(data.get("attached_at", 0.0)), scope,
+                  str(data.get("device", "")))
+
+
+def _command_line() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            parts = f.read().split(b"\0")
+        return " ".join(p.decode(errors="replace") for p in parts if p)[:200]
+    except OSError:
+        return " ".join([sys.executable] + sys.argv)[:200]
+
+
+class Lease:
+    """IPUs held by this process; :meth:`release` gives them back (idempotent)."""
+
+    def __init__(self, fds: dict[int, int]):
+        self._fds = dict(fds)
+
+    @classmethod
+    def combine(cls, leases: Iterable["Lease"]) -> "Lease":
+        """One lease holding the IPUs of ``leases`` (which are left empty)."""
+        fds: dict[int, int] = {}
+        for lease in leases:
+            fds.update(lease._fds)
+            lease._fds = {}
+        return cls(fds)
+
+    @property
+    def ipus(self) -> tuple[int, ...]:
+        return tuple(sorted(self._fds))
+
+    def write_holder_info(self, info_by_ipu: dict[int, dict]) -> None:
+        for ipu_id, fd in self._fds.items():
+            data = json.dumps(info_by_ipu.get(ipu_id, {})).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+
+    def release(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
+class Occupancy:
+    """The lock files of one system in one partition.
+
+    Args:
+        system_name: the system (each has its own IPUs).
+        scope: the partition directory name (None: :func:`default_scope` of a single process).
+        root: directory of all lock files (None: :func:`ipu_node.env.occupancy_dir`).
+    """
+
+    def __init__(self, system_name: str, scope: str | None = None, root: str | None = None):
+        self.scope = scope or default_scope()
+        self.system_dir = os.path.join(root or env.occupancy_dir(), system_name)
+        self.dir = os.path.join(self.system_dir, self.scope)
+
+    def _path(self, ipu_id: int, scope_dir: str | None = None) -> str:
+        return os.path.join(scope_dir or self.dir, f"ipu-{ipu_id}.lock")
+
+    def acquire(self, ipus: Iterable[int]) -> Lease:
+        """Hold all of ``ipus`` or none of them.
+
+        Raises:
+            IPUBusyError: one of them is held by another attachment (names the IPU and holder).
+            OSError: the lock directory cannot be created or written.
+        """
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        fds: dict[int, int] = {}
+        try:
+            for ipu_id in sorted(set(ipus)):  # one global order: no lock-order inversions
+                fd = os.open(self._path(ipu_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    os.close(fd)
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                    holder = _read_holder(self._path(ipu_id), ipu_id, self.scope)
+                    who = holder.describe() if holder else "another process"
+                    raise IPUBusyError(
+                        f"IPU {ipu_id} is attached by {who}; it is not free") from None
+                fds[ipu_id] = fd
+        except BaseException:
+            Lease(fds).release()
+            raise
+        return Lease(fds)
+
+    def holder_info(self, *, device: str) -> dict:
+        """What this process writes into the lock files of the IPUs it attaches."""
+        try:
+            user = getpass.getuser()
+        except Exception:  # no passwd entry (containers)
+            user = str(os.getuid())
+        return {"pid": os.getpid(), "command": _command_line(), "user": user,
+                "attached_at": time.time(), "device": device}
+
+    def holders(self, all_scopes: bool = True) -> list[Holder]:
+        """Attached IPUs of this system (every partition, or only this one), by IPU then scope.
+
+        Reads the lock files without locking them, so it never disturbs an attach; an entry
+        whose process is gone (killed) is not listed.
+        """
+        if not os.path.isdir(self.system_dir):
+            return []
+        scopes = sorted(os.listdir(self.system_dir)) if all_scopes else [self.scope]
+        found = []
+        for scope in scopes:
+            scope_dir = os.path.join(self.system_dir, scope)
+            if not os.path.isdir(scope_dir):
+                continue
+            for entry in os.listdir(scope_dir):
+                m = re.fullmatch(r"ipu-(\d+)\.lock", entry)
+                if m:
+                    holder = _read_holder(os.path.join(scope_dir, entry), int(m.group(1)), scope)
+                    if holder is not None:
+                        found.append(holder)
+        return sorted(found, key=lambda h: (h.ipu_id, h.scope))

@@ -1,0 +1,137 @@
+"""Which IPUs a request gets, and in which order: pure functions of a system model.
+
+Selection orders (``IPUConfig.selection_order``, seed 004:1324-1395) map the IPUs of a
+multi-IPU device to shards and replicas. They walk the system's grid: the ladder of the C2
+server (rows of 2 IPUs, seed 004:1339-1379) or the ``machines x 4`` torus of the IPU-M2000
+systems (see :mod:`ipu_node.systems`). For the 16 IPUs of ``C2-16`` they are exactly the seeds':
+
+* ``ZIGZAG``: the natural order, ascending ids: 0, 1, 2, ..., 15 (seed 004:1389).
+* ``SNAKE``: row by row, alternating direction, so each IPU is linked to the next:
+  0, 1, 3, 2, 4, 5, 7, 6, ... (seed 004:1391).
+* ``HOOF``: up the first column, then back down the others row by row, alternating, so each
+  IPU is linked to the next and the last is on the same board as the first:
+  0, 2, 4, ..., 14, 15, 13, ..., 1 (seed 004:1393).
+* ``AUTO``: "the best selection given the network" (seed 004:1387); ipupod takes ``SNAKE``
+  (every consecutive pair directly linked; inside one IPU-M2000 it is the natural order).
+
+A device's IPUs are walked on their own sub-grid (the rows and columns they occupy). On the
+IPU-M2000 torus the same rules give, e.g. for an 8-IPU device of two machines, ZIGZAG
+0..7, SNAKE 0,1,2,3,7,6,5,4 and HOOF 0,4,5,6,7,3,2,1. A set that is not a full sub-grid keeps
+the order it was given in (ZIGZAG sorts it). In a system of several IPU-Link domains the
+walk crosses from one domain to the next over GW-Links.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ipu_node.config import SelectionOrder
+from ipu_node.device_ids import devices_of_size
+from ipu_node.errors import NotEnoughIPUsError
+from ipu_node.systems import SystemModel
+
+
+def _grid(model: SystemModel, ipus: Sequence[int]) -> list[list[int]] | None:
+    """``ipus`` as rows x cols of their sub-grid, or None when they do not fill one."""
+    pos = {model.ipu(i).row * model.grid_cols + model.ipu(i).col: i for i in ipus}
+    rows = sorted({model.ipu(i).row for i in ipus})
+    cols = sorted({model.ipu(i).col for i in ipus})
+    if len(rows) * len(cols) != len(set(ipus)):
+        return None
+    return [[pos[r * model.grid_cols + c] for c in cols] for r in rows]
+
+
+def order_ipus(model: SystemModel, ipus: Iterable[int],
+               order: SelectionOrder = SelectionOrder.AUTO) -> list[int]:
+    """The IPUs ``ipus`` in selection order ``order`` (see the module docstring).
+
+    Raises:
+        UnknownIPUError: an id is not an IPU of ``model``.
+        TypeError: ``order`` is not a :class:`SelectionOrder`.
+    """
+    ipus = list(ipus)
+    if not isinstance(order, SelectionOrder):
+        raise TypeError(f"order must be a SelectionOrder, not {order!r}")
+    if order is SelectionOrder.ZIGZAG:
+        for i in ipus:
+            model.ipu(i)
+        return sorted(ipus)
+    grid = _grid(model, ipus)
+    if grid is None:
+        return ipus
+    if order is SelectionOrder.HOOF:
+        out = [row[0] for row in grid]
+        for t, row in enumerate(reversed(grid)):
+            rest = row[1:]
+            out += rest if t % 2 == 0 else rest[::-1]
+        return out
+    out = []  # SNAKE, and AUTO
+    for r, row in enumerate(grid):
+        out += row if r % 2 == 0 else row[::-1]
+    return out
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def candidate_ipu_sets(model: SystemModel, num_ipus: int) -> list[tuple[list[int], int | None]]:
+    """Where ``auto_select_ipus`` may put a device of ``num_ipus`` IPUs, in preference order.
+
+    A power of two gets a whole ``gc-info`` device of that size, the lowest id first (so
+    ``auto_select_ipus = 4`` on C2-16 takes device 24, IPUs 4-7, as seed 002:229-234 shows).
+    Any other count is an ipupod extension: the first ``num_ipus`` IPUs, in AUTO order, of a
+    device of the next power of two (real ``gc-info`` has no such device).
+
+    Returns:
+        ``(ipus, device_id)`` pairs; ``device_id`` is None for a partial device.
+
+    Raises:
+        ValueError: ``num_ipus < 1``.
+        NotEnoughIPUsError: the system has fewer IPUs.
+    """
+    _check_count("num_ipus", num_ipus)
+    if num_ipus > model.num_ipus:
+        raise NotEnoughIPUsError(
+            f"a device of {num_ipus} IPUs was requested but {model.name} has "
+            f"{model.num_ipus} IPUs")
+    if _is_power_of_two(num_ipus):
+        return [(list(d.ipus), d.id) for d in devices_of_size(model, num_ipus)]
+    size = 1 << (num_ipus - 1).bit_length()
+    return [(order_ipus(model, d.ipus)[:num_ipus], None) for d in devices_of_size(model, size)]
+
+
+def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_replicas: int,
+                         ipus_per_replica: int = 1) -> list[list[int]]:
+    """IPU ids of each instance of a job, in the order its replicas use them (AUTO order).
+
+    Instance ``i`` owns replicas ``[i*L, (i+1)*L)`` and the ``L * ipus_per_replica`` IPUs
+    returned at index ``i``. The job sits on one contiguous, linked set of IPUs: when the
+    per-instance count is a power of two, instance ``i`` gets the ``i``-th ``gc-info`` device
+    of that size (consecutive devices join into the next larger one); otherwise consecutive
+    slices of the whole system in SNAKE order.
+
+    Raises:
+        ValueError: a count below 1.
+        NotEnoughIPUsError: the job needs more IPUs than ``model`` has (names both numbers).
+    """
+    _check_count("num_instances", num_instances)
+    _check_count("num_local_replicas", num_local_replicas)
+    _check_count("ipus_per_replica", ipus_per_replica)
+    per_instance = num_local_replicas * ipus_per_replica
+    total = num_instances * per_instance
+    if total > model.num_ipus:
+        raise NotEnoughIPUsError(
+            f"the job needs {num_instances} instances x {num_local_replicas} replicas x "
+            f"{ipus_per_replica} IPUs per replica = {total} IPUs, but {model.name} has "
+            f"{model.num_ipus} IPUs")
+    if _is_power_of_two(per_instance):
+        devices = devices_of_size(model, per_instance)[:num_instances]
+        return [order_ipus(model, d.ipus) for d in devices]
+    snake = order_ipus(model, range(model.num_ipus), SelectionOrder.SNAKE)
+    return [snake[i * per_instance:(i + 1) * per_instance] for i in range(num_instances)]
