@@ -21,7 +21,8 @@ LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
 INSTANCE_INDEX = "IPUPOD_INSTANCE_INDEX"
 NUM_INSTANCES = "IPUPOD_NUM_INSTANCES"
 TRANSPORT = "IPUPOD_TRANSPORT"
-JOB_ID = "IPUPOD_JOB_ID"
+JOB_ID = "IPUPOD_JOB_ID"          # read by ipu_node.env (the job's IPU partition)
+SYSTEM = "IPUPOD_SYSTEM"          # read by ipu_node.env (the emulated POD)
 ERROR_FILE = "IPUPOD_ERROR_FILE"
 
 # A program started by plain mpirun (no poprun): rank and size (anchors §1.2).
@@ -45,6 +46,8 @@ def instance_env(plan: "LaunchPlan", placement: "InstancePlacement",
         TRANSPORT: plan.transport,
         JOB_ID: plan.job_id,
     }
+    if plan.system:
+        env[SYSTEM] = plan.system
     if error_file:
         env[ERROR_FILE] = error_file
     return env

@@ -40,6 +40,7 @@ class LaunchPlan:
         instances: one placement per instance.
         transport: how instances exchange collective data (``"mpi"``).
         job_id: a name shared by the instances of this job.
+        system: the emulated POD the instances model (``"POD16"``); "" lets them choose.
     """
 
     command: tuple[str, ...]
@@ -49,6 +50,7 @@ class LaunchPlan:
     instances: tuple[InstancePlacement, ...]
     transport: str = "mpi"
     job_id: str = field(default="")
+    system: str = ""
 
 
 def _positive(name: str, value: int) -> None:
@@ -81,7 +83,8 @@ def plan_replicas(num_instances: int, num_replicas: int,
 
 
 def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int | None = None,
-              ipus_per_replica: int = 1, transport: str = "mpi", job_id: str = "") -> LaunchPlan:
+              ipus_per_replica: int = 1, transport: str = "mpi", job_id: str = "",
+              system: str = "") -> LaunchPlan:
     """A :class:`LaunchPlan` (``num_replicas`` defaults to ``num_instances``).
 
     Raises:
@@ -93,4 +96,4 @@ def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int 
     _positive("--ipus-per-replica", ipus_per_replica)
     instances = tuple(plan_replicas(num_instances, num_replicas))
     return LaunchPlan(tuple(command), num_instances, num_replicas, ipus_per_replica,
-                      instances, transport, job_id)
+                      instances, transport, job_id, system)

@@ -107,3 +107,40 @@ def test_cross_replica_sum_is_bit_identical_for_every_layout(tmp_path, instances
     pair = data[0] + data[1]
     expected = np.concatenate([full, pair, full[:5]])
     assert np.load(out).tobytes() == expected.tobytes()
+
+
+def test_system_and_topology_reach_the_instances(tmp_path):
+    result = run_poprun(["--system", "C2-16", "-n", "2", "--num-replicas", "4",
+                         "--print-topology", "python", str(PROGRAMS / "dump_env.py"),
+                         str(tmp_path)], 60)
+    assert result.returncode == 0, describe(result)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| hosts     | localhost")
+    assert lines[2].startswith("| instances | 0")
+    assert lines[4].replace(" ", "") == "|IPUs|5|7|4|6|"  # the C2-16 device 24's IPUs, AUTO order
+    for i in range(2):
+        env = json.loads((tmp_path / f"instance_{i}.json").read_text())["env"]
+        assert env["IPUPOD_SYSTEM"] == "C2-16"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--system", "POD99"], "poprun: error: unknown IPU-POD system 'POD99'"),
+    (["-n", "4", "--num-replicas", "16", "--ipus-per-replica", "2"],
+     "poprun: error: the job needs 4 instances x 4 replicas x 2 IPUs per replica = 32 IPUs, "
+     "but POD16 has 16 IPUs"),
+])
+def test_a_job_that_does_not_fit_the_system_starts_nothing(argv, message, tmp_path, capsys,
+                                                           monkeypatch):
+    monkeypatch.delenv("IPUPOD_SYSTEM", raising=False)
+    marker = tmp_path / "started"
+    assert poprun_main([*argv, "python", "-c", f"open({str(marker)!r}, 'w')"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    assert not marker.exists()
+
+
+def test_launcher_and_ipu_node_agree_on_the_environment_names():
+    import ipu_node.env
+    from launch import env
+    assert env.SYSTEM == ipu_node.env.IPUPOD_SYSTEM
+    assert env.JOB_ID == ipu_node.env.IPUPOD_JOB_ID
