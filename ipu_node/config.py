@@ -50,6 +50,13 @@ class _ConfigGroup:
         return f"{type(self).__name__}({items})"
 
 
+def _int_at_least(name: str, value: Any, minimum: int) -> int:
+    """``value`` when it is an int >= ``minimum`` (not a bool); else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def _check_ipu_selection(name: str, value: Any) -> int | list[int]:
     """``auto_select_ipus``/``select_ipus``: an int, or a list/tuple of ints (seed 004:1496-1646)."""
     if isinstance(value, bool):
@@ -86,9 +93,7 @@ class IPUModelConfig(_ConfigGroup):
         return value
 
     def _check_tiles_per_ipu(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"ipu_model.tiles_per_ipu must be an int >= 0, got {value!r}")
-        return value
+        return _int_at_least("ipu_model.tiles_per_ipu", value, 0)
 
 
 class MultiReplicaDistributionConfig(_ConfigGroup):
@@ -102,14 +107,10 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
     _fields = {"process_count": 0, "process_index": 0, "transport": "auto"}
 
     def _check_process_count(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"process_count must be an int >= 0, got {value!r}")
-        return value
+        return _int_at_least("process_count", value, 0)
 
     def _check_process_index(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"process_index must be an int >= 0, got {value!r}")
-        return value
+        return _int_at_least("process_index", value, 0)
 
     def _check_transport(self, value: Any) -> str:
         if value not in ("auto", "mpi", "local"):
@@ -183,9 +184,7 @@ class IPUConfig(_ConfigGroup):
         return canonical_system_name(value)
 
     def _check_ipus_per_replica(self, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"ipus_per_replica must be an int >= 1, got {value!r}")
-        return value
+        return _int_at_least("ipus_per_replica", value, 1)
 
     def device_ipu_counts(self) -> Sequence[int]:
         """IPUs of each TF device ``/device:IPU:N`` that ``auto_select_ipus`` asks for."""
