@@ -144,3 +144,27 @@ def test_launcher_and_ipu_node_agree_on_the_environment_names():
     from launch import env
     assert env.SYSTEM == ipu_node.env.IPUPOD_SYSTEM
     assert env.JOB_ID == ipu_node.env.IPUPOD_JOB_ID
+
+
+def test_a_program_started_by_plain_mpirun_is_one_replica_per_rank(tmp_path):
+    """No poprun: popdist takes rank and size from MPICH's PMI_* variables."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from launch.mpirun import find_mpirun
+    out = tmp_path / "sum.npy"
+    proc = subprocess.Popen([find_mpirun(), "-n", "2", sys.executable,
+                             str(PROGRAMS / "layout_sum.py"), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, output
+    data = np.random.default_rng(1234).standard_normal((2, 4099)).astype(np.float32) * 1e3
+    full = data[0] + data[1]
+    assert np.load(out).tobytes() == np.concatenate([full, full, full[:5]]).tobytes()
