@@ -34,7 +34,7 @@ class IPUSystem:
         process_index: this instance, in ``[0, process_count)``.
         num_replicas: global replication factor (``num_local_replicas * process_count``).
         replica_index_offset: global index of this instance's first replica.
-        transport: ``"local"`` or ``"mpi"``: how instances exchange collective data.
+        transport: ``"local"``, ``"mpi"`` or ``"grpc"``: how instances exchange collective data.
     """
 
     def __init__(self, config: IPUConfig, devices: Sequence[IPUDevice]):
