@@ -17,11 +17,11 @@ import hmac
 import logging
 import threading
 import time
-from concurrent import futures
 
 import grpc
 
-from protos import MAX_CONTROL_MESSAGE_BYTES, TOKEN_METADATA_KEY, server_options
+from protos import (MAX_CONTROL_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor,
+                    server_options)
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc
 from launch.errors import LaunchError
@@ -222,10 +222,9 @@ class CoordinatorServer:
     def __init__(self, num_instances: int, token: str, address: str = "127.0.0.1:0",
                  heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S):
         self.coordinator = Coordinator(num_instances, token, heartbeat_timeout_s)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2 * num_instances + 4,
-                                       thread_name_prefix="coordinator"),
-            options=server_options(MAX_CONTROL_MESSAGE_BYTES))
+        self._executor = ServingExecutor(2 * num_instances + 4, "coordinator")
+        self._server = grpc.server(self._executor,
+                                   options=server_options(MAX_CONTROL_MESSAGE_BYTES))
         pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, self._server)
         host = address.rsplit(":", 1)[0]
         try:
@@ -257,4 +256,5 @@ class CoordinatorServer:
         """Stop serving (calls in flight get ``grace_s`` seconds)."""
         self._stop.set()
         self._server.stop(grace_s).wait()
+        self._executor.shutdown(wait=False)
         self._watchdog.join(timeout=1)

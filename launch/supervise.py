@@ -27,15 +27,25 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
+#: errors that an instance raises because another one failed (never the root cause while
+#: another failure is known): a lost peer, an aborted job
+CONSEQUENCES = ("PeerLostError", "TransportClosedError")
+
+
 def root_cause(failures: list[InstanceFailure]) -> InstanceFailure:
     """The failure that came first: the earliest timed one, else the first that was not a
-    signal (instances stopped after a failure die by a signal), else the first.
+    signal (instances stopped after a failure die by a signal), else the first. Failures
+    that are consequences of another (:data:`CONSEQUENCES`, e.g. an instance that lost its
+    peer) only count when nothing else is known: the survivors of a SIGKILL notice it before
+    the launcher does.
 
     Raises:
         ValueError: ``failures`` is empty.
     """
     if not failures:
         raise ValueError("no failures to choose a root cause from")
+    causes = [f for f in failures if not f.error.startswith(CONSEQUENCES)]
+    failures = causes or failures
     timed = [f for f in failures if f.time is not None]
     if timed:
         return min(timed, key=lambda f: f.time)

@@ -32,3 +32,54 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.enable_retries", 0)]
+
+
+class ServingExecutor:
+    """A thread pool for gRPC servers that keeps serving while the interpreter exits.
+
+    ``concurrent.futures.ThreadPoolExecutor`` refuses new work once interpreter shutdown has
+    begun, before ``atexit`` handlers run; but an instance's last calls (a goodbye to the
+    coordinator that worker 0 hosts, its wait for the others to leave) happen exactly then.
+    These daemon threads serve until the process ends.
+
+    Args:
+        max_workers: threads, each serving one call at a time.
+        name: thread name prefix.
+    """
+
+    def __init__(self, max_workers: int, name: str = "grpc-server"):
+        import queue
+        import threading
+
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(max_workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the future
+                future.set_exception(exc)
+
+    def submit(self, fn, /, *args, **kwargs):
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()

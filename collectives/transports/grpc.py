@@ -22,7 +22,6 @@ import logging
 import socket
 import threading
 import time
-from concurrent import futures
 from typing import Sequence
 
 import grpc
@@ -35,7 +34,7 @@ from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers,
     encode_chunk
 from collectives.waiting import Patience
 from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY,
-                    channel_options, server_options)
+                    ServingExecutor, channel_options, server_options)
 from protos import coordinator_pb2 as cpb
 from protos import coordinator_pb2_grpc as cpb_grpc
 from protos import peer_pb2 as ppb
@@ -196,7 +195,7 @@ class GrpcCommunicator(Communicator):
                 exc = call.exception()
                 self._transport.raise_if_failed()
                 raise PeerLostError(f"sending to instance {member} failed ({_rpc_text(exc)})",
-                                    member) from exc
+                                    member) from None
 
 
 class GrpcTransport(Transport):
@@ -258,10 +257,8 @@ class GrpcTransport(Transport):
     # -- setup --------------------------------------------------------------------------
 
     def _serve(self, address: str, token: str) -> grpc.Server:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2 * self.process_count + 2,
-                                       thread_name_prefix="grpc-peer"),
-            options=server_options(MAX_MESSAGE_BYTES))
+        self._executor = ServingExecutor(2 * self.process_count + 2, "grpc-peer")
+        server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES))
         server.add_generic_rpc_handlers(
             (_PeerService(token, self.process_count, self.mailbox).handler(),))
         try:
@@ -432,3 +429,4 @@ class GrpcTransport(Transport):
                 channel.close()
         self._coord_channel.close()
         self._server.stop(0.5).wait()
+        self._executor.shutdown(wait=False)
