@@ -158,6 +158,9 @@ class Assembly:
                                         first.nbytes, first.chunk_count):
             raise WireError(f"chunk {header.chunk_index} belongs to another tensor than "
                             "chunk 0 of this stream")
+        if header.chunk_index >= first.chunk_count:
+            raise WireError(f"chunk {header.chunk_index} is beyond chunk_count "
+                            f"{first.chunk_count}")
         if header.chunk_index != self.chunks:
             raise WireError(f"chunk {header.chunk_index} arrived where chunk {self.chunks} "
                             "was expected")
