@@ -19,3 +19,19 @@ class CollectiveAbortedError(CollectiveError):
 
 class TransportError(CollectiveError):
     """The transport between instances failed; the cause is ``__cause__``."""
+
+
+class PeerLostError(TransportError):
+    """Another instance of the job died, hung, or aborted the job; names it when known.
+
+    Attributes:
+        instance: the lost instance, or -1 when unknown (e.g. the coordinator is gone).
+    """
+
+    def __init__(self, message: str, instance: int = -1):
+        super().__init__(message)
+        self.instance = instance
+
+
+class TransportClosedError(TransportError):
+    """The transport was used after :meth:`close` (by this instance)."""

@@ -5,6 +5,8 @@
 | ``IPUPOD_STALL_WARNING_S``     | seconds a replica waits before a warning names the    | 60      |
 |                                | replicas or instances that have not arrived           |         |
 | ``IPUPOD_COLLECTIVE_TIMEOUT_S``| seconds before the wait becomes a CollectiveTimeoutError | 300  |
+| ``IPUPOD_CONNECT_TIMEOUT_S``   | seconds the gRPC transport tries to reach the          | 60      |
+|                                | coordinator and waits for every instance to register   |         |
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
 TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
+CONNECT_TIMEOUT_ENV = "IPUPOD_CONNECT_TIMEOUT_S"
 
 
 def _seconds(name: str, default: float) -> float:
@@ -36,12 +39,16 @@ class CollectiveOptions:
     Attributes:
         stall_warning_s: a waiting replica logs a warning naming the missing ones after this.
         timeout_s: the wait raises :class:`~collectives.errors.CollectiveTimeoutError` after this.
+        connect_timeout_s: the gRPC transport gives up reaching the coordinator, or waiting
+            for every instance to register, after this.
     """
 
     stall_warning_s: float = 60.0
     timeout_s: float = 300.0
+    connect_timeout_s: float = 60.0
 
     @classmethod
     def from_env(cls) -> "CollectiveOptions":
         return cls(_seconds(STALL_WARNING_ENV, cls.stall_warning_s),
-                   _seconds(TIMEOUT_ENV, cls.timeout_s))
+                   _seconds(TIMEOUT_ENV, cls.timeout_s),
+                   _seconds(CONNECT_TIMEOUT_ENV, cls.connect_timeout_s))

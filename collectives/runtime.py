@@ -30,11 +30,15 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
     with _lock:
         engine = _engines.get(id(system))
         if engine is None:
+            options = CollectiveOptions.from_env()
+            mrd = system.config.experimental.multi_replica_distribution
             transport = create_transport(system.transport, system.process_index,
-                                         system.process_count)
+                                         system.process_count,
+                                         coordinator_address=mrd.coordinator_address,
+                                         job_token=mrd.job_token,
+                                         listen_address=mrd.listen_address, options=options)
             engine = CollectiveEngine(system.num_replicas, system.num_local_replicas,
-                                      system.replica_index_offset, transport,
-                                      CollectiveOptions.from_env())
+                                      system.replica_index_offset, transport, options)
             _engines[id(system)] = engine
             system.add_closer(lambda: _close(system))
             system.executor.add_failure_listener(

@@ -77,6 +77,17 @@ def _check_ipu_selection(name: str, value: Any) -> int | list[int]:
     raise TypeError(f"{name} must be an int or a list of ints, not {type(value).__name__}")
 
 
+def _check_address(name: str, value: Any) -> str:
+    """``""`` or ``host:port`` with a port in [0, 65535]."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str 'host:port', not {type(value).__name__}")
+    if value:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{name} must be 'host:port', got {value!r}")
+    return value
+
+
 class IPUModelConfig(_ConfigGroup):
     """``IPUConfig.ipu_model``: version ``"ipu1"``/``"ipu2"`` and tiles per IPU (0 = standard).
 
@@ -101,10 +112,15 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
 
     ``process_count`` instances each run ``local replicas``; the global replication factor is
     their product. 0 (the default) means no multi-replica distribution. ``transport`` is
-    ipupod's own field: ``"auto"`` (MPI when ``process_count > 1``), ``"mpi"`` or ``"local"``.
+    ipupod's own field: ``"auto"`` (MPI when ``process_count > 1``), ``"mpi"``, ``"grpc"`` or
+    ``"local"``. The grpc transport also needs ``coordinator_address`` (``host:port``) and
+    ``job_token``; ``listen_address`` is where its peer server listens (default
+    ``127.0.0.1:0``). ``popdist.set_ipu_config`` fills them from poprun's environment or
+    TF_CONFIG.
     """
 
-    _fields = {"process_count": 0, "process_index": 0, "transport": "auto"}
+    _fields = {"process_count": 0, "process_index": 0, "transport": "auto",
+               "coordinator_address": "", "job_token": "", "listen_address": ""}
 
     def _check_process_count(self, value: Any) -> int:
         return _int_at_least("process_count", value, 0)
@@ -113,8 +129,20 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
         return _int_at_least("process_index", value, 0)
 
     def _check_transport(self, value: Any) -> str:
-        if value not in ("auto", "mpi", "local"):
-            raise ValueError(f"transport must be 'auto', 'mpi' or 'local', got {value!r}")
+        if value not in ("auto", "mpi", "grpc", "local"):
+            raise ValueError(
+                f"transport must be 'auto', 'mpi', 'grpc' or 'local', got {value!r}")
+        return value
+
+    def _check_coordinator_address(self, value: Any) -> str:
+        return _check_address("coordinator_address", value)
+
+    def _check_listen_address(self, value: Any) -> str:
+        return _check_address("listen_address", value)
+
+    def _check_job_token(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"job_token must be a str, not {type(value).__name__}")
         return value
 
 

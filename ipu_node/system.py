@@ -37,7 +37,7 @@ class IPUSystem:
         process_index: this instance, in ``[0, process_count)``.
         num_replicas: global replication factor (``num_local_replicas * process_count``).
         replica_index_offset: global index of this instance's first replica.
-        transport: ``"local"`` or ``"mpi"``: how instances exchange collective data.
+        transport: ``"local"``, ``"mpi"`` or ``"grpc"``: how instances exchange collective data.
         model: the :class:`~ipu_node.systems.SystemModel` the IPUs belong to (None when built
             by hand without one).
         memory: an :class:`~ipu_node.memory.IPUMemory` per attached IPU, by IPU id.

@@ -5,18 +5,22 @@ in this process, like ``python`` itself (and like ``python -m mpi4py``). If it r
 with a non-zero code, the bootstrap prints the traceback, writes the instance's error file
 (``IPUPOD_ERROR_FILE``) and leaves with ``os._exit``: skipping ``MPI_Finalize``, which would
 otherwise wait for the other instances for ever (DESIGN.md, known traps). mpirun (or poprun's
-own supervisor) then stops the other instances.
+own supervisor) then stops the other instances. Started by poprun's local launcher
+(``IPUPOD_PARENT_PID`` set), the instance also dies with poprun (PR_SET_PDEATHSIG), so no
+instance outlives a poprun that was killed.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import traceback
 
 from launch import env as envnames
 from launch.errorfile import write_error_file
+from launch.supervise import die_with_parent
 
 USAGE = "usage: python -m launch.bootstrap (script.py | -m module | -c command) [args...]"
 
@@ -73,9 +77,20 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _follow_parent() -> None:
+    """Die with the launcher that set IPUPOD_PARENT_PID (it may be gone already)."""
+    parent = os.environ.get(envnames.PARENT_PID)
+    if not parent:
+        return
+    die_with_parent(signal.SIGKILL)
+    if str(os.getppid()) != parent:
+        os._exit(128 + signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns 0 on success (failures never return)."""
     argv = sys.argv[1:] if argv is None else argv
+    _follow_parent()
     try:
         _run(argv)
     except SystemExit as exc:

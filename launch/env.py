@@ -24,6 +24,16 @@ TRANSPORT = "IPUPOD_TRANSPORT"
 JOB_ID = "IPUPOD_JOB_ID"          # read by ipu_node.env (the job's IPU partition)
 SYSTEM = "IPUPOD_SYSTEM"          # read by ipu_node.env (the emulated POD)
 ERROR_FILE = "IPUPOD_ERROR_FILE"
+# The grpc transport: where the coordinator listens, the token every call carries, and
+# (optional) where the instance's own peer server listens (default 127.0.0.1:0).
+COORDINATOR_ADDRESS = "IPUPOD_COORDINATOR_ADDRESS"
+JOB_TOKEN = "IPUPOD_JOB_TOKEN"
+LISTEN_ADDRESS = "IPUPOD_LISTEN_ADDRESS"
+# Set by poprun's local launcher: the instance dies with it (bootstrap sets PR_SET_PDEATHSIG).
+PARENT_PID = "IPUPOD_PARENT_PID"
+
+# TensorFlow's cluster description (anchors §4.1), read by poprun.popdist.
+TF_CONFIG = "TF_CONFIG"
 
 # A program started by plain mpirun (no poprun): rank and size (anchors §1.2).
 MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -48,6 +58,10 @@ def instance_env(plan: "LaunchPlan", placement: "InstancePlacement",
     }
     if plan.system:
         env[SYSTEM] = plan.system
+    if plan.coordinator_address:
+        env[COORDINATOR_ADDRESS] = plan.coordinator_address
+    if plan.job_token:
+        env[JOB_TOKEN] = plan.job_token
     if error_file:
         env[ERROR_FILE] = error_file
     return env

@@ -8,12 +8,10 @@ others. Each instance's stdout and stderr go to files that poprun follows and ta
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -27,11 +25,10 @@ from launch.errorfile import read_error_file
 from launch.errors import InstanceFailedError, InstanceFailure, LaunchError
 from launch.output import FileTailer, LineTagger, instance_output_paths, stream_writer
 from launch.plan import LaunchPlan
+from launch.supervise import GRACE_PERIOD_S  # noqa: F401 - the grace period, re-exported
+from launch.supervise import die_with_parent, forward_signals, root_cause
 
 logger = logging.getLogger(__name__)
-
-#: seconds between forwarding SIGTERM to mpirun and killing it
-GRACE_PERIOD_S = 5.0
 
 _PYTHON = re.compile(r"python[0-9.]*$")
 _FLAGS_WITH_ARG = ("-X", "-W")
@@ -73,14 +70,6 @@ def instance_command(command: Sequence[str]) -> list[str]:
     if i >= len(command):
         return command  # an interactive interpreter: nothing to wrap
     return [*command[:i], "-m", "launch.bootstrap", *command[i:]]
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if poprun dies (so mpirun and its instances never outlive it)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _decode_status(status: int) -> tuple[int, int]:
@@ -150,7 +139,7 @@ class MpirunBackend:
         logger.info("Running command: %s", " ".join(cmd))
         try:
             proc = self.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                              stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         except OSError as exc:
             raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
         tailer = FileTailer(sources).start()
@@ -158,8 +147,13 @@ class MpirunBackend:
         relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
                                  daemon=True)
         relay.start()
-        with _forward_signals(proc):
-            returncode = proc.wait()
+        with forward_signals(proc.send_signal, proc.kill, lambda: proc.poll() is None):
+            try:
+                returncode = proc.wait()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         relay.join(timeout=10)
         tailer.stop()
         failures = self._failures(plan, workdir, statuses)
@@ -167,7 +161,7 @@ class MpirunBackend:
             return 0
         if not failures:
             failures = [InstanceFailure(instance=-1, exit_code=returncode)]
-        raise InstanceFailedError(_root_cause(failures), failures)
+        raise InstanceFailedError(root_cause(failures), failures)
 
     def _relay(self, pipe, write, statuses: list[int]) -> None:
         """Pass mpirun's own messages on (untagged), keeping its exit-code list."""
@@ -191,43 +185,3 @@ class MpirunBackend:
                 code, sig = _decode_status(statuses[p.index])
                 failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
         return failures
-
-
-def _root_cause(failures: list[InstanceFailure]) -> InstanceFailure:
-    """The failure that came first: the earliest recorded one, else the first non-signal
-    one (instances stopped by mpirun after a failure die by a signal)."""
-    timed = [f for f in failures if f.time is not None]
-    if timed:
-        return min(timed, key=lambda f: f.time)
-    return next((f for f in failures if not f.signal), failures[0])
-
-
-class _forward_signals:
-    """While the job runs: SIGINT/SIGTERM to poprun go to mpirun, which stops the instances;
-    if mpirun is still there after :data:`GRACE_PERIOD_S`, it is killed."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-        self.previous: dict[int, object] = {}
-
-    def _handler(self, signum, frame):
-        self.proc.send_signal(signum)
-        threading.Timer(GRACE_PERIOD_S, self._kill).start()
-
-    def _kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self.previous[signum] = signal.signal(signum, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        return False

@@ -38,8 +38,11 @@ class LaunchPlan:
         command: the program and its arguments.
         num_instances, num_replicas, ipus_per_replica: the job's shape.
         instances: one placement per instance.
-        transport: how instances exchange collective data (``"mpi"``).
+        transport: how instances exchange collective data (``"mpi"`` or ``"grpc"``).
         job_id: a name shared by the instances of this job.
+        launcher: what starts the instances (``"mpirun"`` or ``"local"``).
+        coordinator_address: ``host:port`` of the coordinator (grpc transport), else "".
+        job_token: the secret every gRPC call of the job carries, else "".
         system: the emulated POD the instances model (``"POD16"``); "" lets them choose.
     """
 
@@ -50,6 +53,9 @@ class LaunchPlan:
     instances: tuple[InstancePlacement, ...]
     transport: str = "mpi"
     job_id: str = field(default="")
+    launcher: str = "mpirun"
+    coordinator_address: str = ""
+    job_token: str = field(default="", repr=False)
     system: str = ""
 
 
@@ -82,18 +88,32 @@ def plan_replicas(num_instances: int, num_replicas: int,
             for i in range(num_instances)]
 
 
+LAUNCHERS = ("mpirun", "local")
+TRANSPORTS = ("mpi", "grpc")
+
+
 def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int | None = None,
               ipus_per_replica: int = 1, transport: str = "mpi", job_id: str = "",
+              launcher: str = "mpirun", job_token: str = "",
               system: str = "") -> LaunchPlan:
     """A :class:`LaunchPlan` (``num_replicas`` defaults to ``num_instances``).
 
     Raises:
-        ValueError: no command, or counts as in :func:`plan_replicas`.
+        ValueError: no command, counts as in :func:`plan_replicas`, an unknown launcher or
+            transport, or the MPI transport without mpirun.
     """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; known: {', '.join(LAUNCHERS)}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
+    if transport == "mpi" and launcher != "mpirun":
+        raise ValueError("--transport mpi needs --launcher mpirun (MPI ranks are made by "
+                         "mpirun); use --transport grpc with --launcher local")
     if not command:
         raise ValueError("no program given: poprun [options] program [args...]")
     num_replicas = num_instances if num_replicas is None else num_replicas
     _positive("--ipus-per-replica", ipus_per_replica)
     instances = tuple(plan_replicas(num_instances, num_replicas))
     return LaunchPlan(tuple(command), num_instances, num_replicas, ipus_per_replica,
-                      instances, transport, job_id, system)
+                      instances, transport, job_id, launcher, job_token=job_token,
+                      system=system)

@@ -1,5 +1,7 @@
-"""poprun: the ``poprun`` launcher and the PopDist API (``from poprun import popdist``)."""
+"""poprun: the ``poprun`` launcher, the PopDist API (``from poprun import popdist``) and
+``TFConfigClusterResolver``."""
 
 from poprun import popdist
+from poprun.cluster_resolver import TFConfigClusterResolver
 
-__all__ = ["popdist"]
+__all__ = ["popdist", "TFConfigClusterResolver"]

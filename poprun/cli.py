@@ -1,16 +1,21 @@
 """``poprun``: start a program as a job of several instances, each with its share of replicas.
 
-    poprun [-n N] [--num-replicas R] [--ipus-per-replica K] [-v] program [args...]
+    poprun [-n N] [--num-replicas R] [--ipus-per-replica K] [--system NAME]
+           [--print-topology [yes|no]] [--launcher mpirun|local] [--transport mpi|grpc]
+           [-v] program [args...]
 
 ``-n`` is ipupod's short form of ``--num-instances`` (Graphcore's poprun has only the long
-form). The command line becomes a frozen :class:`launch.plan.LaunchPlan`, which the mpirun
-backend runs and supervises.
+form). The command line becomes a frozen :class:`launch.plan.LaunchPlan`, which a backend
+runs and supervises: ``mpirun`` (MPICH's, with the MPI transport) or ``local`` (poprun's own
+children, with the gRPC transport and a coordinator hosted here). Default: mpirun with MPI
+when the MPICH mpirun is installed, else local with gRPC; ``-v`` says which and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import sys
 import uuid
 
@@ -19,8 +24,10 @@ from ipu_node.errors import IPUError
 from ipu_node.systems import get_system_model
 from ipu_node.topology_table import format_topology_table
 from launch.errors import InstanceFailedError, LaunchError
-from launch.mpirun import MpirunBackend
-from launch.plan import LaunchPlan, make_plan
+from launch.mpirun import MpirunBackend, find_mpirun
+from launch.plan import LAUNCHERS, TRANSPORTS, LaunchPlan, make_plan
+
+logger = logging.getLogger("poprun")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,8 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the emulated system: C2-16, POD4, POD16, POD64, POD128, POD256 "
                              "(default: $IPUPOD_SYSTEM, else POD16)")
     parser.add_argument("--print-topology", nargs="?", const="yes", default="no",
-                        choices=("yes", "no", "1", "0"), metavar="yes|no",
+                        choices=_YES_NO, metavar="yes|no",
                         help="print the table of hosts, instances, replicas and IPUs first")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                        help="what starts the instances: MPICH's mpirun, or poprun itself "
+                             "(default: mpirun if installed, else local)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default=None,
+                        help="how instances exchange collective data (default: mpi with "
+                             "mpirun, grpc with local)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="say what poprun does (-vv: more)")
     parser.add_argument("program", help="the program to run, e.g. python train.py")
@@ -66,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _YES_NO = ("yes", "no", "1", "0")
+_VALUE_OPTIONS = ("-n", "--num-instances", "--num-replicas", "--ipus-per-replica", "--system",
+                  "--print-topology", "--launcher", "--transport")
 
 
 def _bare_flags_say_yes(argv: list[str]) -> list[str]:
@@ -81,10 +96,6 @@ def _bare_flags_say_yes(argv: list[str]) -> list[str]:
     return out
 
 
-_VALUE_OPTIONS = ("-n", "--num-instances", "--num-replicas", "--ipus-per-replica", "--system",
-                  "--print-topology")
-
-
 def _topology(plan: LaunchPlan) -> str:
     """The topology table of ``plan`` on its system.
 
@@ -98,6 +109,57 @@ def _topology(plan: LaunchPlan) -> str:
                                  ipus_per_replica=plan.ipus_per_replica)
 
 
+def choose_backend(launcher: str | None, transport: str | None,
+                   find: "callable" = find_mpirun) -> tuple[str, str, str]:
+    """``(launcher, transport, why)`` from the options given (None: not given).
+
+    Raises:
+        ValueError: ``--launcher local --transport mpi`` (MPI ranks need mpirun).
+    """
+    if launcher is None and transport is None:
+        try:
+            path = find()
+        except LaunchError as exc:
+            return "local", "grpc", f"no MPICH mpirun ({exc}); using poprun's own launcher"
+        return "mpirun", "mpi", f"MPICH mpirun found at {path}"
+    if launcher is None:
+        launcher = "mpirun" if transport == "mpi" else "local"
+        return launcher, transport, f"--transport {transport} given"
+    if transport is None:
+        transport = "mpi" if launcher == "mpirun" else "grpc"
+        return launcher, transport, f"--launcher {launcher} given"
+    if launcher == "local" and transport == "mpi":
+        raise ValueError("--transport mpi needs --launcher mpirun (MPI ranks are made by "
+                         "mpirun); use --transport grpc with --launcher local")
+    return launcher, transport, "both given"
+
+
+def run_plan(plan: LaunchPlan) -> int:
+    """Run ``plan`` with its backend; with the grpc transport, host its coordinator here.
+
+    Raises:
+        InstanceFailedError, LaunchError: as the backends.
+    """
+    coordinator = None
+    if plan.transport == "grpc":
+        from dataclasses import replace
+
+        from launch.coordinator import CoordinatorServer
+        coordinator = CoordinatorServer(plan.num_instances, plan.job_token)
+        plan = replace(plan, coordinator_address=coordinator.address)
+        logger.info("coordinator listening on %s", coordinator.address)
+    try:
+        if plan.launcher == "local":
+            from launch.local import LocalBackend
+            on_failure = None if coordinator is None else (
+                lambda f: coordinator.abort(f.describe(), f.instance))
+            return LocalBackend(on_failure=on_failure).run(plan)
+        return MpirunBackend().run(plan)
+    finally:
+        if coordinator is not None:
+            coordinator.stop(grace_s=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run poprun; returns the exit code (2: bad arguments, nothing started)."""
     parser = build_parser()
@@ -109,17 +171,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="POPRUN [%(levelname).1s] %(message)s",
                         level=logging.WARNING - 10 * min(args.verbose, 1))
     try:
+        launcher, transport, why = choose_backend(args.launcher, args.transport)
         plan = make_plan([args.program, *args.args], args.num_instances, args.num_replicas,
-                         args.ipus_per_replica, transport="mpi", job_id=uuid.uuid4().hex[:12],
+                         args.ipus_per_replica, transport=transport,
+                         job_id=uuid.uuid4().hex[:12], launcher=launcher,
+                         job_token=secrets.token_hex(16) if transport == "grpc" else "",
                          system=system_name(args.system))
         table = _topology(plan)
     except (ValueError, IPUError) as exc:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 2
+    logger.info("launcher %s, transport %s: %s", launcher, transport, why)
     if args.print_topology in ("yes", "1"):
         print(table, flush=True)
     try:
-        return MpirunBackend().run(plan)
+        return run_plan(plan)
     except LaunchError as exc:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 1

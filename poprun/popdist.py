@@ -1,16 +1,25 @@
 """The PopDist Python API (anchors §1.3): what an instance knows about the job it is part of.
 
 Values come from the ``POPDIST_*`` environment poprun gives every instance. Without it, a
-program started by plain ``mpirun`` is one replica per rank (``OMPI_COMM_WORLD_*`` or
-``PMI_*``), and a program started alone is instance 0 of 1 with one replica. Defaults as
-documented: ``getNumLocalReplicas`` 1, ``getNumIpusPerReplica`` 1, ``getLocalInstanceIndex`` 0.
+program started with a ``TF_CONFIG`` is one instance per task of the cluster (chief first,
+then workers) over the gRPC transport; a program started by plain ``mpirun`` is one replica
+per rank (``OMPI_COMM_WORLD_*`` or ``PMI_*``); a program started alone is instance 0 of 1
+with one replica. Defaults as documented: ``getNumLocalReplicas`` 1, ``getNumIpusPerReplica``
+1, ``getLocalInstanceIndex`` 0. This module is the one place that reads the environment.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 
 from launch import env as names
+from launch.tf_config import TFConfig, parse_tf_config
+
+#: seconds instance 0 of a TF_CONFIG cluster keeps its coordinator up at exit, waiting for
+#: the other instances to leave
+COORDINATOR_LINGER_S = 30.0
+_hosted_coordinator = None
 
 
 def _int(name: str) -> int | None:
@@ -36,11 +45,32 @@ def isPopdistEnvSet() -> bool:
     return _int(names.NUM_TOTAL_REPLICAS) is not None
 
 
+def tf_config_text() -> str | None:
+    """The ``TF_CONFIG`` variable's text, or None when it is unset or empty."""
+    return os.environ.get(names.TF_CONFIG) or None
+
+
+def tf_config() -> TFConfig | None:
+    """The parsed ``TF_CONFIG`` when the program was started with one and not by poprun.
+
+    Raises:
+        TFConfigError: TF_CONFIG is malformed (says what is wrong).
+    """
+    if isPopdistEnvSet():
+        return None
+    text = tf_config_text()
+    return None if text is None else parse_tf_config(text)
+
+
 def getNumTotalReplicas() -> int:
-    """Replicas of the whole job (mpirun without poprun: one per rank; alone: 1)."""
+    """Replicas of the whole job (TF_CONFIG: local replicas per task; mpirun without poprun:
+    one per rank; alone: 1)."""
     value = _int(names.NUM_TOTAL_REPLICAS)
     if value is not None:
         return value
+    tf = tf_config()
+    if tf is not None:
+        return tf.num_instances * getNumLocalReplicas()
     return _first(names.MPI_SIZE_VARS) or 1
 
 
@@ -55,6 +85,9 @@ def getReplicaIndexOffset() -> int:
     value = _int(names.REPLICA_INDEX_OFFSET)
     if value is not None:
         return value
+    tf = tf_config()
+    if tf is not None:
+        return tf.instance_index * getNumLocalReplicas()
     return (_first(names.MPI_RANK_VARS) or 0) * getNumLocalReplicas()
 
 
@@ -91,13 +124,17 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
     """Configure ``config`` (an ``ipu_node.IPUConfig``) for this instance's share of the job.
 
     Sets ``auto_select_ipus`` to the IPUs of the local replicas, ``ipus_per_replica``, and
-    ``experimental.multi_replica_distribution`` (process count and index, transport).
+    ``experimental.multi_replica_distribution`` (process count and index, transport, and for
+    the grpc transport the coordinator address, job token and listen address). Under
+    TF_CONFIG, instance 0 starts the job's coordinator at its own address, here.
 
     Returns:
         ``config``.
 
     Raises:
         ValueError: ``ipus_per_replica`` differs from poprun's ``--ipus-per-replica``.
+        TFConfigError: TF_CONFIG is malformed.
+        LaunchError: instance 0 of a TF_CONFIG cluster cannot listen at its address.
     """
     if not checkNumIpusPerReplica(ipus_per_replica):
         raise ValueError(f"set_ipu_config(ipus_per_replica={ipus_per_replica}) but poprun was "
@@ -106,17 +143,53 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
     config.auto_select_ipus = ipus_per_replica * getNumLocalReplicas()
     mrd = config.experimental.multi_replica_distribution
     instances = getNumInstances()
-    if instances > 1:
+    tf = tf_config()
+    if tf is not None:
+        _configure_tf_cluster(mrd, tf)
+    elif instances > 1:
         mrd.process_count = instances
         mrd.process_index = getInstanceIndex()
         transport = os.environ.get(names.TRANSPORT)
         if transport:
             mrd.transport = transport
+        if transport == "grpc":
+            mrd.coordinator_address = os.environ.get(names.COORDINATOR_ADDRESS, "")
+            mrd.job_token = os.environ.get(names.JOB_TOKEN, "")
+            mrd.listen_address = os.environ.get(names.LISTEN_ADDRESS, "")
     return config
+
+
+def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
+    """The grpc transport at the cluster's addresses; instance 0 hosts the coordinator."""
+    global _hosted_coordinator
+    mrd.process_count = tf.num_instances
+    mrd.process_index = tf.instance_index
+    mrd.transport = "grpc"
+    mrd.job_token = os.environ.get(names.JOB_TOKEN) or tf.default_token()
+    mrd.coordinator_address = tf.coordinator_address
+    own = tf.addresses[tf.instance_index]
+    if tf.instance_index == 0:
+        # Instance 0's address serves the coordinator; its peer server takes a free port.
+        mrd.listen_address = own.rpartition(":")[0] + ":0"
+        if _hosted_coordinator is None:
+            from launch.coordinator import CoordinatorServer
+            _hosted_coordinator = CoordinatorServer(tf.num_instances, mrd.job_token, own)
+            atexit.register(_stop_hosted_coordinator)
+    else:
+        mrd.listen_address = own
+
+
+def _stop_hosted_coordinator() -> None:
+    """At exit of instance 0: wait (bounded) for the others to leave, then stop serving."""
+    global _hosted_coordinator
+    server, _hosted_coordinator = _hosted_coordinator, None
+    if server is not None:
+        server.coordinator.wait_all_left(COORDINATOR_LINGER_S)
+        server.stop()
 
 
 __all__ = [
     "isPopdistEnvSet", "getNumTotalReplicas", "getNumLocalReplicas", "getReplicaIndexOffset",
     "getNumIpusPerReplica", "getNumInstances", "getInstanceIndex", "getLocalInstanceIndex",
-    "checkNumIpusPerReplica", "set_ipu_config",
+    "checkNumIpusPerReplica", "set_ipu_config", "tf_config",
 ]

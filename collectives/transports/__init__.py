@@ -1,8 +1,9 @@
 """Transports: how instances exchange bytes for the collectives.
 
 ``Transport``/``Communicator`` (base.py) is the one interface; ``local`` serves a single
-instance, ``mpi`` uses mpi4py buffer methods. Creators import their libraries lazily, so
-``import collectives`` loads neither mpi4py nor grpc.
+instance, ``mpi`` uses mpi4py buffer methods, ``grpc`` streams chunks between peer servers
+found through a coordinator. Creators import their libraries lazily, so ``import
+collectives`` loads neither mpi4py nor grpc.
 """
 
 from __future__ import annotations
@@ -10,8 +11,20 @@ from __future__ import annotations
 from collectives.transports.base import Communicator, Transport
 
 
-def create_transport(name: str, process_index: int, process_count: int) -> Transport:
-    """The transport called ``name`` (``"local"`` or ``"mpi"``).
+TRANSPORTS = ("local", "mpi", "grpc")
+
+
+def create_transport(name: str, process_index: int, process_count: int, *,
+                     coordinator_address: str = "", job_token: str = "",
+                     listen_address: str = "", options=None) -> Transport:
+    """The transport called ``name`` (``"local"``, ``"mpi"`` or ``"grpc"``).
+
+    Args:
+        name: which transport.
+        process_index, process_count: this instance and the job size.
+        coordinator_address, job_token, listen_address: the grpc transport's rendezvous
+            (see :class:`~collectives.transports.grpc.GrpcTransport`); ignored by the others.
+        options: a :class:`~collectives.options.CollectiveOptions` (timeouts, seconds).
 
     Raises:
         ValueError: an unknown name.
@@ -23,7 +36,16 @@ def create_transport(name: str, process_index: int, process_count: int) -> Trans
     if name == "mpi":
         from collectives.transports.mpi import MPITransport
         return MPITransport(process_index, process_count)
-    raise ValueError(f"unknown transport {name!r}; known: local, mpi")
+    if name == "grpc":
+        try:
+            from collectives.transports.grpc import GrpcTransport
+        except ImportError as exc:
+            from collectives.errors import TransportError
+            raise TransportError(f"the grpc transport needs grpcio and protobuf: {exc}") from exc
+        return GrpcTransport(process_index, process_count,
+                             coordinator_address=coordinator_address, job_token=job_token,
+                             listen_address=listen_address, options=options)
+    raise ValueError(f"unknown transport {name!r}; known: {', '.join(TRANSPORTS)}")
 
 
 __all__ = ["Transport", "Communicator", "create_transport"]

@@ -1,0 +1,432 @@
+"""The gRPC transport: peer-to-peer tensor exchange, with a coordinator for the rendezvous.
+
+Each instance serves ``peer.proto``'s ``Peer.Exchange`` (a stream of chunks, 1 MiB of raw
+bytes each) and registers its address with the job's coordinator (``coordinator.proto``,
+hosted by poprun or by TF_CONFIG's worker 0), which answers with the peer table. A tensor
+sent to member j is one client stream to j; the receiver assembles it into a numpy buffer and
+files it under (communicator, call number, source) until the matching call asks for it.
+
+A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
+instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
+waits then raise :class:`~collectives.errors.PeerLostError` naming the instance. Every call
+carries the job token; servers bind to 127.0.0.1 unless an address is given; messages are
+bounded (a chunk and its header) and a malformed exchange is refused with INVALID_ARGUMENT.
+Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import logging
+import socket
+import threading
+import time
+from typing import Sequence
+
+import grpc
+import numpy as np
+
+from collectives.errors import PeerLostError, TransportClosedError, TransportError
+from collectives.options import CollectiveOptions
+from collectives.transports.base import Communicator, Transport
+from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
+    encode_chunk
+from collectives.waiting import Patience
+from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY,
+                    ServingExecutor, channel_options, server_options)
+from protos import coordinator_pb2 as cpb
+from protos import coordinator_pb2_grpc as cpb_grpc
+from protos import peer_pb2 as ppb
+
+logger = logging.getLogger(__name__)
+
+#: seconds between heartbeats to the coordinator
+HEARTBEAT_INTERVAL_S = 0.5
+#: seconds without an answer from the coordinator after which it counts as lost
+COORDINATOR_LOST_S = 5.0
+EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
+
+
+def _rpc_text(exc: grpc.RpcError) -> str:
+    try:
+        return f"{exc.code().name}: {exc.details()}"
+    except Exception:  # noqa: BLE001 - not a call error
+        return str(exc)
+
+
+class _Mailbox:
+    """Received tensors by (communicator, sequence, source), and the wait for them."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self._items: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def put(self, key: tuple[str, int, int], value: np.ndarray) -> None:
+        with self.cond:
+            if key in self._items:
+                raise WireError(f"tensor {key} was already received")
+            self._items[key] = value
+            self.cond.notify_all()
+
+    def take(self, key: tuple[str, int, int]) -> np.ndarray | None:
+        return self._items.pop(key, None)
+
+
+class _PeerService:
+    """The ``Peer.Exchange`` handler: token check, chunk checks, assembly, filing."""
+
+    def __init__(self, token: str, num_instances: int, mailbox: _Mailbox):
+        self.token = token
+        self.num_instances = num_instances
+        self.mailbox = mailbox
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        exchange = grpc.stream_unary_rpc_method_handler(
+            self.exchange, request_deserializer=None,
+            response_serializer=ppb.Ack.SerializeToString)
+        return grpc.method_handlers_generic_handler("ipupod.peer.Peer", {"Exchange": exchange})
+
+    def exchange(self, request_iterator, context):
+        given = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
+        if given is None or not hmac.compare_digest(str(given).encode(), self.token.encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "no job token" if given is None else
+                          "wrong job token: this server belongs to another job")
+        assembly = None
+        try:
+            for data in request_iterator:
+                header, payload = decode_chunk(data)
+                if assembly is None:
+                    assembly = Assembly.start(header, self.num_instances)
+                assembly.add(header, payload)
+            if assembly is None:
+                raise WireError("empty stream: no chunk")
+            buffer = assembly.finish()
+            h = assembly.header
+            self.mailbox.put((h.communicator, h.sequence, h.source), buffer)
+        except WireError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"refused: {exc}")
+        return ppb.Ack(nbytes=assembly.received)
+
+
+class GrpcCommunicator(Communicator):
+    """A communicator of ``members`` over the transport's peer channels."""
+
+    def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):
+        self._transport = transport
+        self.members = members
+        self.rank = members.index(transport.process_index)
+        self.name = ",".join(str(m) for m in members)
+        self._seq = 0
+
+    # -- the three operations of the interface -----------------------------------------
+
+    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
+        parts = self._exchange("allgather", [send] * self.size, [send.size] * self.size,
+                               patience)
+        return np.stack(parts) if send.size else np.empty((self.size, 0), np.uint8)
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+        bounds = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
+        pieces = [send[bounds[j]:bounds[j + 1]] for j in range(self.size)]
+        return np.concatenate(self._exchange("alltoallv", pieces, recv_counts, patience))
+
+    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
+                   patience: Patience) -> np.ndarray:
+        if send.size != recv_counts[self.rank]:
+            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
+                             f"{recv_counts[self.rank]} for this member")
+        return np.concatenate(self._exchange("allgatherv", [send] * self.size, recv_counts,
+                                             patience))
+
+    # -- the exchange -------------------------------------------------------------------
+
+    def _exchange(self, op: str, sends: Sequence[np.ndarray], recv_counts: Sequence[int],
+                  patience: Patience) -> list[np.ndarray]:
+        """Send ``sends[j]`` to member j, receive ``recv_counts[j]`` bytes from each."""
+        t = self._transport
+        t.raise_if_failed()
+        seq = self._seq
+        self._seq += 1
+        calls = {}
+        mailbox = t.mailbox
+
+        def wake(_call) -> None:
+            with mailbox.cond:
+                mailbox.cond.notify_all()
+
+        for j, member in enumerate(self.members):
+            if j != self.rank and sends[j].size:
+                calls[member] = t.send(member, self.name, seq, op, sends[j])
+                calls[member].add_done_callback(wake)
+        received: list = [None] * self.size
+        received[self.rank] = np.array(sends[self.rank], dtype=np.uint8, copy=True)
+        waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
+                   if j != self.rank}
+        for j in list(waiting):
+            if recv_counts[j] == 0:
+                received[j] = np.empty(0, np.uint8)
+                del waiting[j]
+        with mailbox.cond:
+            while True:
+                for j in list(waiting):
+                    value = mailbox.take(waiting[j])
+                    if value is not None:
+                        received[j] = value
+                        del waiting[j]
+                self._check_sends(calls)
+                if not waiting and all(c.done() for c in calls.values()):
+                    break
+                t.raise_if_failed()
+                patience.check()
+                mailbox.cond.wait(0.1)
+        for j, value in enumerate(received):
+            if value.size != recv_counts[j]:
+                raise TransportError(f"{op} #{seq} over instances {self.name}: received "
+                                     f"{value.size} bytes from instance {self.members[j]}, "
+                                     f"expected {recv_counts[j]}")
+        return received
+
+    def _check_sends(self, calls: dict) -> None:
+        for member, call in calls.items():
+            if call.done() and call.exception() is not None:
+                exc = call.exception()
+                self._transport.raise_if_failed()
+                raise PeerLostError(f"sending to instance {member} failed ({_rpc_text(exc)})",
+                                    member) from None
+
+
+class GrpcTransport(Transport):
+    """Instances reach each other over gRPC; a coordinator tells them where.
+
+    Args:
+        process_index, process_count: this instance and the job size.
+        coordinator_address: ``host:port`` of the job's coordinator.
+        job_token: the token every call carries (and every server demands).
+        listen_address: where this instance's peer server listens (default
+            ``127.0.0.1:0``: loopback, a free port).
+        options: timeouts; ``connect_timeout_s`` bounds the rendezvous.
+
+    Raises:
+        TransportError: no coordinator address or token, the listen address cannot be bound
+            (port in use), the coordinator refuses or cannot be reached within
+            ``connect_timeout_s``, or not every instance registered within it.
+        PeerLostError: the job was aborted during the rendezvous.
+    """
+
+    def __init__(self, process_index: int, process_count: int, *, coordinator_address: str,
+                 job_token: str, listen_address: str = "",
+                 options: CollectiveOptions | None = None):
+        if not coordinator_address:
+            raise TransportError(
+                "the grpc transport needs the coordinator's address: start the program with "
+                "poprun --transport grpc, or give it a TF_CONFIG")
+        if not job_token:
+            raise TransportError("the grpc transport needs a job token")
+        self.process_index, self.process_count = process_index, process_count
+        self.coordinator_address = coordinator_address
+        self.options = options or CollectiveOptions.from_env()
+        self._metadata = ((TOKEN_METADATA_KEY, job_token),)
+        self._failure: PeerLostError | None = None
+        self._closed = False
+        self._comms: dict[tuple[int, ...], GrpcCommunicator] = {}
+        self.mailbox = _Mailbox()
+        self._server = self._serve(listen_address or "127.0.0.1:0", job_token)
+        self._coord_channel = grpc.insecure_channel(
+            coordinator_address, options=channel_options(MAX_CONTROL_MESSAGE_BYTES))
+        self._coordinator = cpb_grpc.CoordinatorStub(self._coord_channel)
+        try:
+            self.peer_addresses = self._register()
+        except BaseException:
+            self._shutdown()
+            raise
+        self._channels = [None if i == process_index else
+                          grpc.insecure_channel(a, options=channel_options(MAX_MESSAGE_BYTES))
+                          for i, a in enumerate(self.peer_addresses)]
+        self._exchanges = [None if c is None else c.stream_unary(
+            EXCHANGE_METHOD, request_serializer=None,
+            response_deserializer=ppb.Ack.FromString) for c in self._channels]
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="grpc-heartbeat",
+                                           daemon=True)
+        self._heartbeat.start()
+        atexit.register(self.close)
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _serve(self, address: str, token: str) -> grpc.Server:
+        self._executor = ServingExecutor(2 * self.process_count + 2, "grpc-peer")
+        server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES))
+        server.add_generic_rpc_handlers(
+            (_PeerService(token, self.process_count, self.mailbox).handler(),))
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            port, error = 0, exc
+        else:
+            error = None
+        if not port:
+            raise TransportError(f"instance {self.process_index} cannot listen on {address}: "
+                                 f"the port is in use or the address is not local "
+                                 f"({error or 'bind failed'})")
+        host = address.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):
+            host = socket.gethostname()
+        self.address = f"{host}:{port}"
+        server.start()
+        return server
+
+    def _register(self) -> list[str]:
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        last_error = "no answer yet"
+        request = cpb.RegisterRequest(instance=self.process_index,
+                                      num_instances=self.process_count,
+                                      peer_address=self.address, wait_s=1.0)
+        while True:
+            try:
+                table = self._coordinator.Register(request, metadata=self._metadata, timeout=3.0)
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise TransportError(f"the coordinator at {self.coordinator_address} "
+                                         f"refused instance {self.process_index}: "
+                                         f"{_rpc_text(exc)}") from None
+                last_error = _rpc_text(exc)
+                table = None
+            if table is not None:
+                if table.status.aborted:
+                    raise PeerLostError(f"the job was aborted: {table.status.reason}",
+                                        table.status.failed_instance)
+                if table.complete:
+                    return list(table.peer_addresses)
+                missing = [i for i, a in enumerate(table.peer_addresses) if not a]
+                last_error = f"instances {missing} have not registered"
+            if time.monotonic() >= deadline:
+                raise TransportError(
+                    f"instance {self.process_index}: the rendezvous at the coordinator "
+                    f"{self.coordinator_address} did not complete within "
+                    f"{self.options.connect_timeout_s:g} s ({last_error}); is the launcher "
+                    f"(poprun, or worker 0 of TF_CONFIG) running? ({self.options.connect_timeout_s:g} "
+                    "s is IPUPOD_CONNECT_TIMEOUT_S)")
+            if table is None:
+                time.sleep(0.2)
+
+    # -- heartbeats and failures --------------------------------------------------------
+
+    def _beat(self) -> None:
+        last_ok = time.monotonic()
+        request = cpb.HeartbeatRequest(instance=self.process_index)
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                status = self._coordinator.Heartbeat(request, metadata=self._metadata,
+                                                     timeout=2.0)
+            except grpc.RpcError as exc:
+                silent = time.monotonic() - last_ok
+                if silent > COORDINATOR_LOST_S:
+                    self._fail(PeerLostError(
+                        f"the coordinator at {self.coordinator_address} has not answered for "
+                        f"{silent:.1f} s ({_rpc_text(exc)}): the launcher or worker 0 is gone"))
+                    return
+                continue
+            last_ok = time.monotonic()
+            if status.aborted:
+                self._fail(PeerLostError(f"the job was aborted: {status.reason}",
+                                         status.failed_instance))
+                return
+
+    def _fail(self, error: PeerLostError) -> None:
+        with self.mailbox.cond:
+            if self._failure is None:
+                self._failure = error
+                logger.error("instance %d: %s", self.process_index, error)
+            self.mailbox.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        """Raise the job's failure, if there is one.
+
+        Raises:
+            PeerLostError: another instance died, hung or aborted the job, or the
+                coordinator is gone.
+            TransportClosedError: this transport was closed.
+        """
+        if self._failure is not None:
+            raise PeerLostError(f"instance {self.process_index}: {self._failure}",
+                                self._failure.instance)
+        if self._closed:
+            raise TransportClosedError("the grpc transport was closed")
+
+    # -- sending ------------------------------------------------------------------------
+
+    def send(self, member: int, communicator: str, sequence: int, op: str,
+             data: np.ndarray) -> grpc.Future:
+        """Start streaming ``data`` (uint8) to instance ``member``; the future's result is
+        the receiver's acknowledgement."""
+        data = np.ascontiguousarray(data)
+
+        def chunks():
+            for header, start, stop in chunk_headers(communicator, sequence,
+                                                     self.process_index, op, data.size):
+                yield encode_chunk(header, data[start:stop])
+
+        return self._exchanges[member].future(chunks(), metadata=self._metadata,
+                                               timeout=self.options.timeout_s)
+
+    # -- Transport ----------------------------------------------------------------------
+
+    def communicator(self, members: tuple[int, ...]) -> Communicator:
+        comm = self._comms.get(members)
+        if comm is None:
+            if self.process_index not in members:
+                raise ValueError(f"instance {self.process_index} is not in {members}")
+            comm = self._comms[members] = GrpcCommunicator(self, tuple(members))
+        return comm
+
+    def barrier(self, name: str) -> None:
+        """Wait until every instance of the job has called ``barrier(name)``.
+
+        Raises:
+            PeerLostError: the job was aborted while waiting.
+            TransportError: the coordinator cannot be reached.
+            CollectiveTimeoutError: not complete within the collective timeout.
+        """
+        patience = Patience(f"barrier {name!r}", self.options, lambda: "the other instances")
+        request = cpb.BarrierRequest(instance=self.process_index, name=name, wait_s=1.0)
+        while True:
+            self.raise_if_failed()
+            try:
+                answer = self._coordinator.Barrier(request, metadata=self._metadata,
+                                                   timeout=3.0)
+            except grpc.RpcError as exc:
+                raise TransportError(f"barrier {name!r}: {_rpc_text(exc)}") from None
+            if answer.status.aborted:
+                raise PeerLostError(f"the job was aborted: {answer.status.reason}",
+                                    answer.status.failed_instance)
+            if answer.complete:
+                return
+            patience.check()
+
+    def close(self) -> None:
+        """Tell the coordinator this instance is leaving, stop serving, close channels."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._stop.set()
+        if self._failure is None:
+            try:
+                self._coordinator.Heartbeat(
+                    cpb.HeartbeatRequest(instance=self.process_index, leaving=True),
+                    metadata=self._metadata, timeout=2.0)
+            except grpc.RpcError:
+                logger.debug("could not say goodbye to the coordinator", exc_info=True)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        for channel in getattr(self, "_channels", ()):
+            if channel is not None:
+                channel.close()
+        self._coord_channel.close()
+        self._server.stop(0.5).wait()
+        self._executor.shutdown(wait=False)

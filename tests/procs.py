@@ -1,0 +1,77 @@
+"""Helpers for tests that start processes: hard timeouts, and no child left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+PYTHON = sys.executable
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """os.environ plus ``extra``, with the repository importable and short timeouts."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("IPUPOD_CONNECT_TIMEOUT_S", "30")
+    env.setdefault("IPUPOD_COLLECTIVE_TIMEOUT_S", "60")
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own session; past ``timeout_s`` kill the whole session and fail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd} did not end within {timeout_s} s\nstdout:\n{out}\n"
+                             f"stderr:\n{err}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return "Z" not in line.split()[1]
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def wait_gone(pids, timeout_s: float) -> list[int]:
+    """Wait until none of ``pids`` runs; returns those still running after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    for pid in left:  # never leave them behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def poprun(args: list[str], timeout_s: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """``poprun args`` as a subprocess, with a hard timeout."""
+    return run([PYTHON, "-m", "poprun", *args], timeout_s, env=child_env(**env), cwd=ROOT)

@@ -1,0 +1,50 @@
+"""The generated protos/ modules are up to date with the .proto files, and importable as
+protos.xxx_pb2; importing collectives loads no grpc."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from protos.generate import PROTOS_DIR, generate
+
+# lines that name the generator's version (they change with grpcio-tools, not with the protos)
+_VERSION_LINES = re.compile(
+    r"^(# Protobuf Python Version:.*|GRPC_GENERATED_VERSION = .*|\s+\d+,\s*$|\s+'',\s*$)",
+    re.M)
+
+
+def _normal(text: str) -> str:
+    return _VERSION_LINES.sub("", text)
+
+
+def test_generated_modules_are_not_stale(tmp_path):
+    pytest.importorskip("grpc_tools", reason="the staleness check needs grpcio-tools")
+    for fresh in generate(tmp_path):
+        kept = PROTOS_DIR / fresh.name
+        assert kept.exists(), f"{kept.name} is missing: run python -m protos.generate"
+        assert _normal(fresh.read_text()) == _normal(kept.read_text()), (
+            f"protos/{kept.name} is stale against its .proto: run python -m protos.generate")
+
+
+def test_generated_modules_import_as_package_modules():
+    from protos import coordinator_pb2_grpc, peer_pb2_grpc
+    assert peer_pb2_grpc.protos_dot_peer__pb2.__name__ == "protos.peer_pb2"
+    assert coordinator_pb2_grpc.protos_dot_coordinator__pb2.__name__ == "protos.coordinator_pb2"
+
+
+def test_import_collectives_loads_no_grpc():
+    code = ("import sys, collectives, collectives.transports, protos; "
+            "print(sorted(m for m in ('grpc', 'mpi4py', 'google.protobuf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_collectives_does_not_import_launch_or_poprun():
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent / "collectives"
+    bad = [str(p) for p in root.rglob("*.py")
+           if re.search(r"^\s*(from|import)\s+(launch|poprun)\b", p.read_text(), re.M)]
+    assert not bad

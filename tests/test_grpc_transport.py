@@ -1,0 +1,261 @@
+"""The gRPC transport and coordinator in one process: exchanges, tokens, malformed and
+oversized messages (a hand-made client), unreachable coordinator, port in use."""
+
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from collectives.errors import PeerLostError, TransportError
+from collectives.options import CollectiveOptions
+from collectives.transports.grpc import GrpcTransport
+from collectives.transports.grpc_wire import chunk_headers, encode_chunk
+from collectives.waiting import Patience
+from launch.coordinator import CoordinatorServer
+from launch.errors import LaunchError
+from protos import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, channel_options
+from protos import coordinator_pb2 as cpb
+from protos import coordinator_pb2_grpc as cpb_grpc
+from protos import peer_pb2 as ppb
+from protos import peer_pb2_grpc as ppb_grpc
+
+TOKEN = "test-token"
+OPTIONS = CollectiveOptions(stall_warning_s=5, timeout_s=20, connect_timeout_s=10)
+
+
+def _parallel(fns):
+    results, errors = [None] * len(fns), []
+
+    def call(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a call did not return within 60 s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def job():
+    """A coordinator and three transports of one job, in this process."""
+    server = CoordinatorServer(3, TOKEN, heartbeat_timeout_s=2.0)
+    transports = _parallel([
+        (lambda i=i: GrpcTransport(i, 3, coordinator_address=server.address,
+                                   job_token=TOKEN, options=OPTIONS)) for i in range(3)])
+    yield server, transports
+    for t in transports:
+        t.close()
+    server.stop(0)
+
+
+def _patience():
+    return Patience("test", OPTIONS, lambda: "?")
+
+
+def test_servers_listen_on_loopback(job):
+    _, transports = job
+    assert all(t.address.startswith("127.0.0.1:") for t in transports)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 1000, (1 << 20) + 7, 3 << 20])
+def test_exchanges(job, nbytes):
+    _, ts = job
+    comms = [t.communicator((0, 1, 2)) for t in ts]
+    sends = [np.random.default_rng(i).integers(0, 256, nbytes, dtype=np.uint8) for i in range(3)]
+    gathered = _parallel([(lambda i=i: comms[i].allgather(sends[i], _patience()))
+                          for i in range(3)])
+    for g in gathered:
+        np.testing.assert_array_equal(g, np.stack(sends))
+    counts = [nbytes // 3, nbytes // 3, nbytes - 2 * (nbytes // 3)]
+    got = _parallel([(lambda i=i: comms[i].alltoallv(sends[i], counts, [counts[i]] * 3,
+                                                      _patience())) for i in range(3)])
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    for i in range(3):
+        expect = np.concatenate([sends[j][bounds[i]:bounds[i + 1]] for j in range(3)])
+        np.testing.assert_array_equal(got[i], expect)
+    got = _parallel([(lambda i=i: comms[i].allgatherv(sends[i][:counts[i]], counts,
+                                                       _patience())) for i in range(3)])
+    for g in got:
+        np.testing.assert_array_equal(g, np.concatenate([sends[j][:counts[j]]
+                                                         for j in range(3)]))
+
+
+def test_sub_communicator(job):
+    _, ts = job
+    a, b = ts[0].communicator((0, 2)), ts[2].communicator((0, 2))
+    out = _parallel([lambda: a.allgather(np.array([1, 2], np.uint8), _patience()),
+                     lambda: b.allgather(np.array([3, 4], np.uint8), _patience())])
+    assert out[0].tolist() == out[1].tolist() == [[1, 2], [3, 4]]
+
+
+def test_barrier(job):
+    _, ts = job
+    _parallel([(lambda t=t: t.barrier("b1")) for t in ts])
+
+
+# -- a hand-made client ---------------------------------------------------------------
+
+def _peer_stub(address):
+    return ppb_grpc.PeerStub(grpc.insecure_channel(address, options=channel_options(16 << 20)))
+
+
+def _chunks(nbytes=100, source=1, **override):
+    data = np.arange(nbytes, dtype=np.uint8)
+    for header, start, stop in chunk_headers("0,1,2", 999, source, "allgather", nbytes):
+        for k, v in override.items():
+            setattr(header, k, v) if not isinstance(v, list) else header.ClearField(k)
+        yield ppb.Chunk(header=header, payload=data[start:stop].tobytes())
+
+
+def _still_serves(ts):
+    """A normal exchange still works after refused calls."""
+    comms = [t.communicator((0, 1, 2)) for t in ts]
+    _parallel([(lambda i=i: comms[i].allgather(np.full(8, i, np.uint8), _patience()))
+               for i in range(3)])
+
+
+@pytest.mark.parametrize("metadata, needle", [
+    ((), "no job token"),
+    (((TOKEN_METADATA_KEY, "another-job"),), "wrong job token"),
+])
+def test_peer_refuses_missing_or_foreign_token(job, metadata, needle):
+    _, ts = job
+    with pytest.raises(grpc.RpcError) as info:
+        _peer_stub(ts[0].address).Exchange(_chunks(), metadata=metadata, timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert needle in info.value.details()
+    _still_serves(ts)
+
+
+@pytest.mark.parametrize("metadata", [(), ((TOKEN_METADATA_KEY, "another-job"),)])
+def test_coordinator_refuses_missing_or_foreign_token(job, metadata):
+    server, ts = job
+    stub = cpb_grpc.CoordinatorStub(grpc.insecure_channel(server.address))
+    for call, request in ((stub.Heartbeat, cpb.HeartbeatRequest(instance=0)),
+                          (stub.Abort, cpb.AbortRequest(reporter=0, reason="x")),
+                          (stub.Register, cpb.RegisterRequest(instance=0, num_instances=3,
+                                                              peer_address="h:1"))):
+        with pytest.raises(grpc.RpcError) as info:
+            call(request, metadata=metadata, timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert not server.coordinator.status().aborted   # the foreign Abort changed nothing
+    _still_serves(ts)
+
+
+OK = ((TOKEN_METADATA_KEY, TOKEN),)
+
+
+@pytest.mark.parametrize("requests, needle", [
+    (lambda: iter([b"\x0b\x00"]), "wire type 3"),
+    (lambda: iter([b"\xff\xff\xff"]), "truncated"),
+    (lambda: iter([b"\x0a\x03\xff\xff\xff"]), "malformed chunk header"),
+    (lambda: iter([b"\x0a\x50abc"]), "truncated"),
+    (lambda: iter([encode_chunk(ppb.TensorHeader(), b"")]), "communicator"),
+    (lambda: iter([]), "empty stream"),
+    (lambda: (c.SerializeToString() for c in _chunks(source=7)), "source instance 7"),
+    (lambda: (c.SerializeToString() for c in _chunks(dtype="object")), "dtype"),
+    (lambda: (c.SerializeToString() for c in _chunks(nbytes=3 << 20, chunk_count=1)),
+     "chunk_count"),
+    (lambda: (c.SerializeToString() for c in _chunks(chunk_index=5)), "chunk 5"),
+    (lambda: iter([ppb.Chunk(header=ppb.TensorHeader(
+        communicator="0,1,2", source=0, dtype="uint8", shape=[1 << 40], nbytes=1 << 40,
+        chunk_count=1 << 20), payload=b"x").SerializeToString()]), "limit"),
+])
+def test_malformed_exchange_is_refused_and_server_keeps_serving(job, requests, needle):
+    _, ts = job
+    channel = grpc.insecure_channel(ts[1].address)
+    raw = channel.stream_unary("/ipupod.peer.Peer/Exchange")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(requests(), metadata=OK, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert needle in info.value.details()
+    _still_serves(ts)
+
+
+def test_oversized_message_is_refused_and_server_keeps_serving(job):
+    _, ts = job
+    big = ppb.Chunk(header=ppb.TensorHeader(communicator="0,1,2", source=0, dtype="uint8",
+                                            nbytes=MAX_MESSAGE_BYTES + 10, shape=[MAX_MESSAGE_BYTES + 10],
+                                            chunk_count=1),
+                    payload=bytes(MAX_MESSAGE_BYTES + 10))
+    with pytest.raises(grpc.RpcError) as info:
+        _peer_stub(ts[2].address).Exchange(iter([big]), metadata=OK, timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _still_serves(ts)
+
+
+# -- failures -------------------------------------------------------------------------
+
+def test_coordinator_unreachable_is_a_clear_error_after_a_bounded_wait():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(TransportError, match=r"did not complete within 2 s"):
+        GrpcTransport(0, 2, coordinator_address=f"127.0.0.1:{port}", job_token=TOKEN,
+                      options=CollectiveOptions(5, 20, connect_timeout_s=2))
+    assert time.monotonic() - start < 8
+
+
+def test_missing_instance_is_named_after_a_bounded_wait():
+    server = CoordinatorServer(2, TOKEN)
+    try:
+        with pytest.raises(TransportError, match=r"instances \[1\] have not registered"):
+            GrpcTransport(0, 2, coordinator_address=server.address, job_token=TOKEN,
+                          options=CollectiveOptions(5, 20, connect_timeout_s=2))
+    finally:
+        server.stop(0)
+
+
+def test_port_in_use_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(LaunchError, match="in use"):
+            CoordinatorServer(2, TOKEN, address=address)
+        with pytest.raises(TransportError, match="in use"):
+            GrpcTransport(0, 2, coordinator_address="127.0.0.1:1", job_token=TOKEN,
+                          listen_address=address, options=OPTIONS)
+        assert time.monotonic() - start < 5
+
+
+def test_wrong_job_size_is_refused():
+    server = CoordinatorServer(2, TOKEN)
+    try:
+        with pytest.raises(TransportError, match="expects a job of 3 instances"):
+            GrpcTransport(0, 3, coordinator_address=server.address, job_token=TOKEN,
+                          options=OPTIONS)
+    finally:
+        server.stop(0)
+
+
+def test_silent_instance_aborts_the_job_naming_it(job):
+    server, ts = job
+    ts[1]._stop.set()          # instance 1 stops its heartbeats (as if hung)
+    comms = [ts[0].communicator((0, 1, 2)), ts[2].communicator((0, 1, 2))]
+    start = time.monotonic()
+    for comm in comms:
+        with pytest.raises(PeerLostError, match="instance 1 sent no heartbeat") as info:
+            comm.allgather(np.zeros(4, np.uint8), _patience())
+        assert info.value.instance == 1
+    assert time.monotonic() - start < 10
+
+
+def test_abort_reaches_every_instance(job):
+    server, ts = job
+    server.abort("instance 2 failed (exit code 3)", 2)
+    for t in ts[:2]:
+        with pytest.raises(PeerLostError, match=r"instance 2 failed \(exit code 3\)"):
+            t.communicator((0, 1)).allgather(np.zeros(4, np.uint8), _patience())
