@@ -37,12 +37,21 @@ def short_runs(tmp_path_factory):
         "2x2": ["-n", "2", "--num-replicas", "4"],
         "1x4": ["-n", "1", "--num-replicas", "4"],
         "1x1": ["-n", "1", "--num-replicas", "1"],
+        "2x2 grpc": ["-n", "2", "--num-replicas", "4", "--launcher", "local",
+                     "--transport", "grpc"],
     }.items()}
 
 
 def test_layouts_of_the_same_replicas_give_identical_checkpoints(short_runs):
     assert len(short_runs["2x2"]) == 2 and len(short_runs["1x4"]) == 1
     _assert_identical(short_runs["2x2"][0], short_runs["1x4"][0])
+
+
+def test_grpc_and_mpi_give_the_same_checkpoint_bytes(short_runs):
+    """poprun's own launcher with the gRPC transport trains to exactly MPI's checkpoint."""
+    assert len(short_runs["2x2 grpc"]) == 2
+    for grpc_ckpt, mpi_ckpt in zip(short_runs["2x2 grpc"], short_runs["2x2"]):
+        _assert_identical(grpc_ckpt, mpi_ckpt)
 
 
 def test_every_instance_holds_the_same_checkpoint(short_runs):
