@@ -19,3 +19,13 @@ class CollectiveAbortedError(CollectiveError):
 
 class TransportError(CollectiveError):
     """The transport between instances failed; the cause is ``__cause__``."""
+
+
+class CollectiveArgumentError(CollectiveError, ValueError):
+    """A collective was called with an invalid argument (group size, dimension, root...).
+
+    A ValueError too; being a CollectiveError it does not make the collectives unusable."""
+
+
+class CollectiveTypeError(CollectiveError, TypeError):
+    """A collective was called with an unsupported dtype (names it). A TypeError too."""

@@ -24,6 +24,9 @@ class _SelfCommunicator(Communicator):
     def allgatherv(self, send, recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
         return send
 
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        return data
+
 
 class LocalTransport(Transport):
     """A job of one instance."""
