@@ -112,11 +112,13 @@ class CollectiveEngine:
         ``desc.seq`` is filled in here. Raises the collective's error on every replica.
         """
         with self._cond:
-            self._raise_if_failed()
             seq = self._seq[local_index]
+            slot = self._slots.get(seq)
+            if slot is None or not slot.leading:
+                # a replica arriving at a call that already failed shares its error
+                self._raise_if_failed()
             self._seq[local_index] = seq + 1
             desc = replace(desc, seq=seq)
-            slot = self._slots.get(seq)
             if slot is None:
                 slot = self._slots[seq] = _Slot(self.num_local_replicas)
             slot.descs[local_index] = desc
@@ -148,10 +150,11 @@ class CollectiveEngine:
         desc = replace(desc, seq=seq, op=f"host {desc.op}")
         return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
 
-    def replica_started(self, local_index: int) -> None:
-        """Local replica ``local_index`` entered its function (``strategy.run``)."""
+    def run_started(self) -> None:
+        """The local replicas are about to run a function (``strategy.run``); called before
+        any of them starts."""
         with self._cond:
-            self._finished_at[local_index] = None
+            self._finished_at = [None] * self.num_local_replicas
 
     def replica_finished(self, local_index: int) -> None:
         """Local replica ``local_index`` returned from its function: it calls no more

@@ -119,16 +119,16 @@ class IPUMultiReplicaStrategy:
         n = self.num_local_replicas
         per_args = [tuple(self._pick(a, i, n) for a in args) for i in range(n)]
         per_kwargs = [{k: self._pick(v, i, n) for k, v in kwargs.items()} for i in range(n)]
+        self._engine.run_started()
         return self._system.run_replicas(self._tracked(fn), per_args, per_kwargs)
 
     def _tracked(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, telling the engine when each replica enters and leaves it (so replicas
-        waiting for one that left get a divergence error, not a hang)."""
+        """``fn``, telling the engine when each replica leaves it (so replicas waiting for
+        one that left get a divergence error, not a hang)."""
         engine = self._engine
 
         def replica_fn(*args, **kwargs):
             local_index = current_replica_context().local_index
-            engine.replica_started(local_index)
             try:
                 return fn(*args, **kwargs)
             finally:
