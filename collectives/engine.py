@@ -319,6 +319,8 @@ class CollectiveEngine:
 
     def _instance_name(self, i: int) -> str:
         L = self.num_local_replicas
+        if L == 1:
+            return f"instance {i} (replica {i})"
         return f"instance {i} (replicas {i * L}..{i * L + L - 1})"
 
     def _check_instances(self, desc: Descriptor) -> Descriptor:
