@@ -134,8 +134,9 @@ class CollectiveEngine:
             self._wait(slot, desc, local_index)
         with self._cond:
             slot.picked += 1
-            if slot.picked == slot.arrived and slot.done:
-                self._slots.pop(seq, None)
+            if slot.picked == self.num_local_replicas:
+                # (a slot abandoned for divergence stays: late replicas share its error)
+                del self._slots[seq]
         if slot.error is not None:
             raise slot.error
         return slot.results[local_index]
