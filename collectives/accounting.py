@@ -148,9 +148,10 @@ class CountingCommunicator(Communicator):
         return self.inner.allgather(send, patience)
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
         self.bytes_sent += sum(send_counts) - send_counts[self.rank]
-        return self.inner.alltoallv(send, send_counts, recv_counts, patience)
+        return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv)
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:

@@ -79,7 +79,7 @@ def _even_bounds(n: int, m: int) -> list[int]:
 def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
                     op: CollectiveOperator, patience: Patience,
                     bounds: Sequence[Sequence[int]] | None = None,
-                    gather: bool = True) -> list[np.ndarray]:
+                    gather: bool = True, scratch=None) -> list[np.ndarray]:
     """Reduce each of ``partials`` over the members of ``comm``, in member (= tree) order.
 
     Args:
@@ -88,6 +88,8 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
             member j owns ``[bounds[j], bounds[j+1])``. Default: an even split.
         gather: True (allreduce): return the whole reductions, shaped like ``partials``;
             False (reduce-scatter): return, per partial, this member's owned region (1-D).
+        scratch: ``scratch(nbytes) -> uint8 buffer`` for the received pieces, reused from
+            call to call; with ``gather=False`` the results live there (copy them out).
     """
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
     m, me = comm.size, comm.rank
@@ -101,8 +103,10 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
     else:
         send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
                                for f, b in zip(flats, bounds)])
+    recv_bytes = per_member[me] * itemsize * m
     received = comm.alltoallv(send.view(np.uint8), [c * itemsize for c in per_member],
-                              [per_member[me] * itemsize] * m, patience)
+                              [per_member[me] * itemsize] * m, patience,
+                              scratch(recv_bytes) if scratch else None)
     pieces = received.view(dtype).reshape(m, per_member[me])
     chunk = tree_reduce(list(pieces), _combiner(op), [True] * m)
     if not gather:
@@ -147,7 +151,8 @@ def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],
     # Instance sets in the order of their first group: the same on every instance.
     for instances, entries in pending.items():
         totals = exchange_reduce(engine.communicator(instances), [p for _, p in entries], op,
-                                 engine.data_patience(desc, instances))
+                                 engine.data_patience(desc, instances),
+                                 scratch=engine.scratch)
         for (members, _), total in zip(entries, totals):
             give(results, engine, members, finish(op, total, len(members)), values)
     return results
@@ -186,7 +191,8 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
     for instances, entries in pending.items():
         mine = exchange_reduce(engine.communicator(instances), [e[1] for e in entries], op,
                                engine.data_patience(desc, instances),
-                               bounds=[e[2] for e in entries], gather=False)
+                               bounds=[e[2] for e in entries], gather=False,
+                               scratch=engine.scratch)
         for (members, _, bounds, c), region in zip(entries, mine):
             region = finish(op, region, len(members))
             for r in local_members(engine, members):

@@ -103,14 +103,26 @@ def all_to_all(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Co
                 here = local_members(engine, members)
                 for s in here:
                     for q in there:
-                        parts.append(np.ascontiguousarray(blocks[s][members.index(q)]).reshape(-1))
+                        parts.append(blocks[s][members.index(q)])
                 n_send += len(here) * len(there)
                 n_recv += len(there) * len(here)
             send_counts.append(n_send * block_bytes)
             recv_counts.append(n_recv * block_bytes)
-        send = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        single = len(groups) == 1 and len(local_members(engine, groups[0])) == 1
+        if single and split_dimension == 0:
+            # one sender here: its blocks in destination order are its own memory order
+            send = np.ascontiguousarray(values[local_members(engine, groups[0])[0] - offset])
+            send = send.reshape(-1)
+        else:
+            send = np.concatenate([np.ascontiguousarray(p).reshape(-1) for p in parts])
         received = comm.alltoallv(send.view(np.uint8), send_counts, recv_counts,
                                   engine.data_patience(desc, instances))
+        if single and concat_dimension == 0:
+            # one receiver here: the blocks arrive in sender order, already concatenated
+            (q,) = local_members(engine, groups[0])
+            shape = (block_shape[0] * len(groups[0]), *block_shape[1:])
+            results[q - offset] = received.view(values[0].dtype).reshape(shape)
+            continue
         incoming: dict[tuple[int, int], np.ndarray] = {}   # (sender, receiver) -> block
         start = 0
         for i in instances:
@@ -156,9 +168,11 @@ def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Com
             data = np.empty(value.nbytes * len(groups), np.uint8)
         data = comm.broadcast(data, instances.index(root_instance),
                               engine.data_patience(desc, instances))
+        received = root_instance != engine.process_index  # data is a fresh buffer
         for j, members in enumerate(groups):
             out = data[j * value.nbytes:(j + 1) * value.nbytes].view(value.dtype)
-            give(results, engine, members, out.reshape(value.shape).copy(), values)
+            out = out.reshape(value.shape)
+            give(results, engine, members, out if received else out.copy(), values)
     return results
 
 

@@ -48,10 +48,12 @@ class Communicator(ABC):
 
     @abstractmethod
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
         """Send ``send[displ_j : displ_j + send_counts[j]]`` to member j; receive
         ``recv_counts[j]`` bytes from member j. Returns the received bytes concatenated in
-        member order."""
+        member order: in ``recv[:sum(recv_counts)]`` when given (a scratch buffer the caller
+        reuses; a single member may return ``send`` instead)."""
 
     @abstractmethod
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],

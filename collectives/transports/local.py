@@ -18,7 +18,7 @@ class _SelfCommunicator(Communicator):
         return send.reshape(1, -1)
 
     def alltoallv(self, send, send_counts: Sequence[int], recv_counts: Sequence[int],
-                  patience: Patience) -> np.ndarray:
+                  patience: Patience, recv: np.ndarray | None = None) -> np.ndarray:
         return send
 
     def allgatherv(self, send, recv_counts: Sequence[int], patience: Patience) -> np.ndarray:

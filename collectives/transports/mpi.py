@@ -77,9 +77,11 @@ class MPICommunicator(Communicator):
             patience.backoff()
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
         from mpi4py import MPI
-        recv = np.empty(sum(recv_counts), dtype=np.uint8)
+        total = sum(recv_counts)
+        recv = np.empty(total, dtype=np.uint8) if recv is None else recv[:total]
         request = self._comm.Ialltoallv(
             [send, (list(send_counts), _displacements(send_counts)), MPI.BYTE],
             [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
