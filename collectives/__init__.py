@@ -5,16 +5,39 @@ memory and instances exchange over a transport (local, MPI or gRPC). ``import co
 loads neither mpi4py nor grpc.
 """
 
-from collectives.errors import (CollectiveAbortedError, CollectiveError,
-                                CollectiveMismatchError, CollectiveTimeoutError, PeerLostError,
+from collectives.accounting import CallRecord, OpStats, set_cost_model
+from collectives.errors import (CollectiveAbortedError, CollectiveArgumentError,
+                                CollectiveError, CollectiveMismatchError,
+                                CollectiveTimeoutError, CollectiveTypeError, PeerLostError,
                                 TransportClosedError, TransportError)
+from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup, CommGroupType
 from collectives.operators import CollectiveOperator
-from collectives.ops import cross_replica_mean, cross_replica_sum, replication_index
+from collectives.ops import (all_gather, all_to_all, broadcast, cross_replica_mean,
+                             cross_replica_reduce, cross_replica_sum, reduce_scatter,
+                             replication_index)
+from collectives.runtime import call_records, reset_stats, stats
+
+# TF-IPU's operator names (seed 004:5313-5334), as module constants.
+COLLECTIVE_OP_ADD = CollectiveOperator.ADD.value
+COLLECTIVE_OP_MUL = CollectiveOperator.MUL.value
+COLLECTIVE_OP_MIN = CollectiveOperator.MIN.value
+COLLECTIVE_OP_MAX = CollectiveOperator.MAX.value
+COLLECTIVE_OP_LOGICAL_AND = CollectiveOperator.LOGICAL_AND.value
+COLLECTIVE_OP_LOGICAL_OR = CollectiveOperator.LOGICAL_OR.value
+COLLECTIVE_OP_SQUARE_ADD = CollectiveOperator.SQUARE_ADD.value
+COLLECTIVE_OP_LOCAL = CollectiveOperator.LOCAL.value
+COLLECTIVE_OP_MEAN = CollectiveOperator.MEAN.value
 
 __all__ = [
-    "cross_replica_sum", "cross_replica_mean", "replication_index",
-    "CommGroup", "CommGroupType", "CollectiveOperator",
+    "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
+    "reduce_scatter", "all_to_all", "broadcast", "replication_index",
+    "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
+    "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
+    "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
+    "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",
+    "stats", "call_records", "reset_stats", "set_cost_model", "CallRecord", "OpStats",
     "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "CollectiveAbortedError", "TransportError", "PeerLostError", "TransportClosedError",
+    "CollectiveAbortedError", "CollectiveArgumentError", "CollectiveTypeError",
+    "TransportError", "PeerLostError", "TransportClosedError",
 ]

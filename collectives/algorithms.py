@@ -1,12 +1,15 @@
-"""Collective algorithms: combine local replicas in shared memory, then exchange over the
-transport. Each takes ``(engine, descriptor, values)`` with one value per local replica and
-returns one result per local replica (see :mod:`collectives.engine`).
+"""Reduction algorithms: combine local replicas in shared memory, then exchange over the
+transport. Each takes ``(engine, descriptor, values, ...)`` with one value per local replica
+and returns one result per local replica (see :mod:`collectives.engine`).
 
 Reductions keep the canonical tree order (:mod:`collectives.tree`): an instance reduces its
-own replicas of a group to one partial; instances then exchange partials by chunk owner
-(all-to-all: member j receives everyone's chunk j), each owner combines its chunk over the
-instances in tree order, and an all-gather returns the chunks. That is the traffic of a ring,
-about 2(n-1)/n of the tensor per instance.
+own replicas of a group to one partial (the replicas of a group on one instance always hold
+consecutive positions in the group, so with power-of-two counts the partial is a subtree);
+instances then exchange partials by chunk owner (all-to-all: member j receives everyone's
+chunk j), each owner combines its chunk over the instances in tree order, and an all-gather
+returns the chunks (allreduce) or each owner keeps its own (reduce-scatter). That is the
+traffic of a ring: about 2(n-1)/n of the tensor per instance for allreduce, (n-1)/n for
+reduce-scatter.
 """
 
 from __future__ import annotations
@@ -27,48 +30,102 @@ def _combiner(op: CollectiveOperator):
     return lambda a, b, out: combine_into(op, a, b, out)
 
 
-def _local_members(engine, members: Sequence[int]) -> list[int]:
+def local_members(engine, members: Sequence[int]) -> list[int]:
+    """The members of a group (global indices) that run on this instance."""
     lo = engine.replica_index_offset
     return [r for r in members if lo <= r < lo + engine.num_local_replicas]
 
 
-def _instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
+def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
+    """The instances that hold members of a group, increasing."""
     return tuple(sorted({r // engine.num_local_replicas for r in members}))
 
 
-def _give(results: list, engine, members: Sequence[int], value: np.ndarray,
-          inputs: Sequence[np.ndarray]) -> None:
+def positions_by_instance(engine, members: Sequence[int],
+                          instances: Sequence[int]) -> list[tuple[int, int]]:
+    """For each instance of ``instances``, its range ``[lo, hi)`` of positions in the group
+    (always consecutive: positions map to increasing replica indices)."""
+    L = engine.num_local_replicas
+    out = []
+    for i in instances:
+        pos = [p for p, r in enumerate(members) if r // L == i]
+        out.append((pos[0], pos[-1] + 1))
+    return out
+
+
+def give(results: list, engine, members: Sequence[int], value: np.ndarray,
+         inputs: Sequence[np.ndarray]) -> None:
     """Hand ``value`` to the local members of a group: each gets its own array."""
     first = True
-    for r in _local_members(engine, members):
+    for r in local_members(engine, members):
         shared = first and not any(value is x for x in inputs)
         results[r - engine.replica_index_offset] = value if shared else value.copy()
         first = False
 
 
-def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
-                    op: CollectiveOperator, patience: Patience) -> list[np.ndarray]:
-    """Reduce each of ``partials`` over the instances of ``comm``, in member (= tree) order.
+def local_partial(engine, values: Sequence[np.ndarray], members: Sequence[int],
+                  op: CollectiveOperator) -> np.ndarray:
+    """The tree reduction of this instance's members of a group (``prepare`` applied)."""
+    offset = engine.replica_index_offset
+    inputs = [values[r - offset] for r in local_members(engine, members)]
+    items = [prepare(op, x) for x in inputs]
+    return tree_reduce(items, _combiner(op), [i is not x for i, x in zip(items, inputs)])
 
-    Returns arrays shaped like ``partials``, identical on every member.
+
+def _even_bounds(n: int, m: int) -> list[int]:
+    return [(n * j) // m for j in range(m + 1)]
+
+
+def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
+                    op: CollectiveOperator, patience: Patience,
+                    bounds: Sequence[Sequence[int]] | None = None,
+                    gather: bool = True, scratch=None) -> list[np.ndarray]:
+    """Reduce each of ``partials`` over the members of ``comm``, in member (= tree) order.
+
+    Args:
+        partials: this member's partial results, any shapes, one dtype.
+        bounds: per partial, ``m + 1`` increasing element offsets of its flattened form:
+            member j owns ``[bounds[j], bounds[j+1])``. Default: an even split.
+        gather: True (allreduce): return the whole reductions, shaped like ``partials``;
+            False (reduce-scatter): return, per partial, this member's owned region (1-D).
+        scratch: ``scratch(nbytes) -> uint8 buffer`` for the received pieces, reused from
+            call to call; with ``gather=False`` the results live there (copy them out).
     """
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
-    flat = (np.ascontiguousarray(partials[0]).reshape(-1) if len(partials) == 1
-            else np.concatenate([p.reshape(-1) for p in partials]))
-    n, m, me = flat.size, comm.size, comm.rank
-    bounds = [(n * j) // m for j in range(m + 1)]
-    counts = [bounds[j + 1] - bounds[j] for j in range(m)]
-    received = comm.alltoallv(flat.view(np.uint8), [c * itemsize for c in counts],
-                              [counts[me] * itemsize] * m, patience)
-    pieces = received.view(dtype).reshape(m, counts[me])
+    m, me = comm.size, comm.rank
+    flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
+    if bounds is None:
+        bounds = [_even_bounds(f.size, m) for f in flats]
+    lengths = [[b[j + 1] - b[j] for j in range(m)] for b in bounds]
+    per_member = [sum(ls[j] for ls in lengths) for j in range(m)]
+    if len(flats) == 1:
+        send = flats[0][bounds[0][0]:bounds[0][m]]
+    else:
+        send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
+                               for f, b in zip(flats, bounds)])
+    recv_bytes = per_member[me] * itemsize * m
+    received = comm.alltoallv(send.view(np.uint8), [c * itemsize for c in per_member],
+                              [per_member[me] * itemsize] * m, patience,
+                              scratch(recv_bytes) if scratch else None)
+    pieces = received.view(dtype).reshape(m, per_member[me])
     chunk = tree_reduce(list(pieces), _combiner(op), [True] * m)
+    if not gather:
+        out, start = [], 0
+        for ls in lengths:
+            out.append(chunk[start:start + ls[me]])
+            start += ls[me]
+        return out
     gathered = comm.allgatherv(np.ascontiguousarray(chunk).view(np.uint8),
-                               [c * itemsize for c in counts], patience).view(dtype)
-    out, start = [], 0
-    for p in partials:
-        out.append(gathered[start:start + p.size].reshape(p.shape))
-        start += p.size
-    return out
+                               [c * itemsize for c in per_member], patience).view(dtype)
+    if len(flats) == 1:
+        return [gathered.reshape(partials[0].shape)]
+    outs = [np.empty(f.size, dtype) for f in flats]
+    start = 0
+    for j in range(m):
+        for out, b in zip(outs, bounds):
+            out[b[j]:b[j + 1]] = gathered[start:start + b[j + 1] - b[j]]
+            start += b[j + 1] - b[j]
+    return [o.reshape(p.shape) for o, p in zip(outs, partials)]
 
 
 def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],
@@ -78,41 +135,75 @@ def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
     for members in group.members(engine.num_replicas):
-        local = _local_members(engine, members)
+        local = local_members(engine, members)
         if not local:
             continue
         if op is CollectiveOperator.LOCAL:
             for r in local:
                 results[r - offset] = values[r - offset].copy()
             continue
-        inputs = [values[r - offset] for r in local]
-        items = [prepare(op, x) for x in inputs]
-        partial = tree_reduce(items, _combiner(op), [i is not x for i, x in zip(items, inputs)])
-        instances = _instances_of(engine, members)
+        partial = local_partial(engine, values, members, op)
+        instances = instances_of(engine, members)
         if len(instances) == 1:
-            _give(results, engine, members, finish(op, partial, len(members)), values)
+            give(results, engine, members, finish(op, partial, len(members)), values)
         else:
             pending.setdefault(instances, []).append((members, partial))
     # Instance sets in the order of their first group: the same on every instance.
     for instances, entries in pending.items():
-        patience = Patience(desc.label(), engine.options,
-                            lambda: f"instances {list(instances)}")
-        totals = exchange_reduce(engine.transport.communicator(instances),
-                                 [p for _, p in entries], op, patience)
+        totals = exchange_reduce(engine.communicator(instances), [p for _, p in entries], op,
+                                 engine.data_patience(desc, instances),
+                                 scratch=engine.scratch)
         for (members, _), total in zip(entries, totals):
-            _give(results, engine, members, finish(op, total, len(members)), values)
+            give(results, engine, members, finish(op, total, len(members)), values)
     return results
 
 
-def broadcast_from_instance0(engine, desc: Descriptor, values: Sequence[np.ndarray]) -> list:
-    """Host broadcast: every local replica gets instance 0's value (``values[0]``)."""
-    value = np.require(values[0], requirements="C")  # keeps 0-d arrays 0-d
-    transport = engine.transport
-    if transport.process_count > 1:
-        comm = transport.communicator(tuple(range(transport.process_count)))
-        counts = [value.nbytes if j == 0 else 0 for j in range(comm.size)]
-        send = value.reshape(-1).view(np.uint8) if comm.rank == 0 else np.empty(0, np.uint8)
-        patience = Patience(desc.label(), engine.options, lambda: "the other instances")
-        data = comm.allgatherv(send, counts, patience)
-        value = data.view(value.dtype).reshape(value.shape)
-    return [value.copy() for _ in values]
+def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
+                   op: CollectiveOperator, group: CommGroup) -> list[np.ndarray]:
+    """Replica at position p of a group of k gets elements ``[p*c, (p+1)*c)`` of the
+    reduction of the group's rank-1 values zero-padded to ``k*c``, ``c = ceil(n/k)``."""
+    results: list = [None] * engine.num_local_replicas
+    offset = engine.replica_index_offset
+    n = values[0].shape[0]
+    pending: dict[tuple[int, ...], list] = {}
+    for members in group.members(engine.num_replicas):
+        local = local_members(engine, members)
+        if not local:
+            continue
+        k = len(members)
+        c = -(-n // k)
+        if op is CollectiveOperator.LOCAL:
+            for r in local:
+                results[r - offset] = _padded(values[r - offset], k * c)[
+                    members.index(r) * c:(members.index(r) + 1) * c].copy()
+            continue
+        partial = _padded(local_partial(engine, values, members, op), k * c)
+        instances = instances_of(engine, members)
+        if len(instances) == 1:
+            total = finish(op, partial, k)
+            for r in local:
+                p = members.index(r)
+                results[r - offset] = total[p * c:(p + 1) * c].copy()
+        else:
+            ranges = positions_by_instance(engine, members, instances)
+            bounds = [lo * c for lo, _ in ranges] + [k * c]
+            pending.setdefault(instances, []).append((members, partial, bounds, c))
+    for instances, entries in pending.items():
+        mine = exchange_reduce(engine.communicator(instances), [e[1] for e in entries], op,
+                               engine.data_patience(desc, instances),
+                               bounds=[e[2] for e in entries], gather=False,
+                               scratch=engine.scratch)
+        for (members, _, bounds, c), region in zip(entries, mine):
+            region = finish(op, region, len(members))
+            for r in local_members(engine, members):
+                at = members.index(r) * c - bounds[instances.index(engine.process_index)]
+                results[r - offset] = region[at:at + c].copy()
+    return results
+
+
+def _padded(x: np.ndarray, length: int) -> np.ndarray:
+    if x.shape[0] == length:
+        return x
+    out = np.zeros(length, x.dtype)
+    out[:x.shape[0]] = x
+    return out

@@ -1,24 +1,42 @@
 """The collective engine of one instance: local rendezvous, checks, then the algorithm.
 
 Every local replica deposits its contribution for call number ``seq``; the last to arrive
-(the leader) checks that all descriptors agree, all-gathers the descriptors with the other
-instances (so every instance raises on a mismatch instead of waiting), runs the algorithm
-(local combine in shared memory, exchange over the transport) and hands each replica its
-result. Only the leader touches the transport, one call at a time.
+(the leader) checks that all descriptors agree, exchanges the descriptors with the other
+instances (so every instance raises on a mismatch instead of waiting, and a stall names the
+instances that have not arrived), runs the algorithm (local combine in shared memory,
+exchange over the transport) and hands each replica its result. Only the leader touches the
+transport, one call at a time.
+
+Divergent control flow is caught three ways:
+
+* a replica that calls a different collective (or the same with other arguments) at the
+  same position: the descriptors differ -> ``CollectiveMismatchError`` on every replica;
+* a replica that returns from its function (``strategy.run``) while the others wait for it
+  in a collective: the waiting replica takes the lead and sends an error descriptor, so
+  every instance raises ``CollectiveMismatchError`` naming the replica;
+* an instance that ends its program while others still call collectives: at exit it sends
+  an "end of program" descriptor (:meth:`CollectiveEngine.finish`), which the others see as
+  a mismatch naming it. Anything else (an instance that computes for ever) is a stall
+  warning naming the missing instances, then ``CollectiveTimeoutError``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from collectives.accounting import CallRecord, CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.errors import (CollectiveAbortedError, CollectiveError,
-                                CollectiveMismatchError)
+                                CollectiveMismatchError, CollectiveTimeoutError,
+                                TransportError)
+from collectives.gcl_options import GCLOptions
+from collectives.groups import CommGroup
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Transport
 from collectives.waiting import Patience
@@ -27,6 +45,9 @@ logger = logging.getLogger("collectives")
 
 #: ``algorithm(engine, descriptor, values) -> results``: values and results per local replica.
 Algorithm = Callable[["CollectiveEngine", Descriptor, Sequence[Any]], list]
+
+#: the op of the descriptor an instance sends when its program ends
+END_OF_PROGRAM = "end of program"
 
 
 class _Slot:
@@ -37,10 +58,12 @@ class _Slot:
         self.values: list[Any] = [None] * n
         self.arrived = 0
         self.picked = 0
+        self.leading = False
         self.done = False
         self.results: list | None = None
         self.error: BaseException | None = None
         self.algorithm: Algorithm | None = None
+        self.group: CommGroup | None = None
 
 
 class CollectiveEngine:
@@ -52,42 +75,60 @@ class CollectiveEngine:
         replica_index_offset: global index of this instance's first replica.
         transport: how this instance reaches the others.
         options: stall warning and timeout.
+        gcl: GCL options (choose the modelled algorithm only).
+        ipus_per_replica: IPUs each replica occupies (for the cost model).
     """
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
-                 transport: Transport, options: CollectiveOptions):
+                 transport: Transport, options: CollectiveOptions,
+                 gcl: GCLOptions | None = None, ipus_per_replica: int = 1):
         self.num_replicas = num_replicas
         self.num_local_replicas = num_local_replicas
         self.replica_index_offset = replica_index_offset
         self.transport = transport
         self.options = options
+        self.gcl = gcl or GCLOptions()
+        self.ipus_per_replica = ipus_per_replica
+        self.ledger = Ledger()
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._seq = [0] * num_local_replicas
+        self._finished_at: list[int | None] = [None] * num_local_replicas
         self._host_seq = 0
         self._failure: BaseException | None = None
+        self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
+        self._finished = False
+        self._scratch = np.empty(0, np.uint8)
+
+    @property
+    def process_index(self) -> int:
+        return self.transport.process_index
 
     # -- entry points -------------------------------------------------------------------
 
     def replica_call(self, local_index: int, desc: Descriptor, value: Any,
-                     algorithm: Algorithm) -> Any:
+                     algorithm: Algorithm, group: CommGroup | None = None) -> Any:
         """Called by local replica ``local_index``; returns its share of the result.
 
         ``desc.seq`` is filled in here. Raises the collective's error on every replica.
         """
         with self._cond:
-            self._raise_if_failed()
             seq = self._seq[local_index]
+            slot = self._slots.get(seq)
+            if slot is None or not slot.leading:
+                # a replica arriving at a call that already failed shares its error
+                self._raise_if_failed()
             self._seq[local_index] = seq + 1
             desc = replace(desc, seq=seq)
-            slot = self._slots.get(seq)
             if slot is None:
                 slot = self._slots[seq] = _Slot(self.num_local_replicas)
             slot.descs[local_index] = desc
             slot.values[local_index] = value
             slot.algorithm = slot.algorithm or algorithm
+            slot.group = slot.group or group
             slot.arrived += 1
-            leader = slot.arrived == self.num_local_replicas
+            leader = slot.arrived == self.num_local_replicas and not slot.leading
+            slot.leading = slot.leading or leader
         if leader:
             self._lead(slot)
         else:
@@ -95,6 +136,7 @@ class CollectiveEngine:
         with self._cond:
             slot.picked += 1
             if slot.picked == self.num_local_replicas:
+                # (a slot abandoned for divergence stays: late replicas share its error)
                 del self._slots[seq]
         if slot.error is not None:
             raise slot.error
@@ -108,7 +150,20 @@ class CollectiveEngine:
             seq = self._host_seq
             self._host_seq += 1
         desc = replace(desc, seq=seq, op=f"host {desc.op}")
-        return self._execute([desc] * self.num_local_replicas, list(values), algorithm)
+        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
+
+    def run_started(self) -> None:
+        """The local replicas are about to run a function (``strategy.run``); called before
+        any of them starts."""
+        with self._cond:
+            self._finished_at = [None] * self.num_local_replicas
+
+    def replica_finished(self, local_index: int) -> None:
+        """Local replica ``local_index`` returned from its function: it calls no more
+        collectives in this run, so replicas waiting for it are told (divergence)."""
+        with self._cond:
+            self._finished_at[local_index] = self._seq[local_index]
+            self._cond.notify_all()
 
     def abort(self, cause: BaseException) -> None:
         """A local replica failed: wake every waiting replica with an error."""
@@ -117,19 +172,65 @@ class CollectiveEngine:
                 self._failure = cause
             self._cond.notify_all()
 
+    def finish(self) -> None:
+        """The program ends: tell the other instances, so one that still waits in a
+        collective raises (naming this instance) instead of timing out. Idempotent.
+
+        Raises:
+            CollectiveMismatchError: another instance is still calling collectives.
+        """
+        with self._cond:
+            if self._finished or self._failure is not None:
+                return
+            self._finished = True
+            calls = self._seq[0] if self._seq else 0
+        if self.transport.process_count == 1:
+            return
+        desc = Descriptor(seq=calls, op=END_OF_PROGRAM, operator="", dtype="", shape=(),
+                          group="")
+        try:
+            self._check_instances(desc)
+        except CollectiveTimeoutError as exc:
+            logger.warning("at the end of the program: %s", exc)
+
+    # -- for the algorithms ---------------------------------------------------------------
+
+    def communicator(self, instances: tuple[int, ...]) -> CountingCommunicator:
+        """The (counting) communicator of ``instances``; created once per instance set."""
+        comm = self._comms.get(instances)
+        if comm is None:
+            comm = self._comms[instances] = CountingCommunicator(
+                self.transport.communicator(instances))
+        return comm
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """A ``uint8[nbytes]`` buffer reused from call to call (the leader's alone: never
+        hand it to a replica). Saves the page faults of a fresh large buffer per call."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
+
+    def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
+        """The wait of a data exchange between ``instances`` (all have arrived)."""
+        return Patience(desc.label(), self.options,
+                        lambda: f"instances {list(instances)} to finish the transfer",
+                        committed=True)
+
     # -- internals ----------------------------------------------------------------------
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
             raise CollectiveAbortedError(
-                f"collectives are unusable after a replica failed with "
-                f"{type(self._failure).__name__}: {self._failure}") from self._failure
+                f"collectives are unusable after {type(self._failure).__name__}: "
+                f"{self._failure}") from self._failure
 
     def _lead(self, slot: _Slot) -> None:
         try:
-            slot.results = self._execute(slot.descs, slot.values, slot.algorithm)
+            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group)
         except BaseException as exc:  # every replica re-raises it
             slot.error = exc
+            if isinstance(exc, (CollectiveTimeoutError, TransportError)):
+                self.abort(exc)  # requests may still be pending: the engine is unusable
         with self._cond:
             slot.done = True
             self._cond.notify_all()
@@ -145,21 +246,73 @@ class CollectiveEngine:
                             self.options, missing)
         with self._cond:
             while not slot.done:
-                if self._failure is not None and slot.arrived < self.num_local_replicas:
+                if (self._failure is not None and slot.arrived < self.num_local_replicas
+                        and not slot.leading):
                     slot.error = CollectiveAbortedError(
                         f"{desc.label()}: abandoned because a replica of this instance failed "
                         f"({type(self._failure).__name__}: {self._failure})")
                     slot.error.__cause__ = self._failure
                     return
+                gone = [i for i, d in enumerate(slot.descs)
+                        if d is None and self._finished_at[i] is not None]
+                if gone and not slot.leading:
+                    slot.leading = True
+                    message = self._divergence_message(slot, desc, gone)
+                    self._cond.release()
+                    try:
+                        self._lead_error(slot, desc, message)
+                    finally:
+                        self._cond.acquire()
+                    continue
                 self._cond.wait(patience.slice_s())
-                if slot.arrived < self.num_local_replicas:
+                if slot.arrived < self.num_local_replicas and not slot.leading:
                     patience.check()
 
+    def _divergence_message(self, slot: _Slot, desc: Descriptor, gone: list[int]) -> str:
+        off = self.replica_index_offset
+        here = [off + i for i, d in enumerate(slot.descs) if d is not None]
+        names = ", ".join(f"replica {off + i} (after {self._finished_at[i]} collectives)"
+                          for i in gone)
+        return (f"divergent control flow at {desc.signature()}: {names} returned from its "
+                f"function without calling it, while replicas {here} called it")
+
+    def _lead_error(self, slot: _Slot, desc: Descriptor, message: str) -> None:
+        """Share ``message`` with the other instances (they raise it too), then raise it
+        on the local replicas waiting in ``slot``."""
+        error: BaseException = CollectiveMismatchError(message)
+        try:
+            self._check_instances(replace(desc, error=message))
+        except BaseException as exc:  # the shared mismatch (or a timeout)
+            error = exc
+        slot.error = error
+        self.abort(error)
+        with self._cond:
+            slot.done = True
+            self._cond.notify_all()
+
     def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
-                 algorithm: Algorithm) -> list:
+                 algorithm: Algorithm, group: CommGroup | None) -> list:
+        start = time.perf_counter()
         desc = self._check_local(descs)
         desc = self._check_instances(desc)
-        return algorithm(self, desc, values)
+        sent = sum(c.bytes_sent for c in self._comms.values())
+        results = algorithm(self, desc, values)
+        wall = time.perf_counter() - start
+        sent = sum(c.bytes_sent for c in self._comms.values()) - sent
+        self._record(desc, values, group, sent, wall)
+        return results
+
+    def _record(self, desc: Descriptor, values: Sequence[Any], group: CommGroup | None,
+                sent: int, wall: float) -> None:
+        group = group or CommGroup()
+        groups = group.members(self.num_replicas)
+        nbytes = int(np.asarray(values[0]).nbytes)
+        self.ledger.add(CallRecord(
+            op=desc.op, operator=desc.operator,
+            method=self.gcl.modelled_method(len(groups[0]), nbytes),
+            dtype=desc.dtype, shape=desc.shape, nbytes=nbytes, group=desc.group,
+            groups=groups, ipus_per_replica=self.ipus_per_replica,
+            transport_bytes=sent, wall_s=wall))
 
     def _check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
         first = descs[0]
@@ -173,26 +326,50 @@ class CollectiveEngine:
                 return replace(first, error=message)
         return first
 
+    def _instance_name(self, i: int) -> str:
+        L = self.num_local_replicas
+        if L == 1:
+            return f"instance {i} (replica {i})"
+        return f"instance {i} (replicas {i * L}..{i * L + L - 1})"
+
     def _check_instances(self, desc: Descriptor) -> Descriptor:
-        """All-gather the descriptors; raise on every instance if any differs or failed."""
+        """Exchange the descriptors; raise on every instance if any differs or failed."""
         if self.transport.process_count == 1:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
             return desc
         comm = self.transport.communicator(tuple(range(self.transport.process_count)))
-        patience = Patience(desc.label(), self.options, lambda: "the other instances")
+
+        def missing() -> str:
+            absent = patience.absent
+            if absent is None:
+                return "the other instances"
+            return ", ".join(self._instance_name(i) for i in absent) or "no instance"
+
+        patience = Patience(f"{desc.label()} on {self._instance_name(self.process_index)}",
+                            self.options, missing)
         gathered = comm.allgather(desc.encode(), patience)
         descs = [Descriptor.decode(row) for row in gathered]
         errors = [d.error for d in descs if d.error]
         if errors:
             raise CollectiveMismatchError(errors[0])
-        L = self.num_local_replicas
         for i, other in enumerate(descs):
             diff = descs[0].differences(other)
             if diff:
-                raise CollectiveMismatchError(
-                    f"replicas disagree on {descs[0].label()}: replicas {0}..{L - 1} "
-                    f"(instance 0) called {descs[0].signature()}, replicas {i * L}.."
-                    f"{i * L + L - 1} (instance {i}) called {other.signature()} "
-                    f"({'; '.join(diff)})")
+                raise CollectiveMismatchError(self._mismatch_message(descs[0], other, i, diff))
         return desc
+
+    def _mismatch_message(self, first: Descriptor, other: Descriptor, i: int,
+                          diff: list[str]) -> str:
+        def what(d: Descriptor) -> str:
+            if d.op == END_OF_PROGRAM:
+                return f"ended its program after {d.seq} collectives"
+            return f"called {d.signature()}"
+
+        if END_OF_PROGRAM in (first.op, other.op):
+            detail = "an instance stopped calling collectives (divergent control flow)"
+        else:
+            detail = "; ".join(diff)
+        label = other.label() if first.op == END_OF_PROGRAM else first.label()
+        return (f"replicas disagree on {label}: {self._instance_name(0)} {what(first)}, "
+                f"{self._instance_name(i)} {what(other)} ({detail})")

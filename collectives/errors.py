@@ -35,3 +35,13 @@ class PeerLostError(TransportError):
 
 class TransportClosedError(TransportError):
     """The transport was used after :meth:`close` (by this instance)."""
+
+
+class CollectiveArgumentError(CollectiveError, ValueError):
+    """A collective was called with an invalid argument (group size, dimension, root...).
+
+    A ValueError too; being a CollectiveError it does not make the collectives unusable."""
+
+
+class CollectiveTypeError(CollectiveError, TypeError):
+    """A collective was called with an unsupported dtype (names it). A TypeError too."""

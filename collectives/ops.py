@@ -1,7 +1,23 @@
-"""The collective operations called inside replica functions (TF-IPU names, seed 004:5036-5371).
+"""The collective operations called inside replica functions (TF-IPU names, seed
+004:5036-5371; GCL semantics, anchors §2).
 
 Each takes a numpy array-like and returns a new numpy array; every replica of the group must
-call the same operation, in the same order, with the same dtype, shape and group.
+call the same operation, in the same order, with the same dtype, shape, group and
+parameters. Groups: the TF-IPU size argument (``replica_group_size``/``replication_factor``:
+k consecutive replicas per group, None = all replicas) or ``group=CommGroup(...)`` in its
+place.
+
+Common errors of every op (``CollectiveError`` subclasses, also ValueError/TypeError where
+named, so they never make the collectives unusable):
+
+* ``NotInReplicaError``: called outside a replica function.
+* ``CollectiveTypeError`` (TypeError): a dtype other than float16/32/64, int32/64, bool, or
+  bool with an arithmetic operator.
+* ``CollectiveArgumentError`` (ValueError): the group size does not divide the number of
+  replicas, both a size and a group given, or an op-specific argument out of range.
+* ``CollectiveMismatchError``: replicas called it differently, or some returned from their
+  function without calling it; raised on every replica.
+* ``CollectiveTimeoutError``: some replicas did not arrive within ``IPUPOD_COLLECTIVE_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -11,16 +27,17 @@ from functools import partial
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import algorithms
+from collectives import algorithms, movement
 from collectives.descriptor import Descriptor
+from collectives.errors import CollectiveArgumentError, CollectiveTypeError
 from collectives.groups import CommGroup, consecutive
-from collectives.operators import CollectiveOperator
+from collectives.operators import CollectiveOperator, parse_operator
 from collectives.runtime import get_engine
 
-#: dtypes the collectives accept; bool only with the logical operators.
+#: dtypes the collectives accept; bool only with the logical operators (and LOCAL).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
                          ("float16", "float32", "float64", "int32", "int64", "bool"))
-_LOGICAL = (CollectiveOperator.LOGICAL_AND, CollectiveOperator.LOGICAL_OR,
+_BOOL_OK = (CollectiveOperator.LOGICAL_AND, CollectiveOperator.LOGICAL_OR,
             CollectiveOperator.LOCAL)
 
 
@@ -28,36 +45,88 @@ def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> n
     """``x`` as a numpy array of a supported dtype.
 
     Raises:
-        TypeError: the dtype is not supported (names it), or bool with an arithmetic operator.
+        CollectiveTypeError: the dtype is not supported (names it), or bool with an
+            arithmetic operator.
     """
     arr = np.asarray(x)
     if arr.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise TypeError(f"{what}: dtype {arr.dtype} is not supported; use one of {names}")
-    if arr.dtype == np.bool_ and op is not None and op not in _LOGICAL:
-        raise TypeError(f"{what}: bool input needs COLLECTIVE_OP_LOGICAL_AND or _OR, "
-                        f"not {op.value}")
+        raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
+                                  f"use one of {names}")
+    if arr.dtype == np.bool_ and op is not None and op not in _BOOL_OK:
+        raise CollectiveTypeError(f"{what}: dtype bool needs COLLECTIVE_OP_LOGICAL_AND or "
+                                  f"_OR, not {op.value}")
     return arr
 
 
-def _group(replica_group_size: int | None, group: CommGroup | None) -> CommGroup:
+def _group(size_name: str, size: int | None, group: CommGroup | None) -> CommGroup:
     if group is not None:
-        if replica_group_size is not None:
-            raise ValueError("give either replica_group_size or group, not both")
+        if size is not None:
+            raise CollectiveArgumentError(f"give either {size_name} or group, not both")
         if not isinstance(group, CommGroup):
             raise TypeError(f"group must be a CommGroup, not {type(group).__name__}")
         return group
-    return consecutive(replica_group_size)
+    try:
+        return consecutive(size)
+    except ValueError as exc:
+        raise CollectiveArgumentError(str(exc).replace("replica_group_size", size_name)) \
+            from None
 
 
-def _allreduce(what: str, x, op: CollectiveOperator, group: CommGroup, name: str | None):
+def _operator(what: str, op) -> CollectiveOperator:
+    try:
+        return parse_operator(op)
+    except ValueError as exc:
+        raise CollectiveArgumentError(f"{what}: {exc}") from None
+
+
+def _members(what: str, group: CommGroup, num_replicas: int):
+    try:
+        return group.members(num_replicas)
+    except ValueError as exc:
+        raise CollectiveArgumentError(f"{what}: {exc}") from None
+
+
+def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
+          operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
     ctx = require_replica_context(what)
-    arr = as_collective_array(x, what, op)
-    group.members(ctx.num_replicas)  # raises when the size does not divide the replicas
-    desc = Descriptor(seq=0, op=what, operator=op.value, dtype=arr.dtype.name,
-                      shape=tuple(arr.shape), group=str(group), name=name or "")
-    algorithm = partial(algorithms.allreduce, op=op, group=group)
-    return get_engine().replica_call(ctx.local_index, desc, arr, algorithm)
+    _members(what, group, ctx.num_replicas)
+    desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
+                      shape=tuple(arr.shape), group=str(group), name=name or "",
+                      params=params)
+    return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
+
+
+def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | None = None,
+                         name: str | None = None, *,
+                         group: CommGroup | None = None) -> np.ndarray:
+    """All-reduce ``x`` with ``op`` over the replicas of each group (GCL
+    ``allReduceCrossReplica``; anchors §2.1). ipupod's general form of
+    :func:`cross_replica_sum`.
+
+    Args:
+        x: array-like, any shape; float16/32/64, int32/64, or bool with LOGICAL_AND/_OR.
+        op: a :class:`CollectiveOperator` or its name (``"COLLECTIVE_OP_MAX"`` or ``"MAX"``).
+            SQUARE_ADD sums the squares; LOCAL returns ``x`` unchanged; MEAN divides the sum
+            by the group size (floor division for integers); LOGICAL_* keep the dtype.
+        replica_group_size: k consecutive replicas per group; None: all replicas.
+        name: optional label for error messages.
+        group: a :class:`CommGroup` instead of ``replica_group_size``.
+
+    Returns:
+        ``ndarray`` with the shape and dtype of ``x``, the same on every replica of a group,
+        combined in the canonical tree order over group positions (DESIGN.md), so
+        bit-identical for every layout of instances and local replicas.
+
+    Raises:
+        CollectiveArgumentError (ValueError): an unknown operator (names the known ones);
+            and the common errors (module docstring).
+    """
+    operator = _operator("cross_replica_reduce", op)
+    arr = as_collective_array(x, "cross_replica_reduce", operator)
+    g = _group("replica_group_size", replica_group_size, group)
+    return _call("cross_replica_reduce", arr, g, name,
+                 partial(algorithms.allreduce, op=operator, group=g), operator.value)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -72,28 +141,165 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
 
     Returns:
         ``ndarray`` with the shape and dtype of ``x``: the sum, combined in the canonical
-        tree order over global replica indices, so bit-identical for every layout.
+        tree order over group positions, so bit-identical for every layout.
 
     Raises:
-        NotInReplicaError: called outside a replica function.
-        TypeError: unsupported dtype.
-        ValueError: the group size does not divide the number of replicas.
-        CollectiveMismatchError: replicas called it with different dtype, shape or group.
-        CollectiveTimeoutError: some replicas never called it.
+        The common errors (module docstring).
     """
-    return _allreduce("cross_replica_sum", x, CollectiveOperator.ADD,
-                      _group(replica_group_size, group), name)
+    arr = as_collective_array(x, "cross_replica_sum", CollectiveOperator.ADD)
+    g = _group("replica_group_size", replica_group_size, group)
+    return _call("cross_replica_sum", arr, g, name,
+                 partial(algorithms.allreduce, op=CollectiveOperator.ADD, group=g),
+                 CollectiveOperator.ADD.value)
 
 
 def cross_replica_mean(x, replica_group_size: int | None = None, name: str | None = None, *,
                        group: CommGroup | None = None) -> np.ndarray:
-    """Mean of ``x`` over the replicas of each group: the tree sum divided by the group size.
+    """Mean of ``x`` over the replicas of each group: the tree sum divided by the group size
+    (``cross_replica_sum`` + ``ipu_replication_normalise`` in TF-IPU, anchors §2.4).
 
     Same arguments, result and errors as :func:`cross_replica_sum`; integer inputs use floor
     division.
     """
-    return _allreduce("cross_replica_mean", x, CollectiveOperator.MEAN,
-                      _group(replica_group_size, group), name)
+    arr = as_collective_array(x, "cross_replica_mean", CollectiveOperator.MEAN)
+    g = _group("replica_group_size", replica_group_size, group)
+    return _call("cross_replica_mean", arr, g, name,
+                 partial(algorithms.allreduce, op=CollectiveOperator.MEAN, group=g),
+                 CollectiveOperator.MEAN.value)
+
+
+def all_gather(x, replication_factor: int | None = None, name: str | None = None, *,
+               group: CommGroup | None = None) -> np.ndarray:
+    """Gather ``x`` from every replica of the group on every replica (seed 004:5038-5051).
+
+    Args:
+        x: array-like, any shape, any supported dtype (bool included).
+        replication_factor: k consecutive replicas per group; None: all replicas.
+        name: optional label for error messages.
+        group: a :class:`CommGroup` instead of ``replication_factor``.
+
+    Returns:
+        ``ndarray[k, *x.shape]`` of ``x``'s dtype: row p is the value of the group's member
+        at position p; the same on every replica of the group.
+
+    Raises:
+        The common errors (module docstring).
+    """
+    arr = as_collective_array(x, "all_gather")
+    g = _group("replication_factor", replication_factor, group)
+    return _call("all_gather", arr, g, name, partial(movement.all_gather, group=g))
+
+
+def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_ADD",
+                   name: str | None = None, *, group: CommGroup | None = None) -> np.ndarray:
+    """Reduce ``x`` over the group, scattering the result (seed 004:5313-5334).
+
+    The member at position p of a group of k gets elements ``[p*c, (p+1)*c)`` of the
+    reduction, ``c = ceil(n / k)``, zero-padded past n. The seeds' example, k = 2:
+    R0 ``[x0, y0, z0]``, R1 ``[x1, y1, z1]`` give R0 ``[x0+x1, y0+y1]``, R1 ``[z0+z1, 0]``.
+
+    Args:
+        x: rank-1 array-like of n elements; float16/32/64, int32/64, or bool with
+            LOGICAL_AND/_OR.
+        replication_factor: k consecutive replicas per group; None: all replicas.
+        op: any :class:`CollectiveOperator` (name or member), as in
+            :func:`cross_replica_reduce`; LOCAL gives the member its own slice.
+        name: optional label for error messages.
+        group: a :class:`CommGroup` instead of ``replication_factor``.
+
+    Returns:
+        ``ndarray[ceil(n / k)]`` of ``x``'s dtype, tree-ordered (layout-invariant).
+
+    Raises:
+        CollectiveArgumentError (ValueError): ``x`` is not rank 1; and the common errors.
+    """
+    operator = _operator("reduce_scatter", op)
+    arr = as_collective_array(x, "reduce_scatter", operator)
+    if arr.ndim != 1:
+        raise CollectiveArgumentError(f"reduce_scatter: x must have rank 1, got shape "
+                                      f"{arr.shape}")
+    g = _group("replication_factor", replication_factor, group)
+    return _call("reduce_scatter", arr, g, name,
+                 partial(algorithms.reduce_scatter, op=operator, group=g), operator.value)
+
+
+def all_to_all(x, split_dimension: int, concat_dimension: int,
+               replication_factor: int | None = None, name: str | None = None, *,
+               group: CommGroup | None = None) -> np.ndarray:
+    """XLA AllToAll within each group (seed 004:5053-5068).
+
+    The member at position p splits ``x`` along ``split_dimension`` into k equal blocks and
+    sends block q to the member at position q; each member concatenates the k blocks it
+    receives along ``concat_dimension``, in sender position order.
+
+    Args:
+        x: array-like of rank >= 1, any supported dtype; ``x.shape[split_dimension]``
+            divisible by k.
+        split_dimension, concat_dimension: in ``[0, x.ndim)``.
+        replication_factor: k consecutive replicas per group; None: all replicas (the seeds
+            define no grouping for this op; ipupod applies the common rule).
+        name: optional label for error messages.
+        group: a :class:`CommGroup` instead of ``replication_factor``.
+
+    Returns:
+        ``ndarray`` of ``x``'s dtype and size: shape of ``x`` with ``split_dimension``
+        divided by k and ``concat_dimension`` multiplied by k. Different on every member.
+
+    Raises:
+        CollectiveArgumentError (ValueError): a dimension out of range, or the split
+            dimension not divisible by k; and the common errors.
+    """
+    arr = as_collective_array(x, "all_to_all")
+    g = _group("replication_factor", replication_factor, group)
+    ctx = require_replica_context("all_to_all")
+    k = len(_members("all_to_all", g, ctx.num_replicas)[0])
+    for label, dim in (("split_dimension", split_dimension),
+                       ("concat_dimension", concat_dimension)):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) \
+                or not 0 <= dim < arr.ndim:
+            raise CollectiveArgumentError(f"all_to_all: {label}={dim!r} is not in "
+                                          f"[0, {arr.ndim}) for shape {arr.shape}")
+    if arr.shape[split_dimension] % k:
+        raise CollectiveArgumentError(
+            f"all_to_all: x.shape[{split_dimension}] = {arr.shape[split_dimension]} is not "
+            f"divisible by the group size {k}")
+    return _call("all_to_all", arr, g, name,
+                 partial(movement.all_to_all, group=g, split_dimension=int(split_dimension),
+                         concat_dimension=int(concat_dimension)),
+                 params=(str(int(split_dimension)), str(int(concat_dimension))))
+
+
+def broadcast(x, root_replica: int = 0, name: str | None = None, *,
+              group: CommGroup | None = None) -> np.ndarray:
+    """Every replica of a group gets the value of the group's member at position
+    ``root_replica`` (GCL ``broadcastCrossReplica``; no TF-IPU op in the seeds, §3.5).
+
+    Args:
+        x: array-like, any shape, any supported dtype; every member passes one of the same
+            shape and dtype (only the root's values matter).
+        root_replica: position in the group, ``[0, k)``; with all replicas in one group it
+            is the global replica index.
+        name: optional label for error messages.
+        group: a :class:`CommGroup`; None: all replicas.
+
+    Returns:
+        ``ndarray`` with the root's value, shape and dtype.
+
+    Raises:
+        CollectiveArgumentError (ValueError): ``root_replica`` not in ``[0, k)``; and the
+            common errors.
+    """
+    arr = as_collective_array(x, "broadcast")
+    g = _group("replica_group_size", None, group)
+    ctx = require_replica_context("broadcast")
+    k = len(_members("broadcast", g, ctx.num_replicas)[0])
+    if isinstance(root_replica, bool) or not isinstance(root_replica, (int, np.integer)) \
+            or not 0 <= root_replica < k:
+        raise CollectiveArgumentError(f"broadcast: root_replica={root_replica!r} is not in "
+                                      f"[0, {k}) (the group size)")
+    return _call("broadcast", arr, g, name,
+                 partial(movement.broadcast, group=g, root=int(root_replica)),
+                 params=(str(int(root_replica)),))
 
 
 def replication_index() -> np.int32:

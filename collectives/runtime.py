@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
 
 from ipu_node import get_system
 from ipu_node.system import IPUSystem
 
+from collectives.accounting import CallRecord, OpStats
 from collectives.engine import CollectiveEngine
 from collectives.errors import CollectiveError
+from collectives.gcl_options import GCLOptions
 from collectives.options import CollectiveOptions
 from collectives.transports import create_transport
+
+logger = logging.getLogger("collectives")
 
 _lock = threading.Lock()
 _engines: dict[int, CollectiveEngine] = {}
@@ -21,9 +27,12 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
 
     A replica failing with anything but a CollectiveError (which every replica raises alike)
     aborts the engine: replicas waiting for the failed one get CollectiveAbortedError.
+    At interpreter exit the engine tells the other instances that this one has ended
+    (:meth:`CollectiveEngine.finish`).
 
     Raises:
         ipu_node.NotConfiguredError: no IPU system is configured.
+        ValueError: bad GCL options (``IPUConfig.gcl_poplar_options`` or ``GCL_OPTIONS``).
         TransportError: the transport cannot start.
     """
     system = system or get_system()
@@ -32,22 +41,56 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
         if engine is None:
             options = CollectiveOptions.from_env()
             mrd = system.config.experimental.multi_replica_distribution
+            gcl = GCLOptions.parse(system.config.gcl_poplar_options)
             transport = create_transport(system.transport, system.process_index,
                                          system.process_count,
                                          coordinator_address=mrd.coordinator_address,
                                          job_token=mrd.job_token,
                                          listen_address=mrd.listen_address, options=options)
             engine = CollectiveEngine(system.num_replicas, system.num_local_replicas,
-                                      system.replica_index_offset, transport, options)
+                                      system.replica_index_offset, transport, options, gcl,
+                                      system.ipus_per_replica)
             _engines[id(system)] = engine
             system.add_closer(lambda: _close(system))
             system.executor.add_failure_listener(
                 lambda exc: None if isinstance(exc, CollectiveError) else engine.abort(exc))
+            if system.process_count > 1:
+                atexit.register(_finish, engine)
     return engine
+
+
+def _finish(engine: CollectiveEngine) -> None:
+    try:
+        engine.finish()
+    except CollectiveError as exc:
+        logger.error("%s", exc)
 
 
 def _close(system: IPUSystem) -> None:
     with _lock:
         engine = _engines.pop(id(system), None)
     if engine is not None:
+        atexit.unregister(_finish)
         engine.transport.close()
+
+
+def stats(system: IPUSystem | None = None) -> dict[str, OpStats]:
+    """Totals per op of this instance's collective calls on ``system`` (default: the
+    configured one): calls, payload bytes (per replica), transport bytes (sent by this
+    instance), wall seconds, modelled seconds (None until a cost model is installed with
+    :func:`collectives.accounting.set_cost_model`), and the GCL methods charged.
+
+    Raises:
+        ipu_node.NotConfiguredError: no IPU system is configured.
+    """
+    return get_engine(system).ledger.totals()
+
+
+def call_records(system: IPUSystem | None = None) -> list[CallRecord]:
+    """This instance's recent collective calls (the last 10000), oldest first."""
+    return get_engine(system).ledger.records()
+
+
+def reset_stats(system: IPUSystem | None = None) -> None:
+    """Forget the recorded calls."""
+    get_engine(system).ledger.clear()

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from ipu_node import get_system
+from ipu_node import current_replica_context, get_system
 
-from collectives import algorithms, nest
+from collectives import algorithms, movement, nest
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator
@@ -119,7 +119,22 @@ class IPUMultiReplicaStrategy:
         n = self.num_local_replicas
         per_args = [tuple(self._pick(a, i, n) for a in args) for i in range(n)]
         per_kwargs = [{k: self._pick(v, i, n) for k, v in kwargs.items()} for i in range(n)]
-        return self._system.run_replicas(fn, per_args, per_kwargs)
+        self._engine.run_started()
+        return self._system.run_replicas(self._tracked(fn), per_args, per_kwargs)
+
+    def _tracked(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, telling the engine when each replica leaves it (so replicas waiting for
+        one that left get a divergence error, not a hang)."""
+        engine = self._engine
+
+        def replica_fn(*args, **kwargs):
+            local_index = current_replica_context().local_index
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                engine.replica_finished(local_index)
+
+        return replica_fn
 
     @staticmethod
     def _pick(value: Any, i: int, n: int) -> Any:
@@ -142,7 +157,7 @@ class IPUMultiReplicaStrategy:
             arr = as_collective_array(leaf, "strategy.broadcast")
             desc = Descriptor(0, "broadcast", "", arr.dtype.name, tuple(arr.shape), "ALL(0)")
             result = self._engine.host_call(desc, [arr] * self.num_local_replicas,
-                                            algorithms.broadcast_from_instance0)[0]
+                                            movement.broadcast_from_instance0)[0]
             out.append(result if isinstance(leaf, np.ndarray) or result.ndim else result[()])
         return rebuild(out)
 

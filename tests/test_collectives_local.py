@@ -5,9 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from collectives import (CollectiveAbortedError, CollectiveMismatchError,
-                         CollectiveTimeoutError, cross_replica_mean, cross_replica_sum,
-                         replication_index)
+from collectives import (CollectiveAbortedError, CollectiveMismatchError, cross_replica_mean,
+                         cross_replica_sum, replication_index)
 from collectives.options import STALL_WARNING_ENV, TIMEOUT_ENV
 from ipu_node import NotInReplicaError
 
@@ -111,10 +110,9 @@ def test_a_failing_replica_releases_the_waiting_ones(local_system):
     assert len(seen) == 3
 
 
-def test_a_replica_that_skips_a_collective_times_out_naming_it(local_system, monkeypatch,
-                                                               caplog):
+def test_a_replica_that_skips_a_collective_is_named(local_system, monkeypatch):
     monkeypatch.setenv(STALL_WARNING_ENV, "0.2")
-    monkeypatch.setenv(TIMEOUT_ENV, "1")
+    monkeypatch.setenv(TIMEOUT_ENV, "5")
     strategy = local_system(3)
 
     def step():
@@ -123,10 +121,9 @@ def test_a_replica_that_skips_a_collective_times_out_naming_it(local_system, mon
         return cross_replica_sum(np.ones(2))
 
     started = time.monotonic()
-    with pytest.raises(CollectiveTimeoutError, match=r"replicas \[1\]"):
+    with pytest.raises(CollectiveMismatchError, match=r"replica 1 .*returned from its function"):
         strategy.run(step)
-    assert time.monotonic() - started < 8
-    assert any("waiting" in r.message and "[1]" in r.message for r in caplog.records)
+    assert time.monotonic() - started < 2  # found as divergence, long before the timeout
 
 
 def test_strategy_broadcast_and_reduce(local_system):

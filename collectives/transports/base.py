@@ -2,6 +2,19 @@
 
 Every buffer is a 1-D ``uint8`` numpy array (raw bytes); the engine reinterprets them with
 the dtype and shape the descriptors agreed on, so nothing is pickled.
+
+Contract for implementations (local, MPI, gRPC):
+
+* Only one thread of an instance calls a transport at a time (the engine's leader).
+* Every method waits with the :class:`~collectives.waiting.Patience` it is given: poll, then
+  ``patience.backoff()`` (which raises ``CollectiveTimeoutError`` past the timeout) -- never
+  an unbounded blocking call.
+* :meth:`Communicator.allgather` is also the descriptor exchange that precedes every
+  collective. While it waits it must report the members whose data has not arrived with
+  ``patience.waiting_for(members)``, so a stall names the missing instances (MPI does it with
+  point-to-point messages for small buffers). The other methods run after every member has
+  arrived (``patience.committed``) and need not report.
+* Byte counts are exact: a member sends what the others expect to receive.
 """
 
 from __future__ import annotations
@@ -35,15 +48,23 @@ class Communicator(ABC):
 
     @abstractmethod
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
         """Send ``send[displ_j : displ_j + send_counts[j]]`` to member j; receive
         ``recv_counts[j]`` bytes from member j. Returns the received bytes concatenated in
-        member order."""
+        member order: in ``recv[:sum(recv_counts)]`` when given (a scratch buffer the caller
+        reuses; a single member may return ``send`` instead)."""
 
     @abstractmethod
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
         """Every member's ``send`` (``recv_counts[j]`` bytes from member j), concatenated."""
+
+    @abstractmethod
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        """Member ``root``'s ``data`` on every member. ``data`` has the same length on every
+        member (its content matters on ``root`` only); returns the root's bytes (may be
+        ``data`` itself, filled in)."""
 
 
 class Transport(ABC):

@@ -120,7 +120,7 @@ class GrpcCommunicator(Communicator):
         self.name = ",".join(str(m) for m in members)
         self._seq = 0
 
-    # -- the three operations of the interface -----------------------------------------
+    # -- the operations of the interface ------------------------------------------------
 
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
         parts = self._exchange("allgather", [send] * self.size, [send.size] * self.size,
@@ -128,10 +128,22 @@ class GrpcCommunicator(Communicator):
         return np.stack(parts) if send.size else np.empty((self.size, 0), np.uint8)
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
         bounds = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         pieces = [send[bounds[j]:bounds[j + 1]] for j in range(self.size)]
-        return np.concatenate(self._exchange("alltoallv", pieces, recv_counts, patience))
+        received = self._exchange("alltoallv", pieces, recv_counts, patience)
+        if recv is None:
+            return np.concatenate(received)
+        out = recv[:sum(recv_counts)]
+        np.concatenate(received, out=out)
+        return out
+
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        empty = np.empty(0, np.uint8)
+        sends = [data if self.rank == root else empty] * self.size
+        counts = [data.size if j == root else 0 for j in range(self.size)]
+        return self._exchange("broadcast", sends, counts, patience)[root]
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
@@ -180,6 +192,7 @@ class GrpcCommunicator(Communicator):
                 if not waiting and all(c.done() for c in calls.values()):
                     break
                 t.raise_if_failed()
+                patience.waiting_for([self.members[j] for j in waiting])
                 patience.check()
                 mailbox.cond.wait(0.1)
         for j, value in enumerate(received):

@@ -18,11 +18,14 @@ class _SelfCommunicator(Communicator):
         return send.reshape(1, -1)
 
     def alltoallv(self, send, send_counts: Sequence[int], recv_counts: Sequence[int],
-                  patience: Patience) -> np.ndarray:
+                  patience: Patience, recv: np.ndarray | None = None) -> np.ndarray:
         return send
 
     def allgatherv(self, send, recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
         return send
+
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        return data
 
 
 class LocalTransport(Transport):

@@ -28,6 +28,12 @@ def _displacements(counts: Sequence[int]) -> list[int]:
     return out
 
 
+#: allgather of at most this many bytes goes point-to-point, so the waiting side knows who
+#: has not sent yet (the descriptor exchange); larger ones use MPI_Iallgather.
+P2P_ALLGATHER_MAX_BYTES = 64 * 1024
+_TAG_ALLGATHER = 0x1A11
+
+
 class MPICommunicator(Communicator):
     """A communicator over an mpi4py ``Comm`` whose ranks are ``members`` in order."""
 
@@ -43,13 +49,39 @@ class MPICommunicator(Communicator):
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
         from mpi4py import MPI
         recv = np.empty((self.size, send.size), dtype=np.uint8)
-        self._wait(self._comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
+        if send.nbytes > P2P_ALLGATHER_MAX_BYTES:
+            self._wait(self._comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
+            return recv
+        recv[self.rank] = send
+        others = [j for j in range(self.size) if j != self.rank]
+        recvs = {j: self._comm.Irecv([recv[j], MPI.BYTE], j, _TAG_ALLGATHER) for j in others}
+        sends = [self._comm.Isend([send, MPI.BYTE], j, _TAG_ALLGATHER) for j in others]
+        try:
+            while recvs:
+                for j in [j for j, r in recvs.items() if r.Test()]:
+                    del recvs[j]
+                if recvs:
+                    patience.waiting_for([self.members[j] for j in recvs])
+                    patience.backoff()
+            patience.waiting_for(())
+            self._wait_all(sends, patience)
+        except BaseException:
+            for r in [*recvs.values(), *sends]:
+                _cancel(r)
+            raise
         return recv
 
-    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+    def _wait_all(self, requests, patience: Patience) -> None:
         from mpi4py import MPI
-        recv = np.empty(sum(recv_counts), dtype=np.uint8)
+        while not MPI.Request.Testall(requests):
+            patience.backoff()
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
+        from mpi4py import MPI
+        total = sum(recv_counts)
+        recv = np.empty(total, dtype=np.uint8) if recv is None else recv[:total]
         request = self._comm.Ialltoallv(
             [send, (list(send_counts), _displacements(send_counts)), MPI.BYTE],
             [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
@@ -65,6 +97,19 @@ class MPICommunicator(Communicator):
             [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
         self._wait(request, patience)
         return recv
+
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        from mpi4py import MPI
+        self._wait(self._comm.Ibcast([data, MPI.BYTE], root), patience)
+        return data
+
+
+def _cancel(request) -> None:
+    """Cancel a pending request after a timeout (best effort: the job is ending)."""
+    try:
+        request.Cancel()
+    except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
+        logger.debug("cancelling an MPI request failed", exc_info=True)
 
 
 class MPITransport(Transport):

@@ -1,4 +1,4 @@
-"""Every collective that exists, with every operator and group: results saved per instance.
+"""Every collective op, with every operator and group: results saved per instance.
 
     poprun ... python tests/programs/collectives_suite.py OUTDIR
 
@@ -64,7 +64,15 @@ def main(outdir):
         out = {}
         for k, (name, op, group, dtype) in enumerate(cases):
             x = (data(k, r, np.float32, (3 << 18,)) if dtype == "big" else data(k, r, dtype))
-            out[name] = ops._allreduce("suite", x, op, group, name)
+            out[name] = ops.cross_replica_reduce(x, op, group=group, name=name)
+        for group in groups(n):
+            k = n if group.type is CommGroupType.ALL else group.size
+            x = data(800, r, np.float32, (4 * k, 5))
+            out[f"all_gather_{group}"] = ops.all_gather(x, group=group)
+            out[f"reduce_scatter_{group}"] = ops.reduce_scatter(x.reshape(-1)[:4 * k + 3],
+                                                                group=group)
+            out[f"all_to_all_{group}"] = ops.all_to_all(x, 0, 1, group=group)
+            out[f"broadcast_{group}"] = ops.broadcast(x, root_replica=k - 1, group=group)
         out["cross_replica_sum_k2"] = ops.cross_replica_sum(data(900, r, np.float32),
                                                             2 if n % 2 == 0 else None)
         out["cross_replica_mean"] = ops.cross_replica_mean(data(901, r, np.float64))

@@ -1,0 +1,164 @@
+"""Per-call accounting of the collectives: bytes, wall seconds, modelled seconds.
+
+Every collective call of an instance leaves one :class:`CallRecord`; :func:`collectives.stats`
+sums them per op. Wall time is what the emulation took here (the leader's view, from the
+last local replica's arrival to the results); modelled time is what the POD would take.
+
+Modelled time comes from a **cost model**, a callable ``cost_model(record) -> seconds``
+installed with :func:`set_cost_model` (the hardware model of ``ipu_node`` provides it: the
+algorithm ``record.method``, the IPUs of ``record.groups``, the IPU-Links and GW-Links
+crossed). Until one is installed, ``modelled_s`` is None.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from collectives.transports.base import Communicator
+from collectives.waiting import Patience
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One collective call, as one instance saw it.
+
+    Attributes:
+        op: e.g. ``"cross_replica_sum"``.
+        operator: ``CollectiveOperator`` value or "".
+        method: the GCL algorithm charged (``GCLOptions.modelled_method``), e.g.
+            ``"bidirectional_ring_pair"``.
+        dtype: numpy dtype name.
+        shape: the input shape of one replica.
+        nbytes: input bytes of one replica.
+        group: the replica group, e.g. ``"CONSECUTIVE(2)"``.
+        groups: every group's global replica indices (the whole job's, not only this
+            instance's).
+        ipus_per_replica: IPUs each replica occupies (replica r is on IPUs
+            ``r*ipus_per_replica ...`` of the job).
+        transport_bytes: bytes this instance sent to other instances.
+        wall_s: wall seconds of the call on this instance.
+        modelled_s: the cost model's seconds, or None without a cost model.
+    """
+
+    op: str
+    operator: str
+    method: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    group: str
+    groups: tuple[tuple[int, ...], ...]
+    ipus_per_replica: int
+    transport_bytes: int
+    wall_s: float
+    modelled_s: float | None = None
+
+
+@dataclass
+class OpStats:
+    """Totals of one op: ``calls``, ``payload_bytes`` (input bytes per replica, summed over
+    calls), ``transport_bytes``, ``wall_s``, ``modelled_s`` (None without a cost model)."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+    transport_bytes: int = 0
+    wall_s: float = 0.0
+    modelled_s: float | None = None
+    methods: dict = field(default_factory=dict)
+
+
+CostModel = Callable[[CallRecord], float]
+_cost_model: CostModel | None = None
+
+
+def set_cost_model(model: CostModel | None) -> None:
+    """Install ``model(record) -> modelled seconds`` for every later call (None removes it)."""
+    global _cost_model
+    _cost_model = model
+
+
+def get_cost_model() -> CostModel | None:
+    return _cost_model
+
+
+class Ledger:
+    """The records of one engine (thread-safe); keeps the last ``keep`` records."""
+
+    def __init__(self, keep: int = 10000):
+        self._lock = threading.Lock()
+        self._records: list[CallRecord] = []
+        self._totals: dict[str, OpStats] = {}
+        self._keep = keep
+
+    def add(self, record: CallRecord) -> CallRecord:
+        model = _cost_model
+        if model is not None:
+            record = _with_modelled(record, float(model(record)))
+        with self._lock:
+            self._records.append(record)
+            if len(self._records) > self._keep:
+                del self._records[: len(self._records) - self._keep]
+            totals = self._totals.setdefault(record.op, OpStats())
+            totals.calls += 1
+            totals.payload_bytes += record.nbytes
+            totals.transport_bytes += record.transport_bytes
+            totals.wall_s += record.wall_s
+            if record.modelled_s is not None:
+                totals.modelled_s = (totals.modelled_s or 0.0) + record.modelled_s
+            totals.methods[record.method] = totals.methods.get(record.method, 0) + 1
+        return record
+
+    def totals(self) -> dict[str, OpStats]:
+        with self._lock:
+            return {op: OpStats(s.calls, s.payload_bytes, s.transport_bytes, s.wall_s,
+                                s.modelled_s, dict(s.methods))
+                    for op, s in self._totals.items()}
+
+    def records(self) -> list[CallRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+            self._totals.clear()
+
+
+def _with_modelled(record: CallRecord, seconds: float) -> CallRecord:
+    from dataclasses import replace
+    return replace(record, modelled_s=seconds)
+
+
+class CountingCommunicator(Communicator):
+    """Wraps a communicator and counts the bytes this member sends to the others
+    (the bytes a ring or pairwise schedule would send; MPI's own algorithm may differ)."""
+
+    def __init__(self, inner: Communicator):
+        self.inner = inner
+        self.members = inner.members
+        self.rank = inner.rank
+        self.bytes_sent = 0
+
+    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
+        self.bytes_sent += send.nbytes * (self.size - 1)
+        return self.inner.allgather(send, patience)
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
+        self.bytes_sent += sum(send_counts) - send_counts[self.rank]
+        return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv)
+
+    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
+                   patience: Patience) -> np.ndarray:
+        self.bytes_sent += send.nbytes * (self.size - 1)
+        return self.inner.allgatherv(send, recv_counts, patience)
+
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        if self.rank == root and self.size > 1:
+            self.bytes_sent += data.nbytes
+        return self.inner.broadcast(data, root, patience)

@@ -1,0 +1,46 @@
+"""The layout-invariance program: every case of ``tests.collective_cases`` on 8 replicas,
+each replica's results saved as ``OUTDIR/replica<r>.npz`` (key: case key).
+
+    poprun -n 4 --num-replicas 8 python -m tests.perrank.layout_prog OUTDIR
+    python -m tests.perrank.layout_prog OUTDIR          # alone: 1 instance x 8 replicas
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from collectives import replication_index
+from collectives.strategies import IPUMultiReplicaStrategy
+from ipu_node import IPUConfig
+from poprun import popdist
+from tests.collective_cases import all_cases, run_case
+
+NUM_REPLICAS = 8
+
+
+def main(outdir: str) -> int:
+    cfg = IPUConfig()
+    if popdist.isPopdistEnvSet():
+        popdist.set_ipu_config(cfg)
+    else:
+        cfg.auto_select_ipus = NUM_REPLICAS
+    cfg.configure_ipu_system()
+    strategy = IPUMultiReplicaStrategy()
+    assert strategy.num_replicas_in_sync == NUM_REPLICAS, strategy.num_replicas_in_sync
+    cases = all_cases(NUM_REPLICAS)
+
+    def step():
+        r = int(replication_index())
+        return r, {case.key: run_case(case, r) for case in cases}
+
+    os.makedirs(outdir, exist_ok=True)
+    for r, results in strategy.run(step):
+        np.savez(os.path.join(outdir, f"replica{r}.npz"), **results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

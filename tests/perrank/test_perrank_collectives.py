@@ -1,0 +1,86 @@
+"""Run by every instance of a job at once (Horovod's pattern, anchors §3.4):
+
+    poprun -n 2 --num-replicas 4 python -m pytest tests/perrank -q
+
+Each instance runs the same tests; collectives cross the instances over MPI. The tests are
+size-agnostic (any instance count, any local replica count). Mismatch tests leave the
+collectives usable (mismatches are found before data moves), so they share one system.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives.strategies import IPUMultiReplicaStrategy
+from ipu_node import IPUConfig
+from poprun import popdist
+from tests.collective_cases import all_cases, assert_same, oracle, run_case
+
+pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
+                                reason="per-rank suite: run under poprun")
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    cfg = IPUConfig()
+    popdist.set_ipu_config(cfg)
+    cfg.configure_ipu_system()
+    return IPUMultiReplicaStrategy()
+
+
+def test_every_case_matches_the_oracle_across_instances(strategy):
+    R = strategy.num_replicas_in_sync
+    cases = all_cases(R, dtypes=("float16", "float32", "int32", "bool"))
+
+    def step():
+        r = int(C.replication_index())
+        return r, [run_case(case, r) for case in cases]
+
+    for r, results in strategy.run(step):
+        for case, result in zip(cases, results):
+            assert_same(result, oracle(case, r, R), f"{case.key} on replica {r}")
+
+
+def test_mismatch_between_instances_raises_on_every_replica(strategy):
+    last = strategy.num_replicas_in_sync - 1
+
+    def step():
+        r = int(C.replication_index())
+        try:
+            C.cross_replica_sum(np.ones(5 if r == last else 4, np.float32), name="w")
+        except C.CollectiveMismatchError as exc:
+            return str(exc)
+        return "no error"
+
+    for message in strategy.run(step):
+        assert "cross_replica_sum" in message and "'w'" in message, message
+        assert "shape (4,) vs (5,)" in message, message
+        assert f"replica {last}" in message or f"..{last})" in message, message
+    # still usable afterwards, on every instance
+    out = strategy.run(lambda: C.cross_replica_sum(np.ones(1)))
+    assert out[0][0] == strategy.num_replicas_in_sync
+
+
+def test_transport_bytes_are_about_a_ring(strategy):
+    n = popdist.getNumInstances()
+    C.reset_stats()
+    x = np.ones(1 << 16, np.float32)
+    strategy.run(lambda: C.cross_replica_sum(x))
+    sent = C.stats()["cross_replica_sum"].transport_bytes
+    assert sent == pytest.approx(2 * (n - 1) / n * x.nbytes, rel=0.01)
+
+
+def test_host_broadcast_and_reduce(strategy):
+    value = strategy.broadcast({"w": np.full(3, popdist.getInstanceIndex(), np.float32)})
+    assert (value["w"] == 0).all()
+    total = strategy.reduce("SUM", strategy.run(lambda: np.float64(C.replication_index())))
+    R = strategy.num_replicas_in_sync
+    assert total == R * (R - 1) / 2
+
+
+def test_instance_index_environment():
+    assert int(os.environ["POPDIST_NUM_TOTAL_REPLICAS"]) % popdist.getNumInstances() == 0

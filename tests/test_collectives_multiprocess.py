@@ -1,0 +1,83 @@
+"""Collectives across real instances started by poprun (MPI), each job under a hard timeout
+that kills its whole process group:
+
+* the per-rank suite (tests/perrank) under ``poprun -n 2`` and ``-n 4``;
+* the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
+  replicas) give bit-identical results for every op, operator, group and dtype;
+* divergence between instances: an instance that ends its program, and one that stalls,
+  make the job fail fast with an error naming the instance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipu_node.system import reset_ipu_configuration
+from tests.collective_cases import all_cases, assert_same, oracle
+from tests.jobs import poprun, python
+from tests.perrank import layout_prog
+
+
+@pytest.mark.parametrize("instances, replicas", [(2, 4), (4, 8)])
+def test_per_rank_suite(instances, replicas):
+    job = poprun(["-n", str(instances), "--num-replicas", str(replicas), python(), "-m",
+                  "pytest", "tests/perrank", "-q", "-p", "no:cacheprovider"], timeout_s=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    for i in range(instances):
+        assert f"[1,{i}]<stdout>:5 passed" in job.stdout, job.stdout
+
+
+@pytest.fixture(scope="module")
+def single_instance(tmp_path_factory):
+    out = tmp_path_factory.mktemp("layout-1x8")
+    try:
+        layout_prog.main(str(out))
+    finally:
+        reset_ipu_configuration()
+    return out
+
+
+def load(directory) -> list[dict]:
+    return [dict(np.load(directory / f"replica{r}.npz")) for r in range(8)]
+
+
+def test_single_instance_layout_matches_the_oracle(single_instance):
+    cases = all_cases(8)
+    for r, results in enumerate(load(single_instance)):
+        for case in cases:
+            assert_same(results[case.key], oracle(case, r, 8), f"{case.key} on replica {r}")
+
+
+@pytest.mark.parametrize("instances", [2, 4, 8])
+def test_layouts_are_bit_identical(single_instance, tmp_path, instances):
+    job = poprun(["-n", str(instances), "--num-replicas", "8", python(), "-m",
+                  "tests.perrank.layout_prog", str(tmp_path)], timeout_s=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    reference, got = load(single_instance), load(tmp_path)
+    for r in range(8):
+        assert reference[r].keys() == got[r].keys()
+        for key in reference[r]:
+            assert_same(got[r][key], reference[r][key],
+                        f"{instances}x{8 // instances} vs 1x8: {key} on replica {r}")
+
+
+FAST = {"IPUPOD_COLLECTIVE_TIMEOUT_S": "3", "IPUPOD_STALL_WARNING_S": "1"}
+
+
+def test_an_instance_that_ends_early_fails_the_job_naming_it():
+    job = poprun(["-n", "2", "--num-replicas", "4", python(), "-m",
+                  "tests.perrank.diverge_prog", "exit"], timeout_s=60, env=FAST)
+    assert job.returncode != 0
+    assert "[1,0]<stdout>:RESULT CollectiveMismatchError" in job.stdout, job.stdout + job.stderr
+    assert "instance 1 (replicas 2..3) ended its program after 1 collectives" in job.stdout
+    assert "cross_replica_sum #1 ('second')" in job.stdout
+
+
+def test_a_stalled_instance_gets_a_warning_then_a_timeout_naming_it():
+    job = poprun(["-n", "2", "--num-replicas", "4", python(), "-m",
+                  "tests.perrank.diverge_prog", "stall"], timeout_s=25, env=FAST)
+    assert job.returncode != 0
+    assert "waiting 1.0 s for instance 1 (replicas 2..3)" in job.stderr + job.stdout
+    assert "[1,0]<stdout>:RESULT CollectiveTimeoutError" in job.stdout, job.stdout + job.stderr
+    assert "waited 3 s for instance 1 (replicas 2..3)" in job.stdout

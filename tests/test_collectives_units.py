@@ -1,0 +1,122 @@
+"""Pure parts of the collectives: GCL options, groups, the tree, descriptors, patience,
+accounting, transports' local side, import rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from collectives.accounting import CountingCommunicator, Ledger, CallRecord
+from collectives.descriptor import Descriptor
+from collectives.errors import CollectiveTimeoutError
+from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions
+from collectives.groups import CommGroup, CommGroupType
+from collectives.options import CollectiveOptions
+from collectives.transports.local import LocalTransport
+from collectives.tree import tree_reduce
+from collectives.waiting import Patience
+
+
+def test_gcl_defaults_and_auto_method():
+    opts = GCLOptions.parse({}, environ={})
+    assert opts.method == "auto" and opts.max_broadcast_size == 2048
+    assert opts.modelled_method(8, 256) == "broadcast"           # 2048 bytes: broadcast
+    assert opts.modelled_method(8, 257) == "bidirectional_ring_pair"
+
+
+def test_gcl_environment_overrides_the_config():
+    opts = GCLOptions.parse({"method": "clockwise_ring", "syncful.maxBroadcastSize": "10"},
+                            environ={"GCL_OPTIONS": '{"method": "meet_in_middle_ring"}'})
+    assert opts.method == "meet_in_middle_ring" and opts.max_broadcast_size == 10
+    assert opts.modelled_method(2, 1) == "meet_in_middle_ring"
+
+
+@pytest.mark.parametrize("options, env, match", [
+    ({"maxBytesPerTile": "1"}, {}, "known: " + ", ".join(KNOWN_OPTIONS)),
+    ({}, {"GCL_OPTIONS": '{"nope": 1}'}, "'nope'"),
+    ({"method": "ring"}, {}, ", ".join(METHODS)),
+    ({"syncful.maxBroadcastSize": "-1"}, {}, "maxBroadcastSize"),
+    ({"syncful.useOptimisedLayout": "maybe"}, {}, "true, false"),
+    ({}, {"GCL_OPTIONS": "method=auto"}, "not JSON"),
+    ({}, {"GCL_OPTIONS": "[1]"}, "JSON object"),
+])
+def test_gcl_bad_options_name_the_valid_ones(options, env, match):
+    with pytest.raises(ValueError, match=match):
+        GCLOptions.parse(options, environ=env)
+
+
+def test_comm_group_membership_follows_gcl():
+    C, O = CommGroupType.CONSECUTIVE, CommGroupType.ORTHOGONAL
+    assert CommGroup(C, 2).members(4) == ((0, 1), (2, 3))
+    assert CommGroup(O, 2).members(4) == ((0, 2), (1, 3))
+    assert CommGroup(O, 4).members(8) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert CommGroup(CommGroupType.ALL, 3).members(4) == ((0, 1, 2, 3),)
+    assert CommGroup(CommGroupType.NONE).members(3) == ((0,), (1,), (2,))
+    with pytest.raises(ValueError, match="does not divide"):
+        CommGroup(C, 3).members(8)
+
+
+def test_tree_splits_at_powers_of_two():
+    order = []
+
+    def combine(a, b, out):
+        order.append((a.item(), b.item()))
+        return np.asarray(a + b)
+
+    tree_reduce([np.asarray(float(i)) for i in range(6)], combine)
+    # [0,6) = [0,4) + [4,6); [0,4) = [0,2) + [2,4)
+    assert order == [(0, 1), (2, 3), (1, 5), (4, 5), (6, 9)]
+
+
+def test_descriptor_round_trip_and_differences():
+    d = Descriptor(3, "all_to_all", "", "float32", (4, 2), "ALL(0)", "x", ("0", "1"))
+    assert Descriptor.decode(d.encode()) == d
+    assert d.differences(Descriptor(3, "all_to_all", "", "float32", (4, 2), "ALL(0)", "x",
+                                    ("1", "1"))) == ["params ('0', '1') vs ('1', '1')"]
+
+
+def test_patience_times_out_naming_the_missing():
+    p = Patience("sum #1", CollectiveOptions(stall_warning_s=0.01, timeout_s=0.05),
+                 lambda: "instance 3")
+    with pytest.raises(CollectiveTimeoutError, match="sum #1: waited .* for instance 3"):
+        while True:
+            p.backoff()
+
+
+def test_committed_patience_only_yields():
+    p = Patience("x", CollectiveOptions(), lambda: "", committed=True)
+    start = time.perf_counter()
+    for _ in range(10000):
+        p.backoff()
+    assert time.perf_counter() - start < 0.5  # no sleeps (arrival mode would sleep ~1 ms)
+
+
+def test_counting_communicator_counts_ring_bytes():
+    comm = CountingCommunicator(LocalTransport().communicator((0,)))
+    p = Patience("x", CollectiveOptions(), lambda: "")
+    data = np.arange(16, dtype=np.uint8)
+    assert comm.allgatherv(data, [16], p) is data
+    assert comm.broadcast(data, 0, p) is data
+    assert comm.alltoallv(data, [16], [16], p) is data
+    assert comm.bytes_sent == 0  # a single member sends nothing
+
+
+def test_ledger_totals():
+    ledger = Ledger(keep=2)
+    for i in range(3):
+        ledger.add(CallRecord("all_gather", "", "broadcast", "float32", (2,), 8, "ALL(0)",
+                              ((0, 1),), 1, 8, 0.5))
+    totals = ledger.totals()["all_gather"]
+    assert (totals.calls, totals.payload_bytes, totals.transport_bytes) == (3, 24, 24)
+    assert totals.wall_s == 1.5 and len(ledger.records()) == 2
+
+
+def test_import_collectives_loads_neither_mpi4py_nor_grpc():
+    code = ("import sys, collectives, collectives.strategies; "
+            "bad = [m for m in ('mpi4py', 'grpc', 'poprun', 'launch') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
