@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -142,8 +143,9 @@ def main(argv=None) -> float:
 
         steps = len(x_train) // args.global_batch_size
         losses = []
+        # On stdout, so that the epoch lines, the bar and the final line keep their order.
         bar = tqdm(total=args.epochs * steps, disable=instance != 0, mininterval=1.0,
-                   desc="training", unit="step")
+                   desc="training", unit="step", file=sys.stdout)
         for epoch in range(args.epochs):
             order = np.random.default_rng((args.seed, epoch)).permutation(len(x_train))
             for s in range(steps):

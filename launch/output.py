@@ -15,8 +15,9 @@ from typing import Callable, TextIO
 class LineTagger:
     """Turns a byte stream into tagged lines; a partial line waits for its end.
 
-    A carriage return also ends a line (a progress bar's refresh becomes a line of its own),
-    but empty pieces around one are dropped.
+    A carriage return also ends a line, so a progress bar's refreshes become lines of their
+    own; blank pieces between carriage returns (a bar clearing itself) are dropped, while
+    genuinely empty lines are kept.
 
     Args:
         prefix: e.g. ``"[1,0]<stdout>:"``.
@@ -31,19 +32,32 @@ class LineTagger:
     def feed(self, data: bytes) -> None:
         data = (self._pending + data).replace(b"\r\n", b"\n")
         *lines, self._pending = data.split(b"\n")
-        if b"\r" in self._pending:
-            *refreshed, self._pending = self._pending.split(b"\r")
-            lines += [piece for piece in refreshed if piece]
         for line in lines:
-            for piece in line.split(b"\r") if b"\r" in line else (line,):
-                if piece or b"\r" not in line:
-                    self._write(f"{self.prefix}{piece.decode(errors='replace')}\n")
+            if b"\r" in line:
+                self._refreshes(line.split(b"\r"))
+            else:
+                self._emit(line)
+        # Refreshes still on the current line; a final "\r" waits: it may start "\r\n".
+        cut = self._pending.rfind(b"\r", 0, len(self._pending) - 1)
+        if cut >= 0:
+            self._refreshes(self._pending[:cut].split(b"\r"))
+            self._pending = self._pending[cut + 1:]
 
     def close(self) -> None:
-        """Emit a last line that has no newline."""
-        if self._pending:
-            self._write(f"{self.prefix}{self._pending.decode(errors='replace')}\n")
-            self._pending = b""
+        """Emit what is left of the last line (it has no newline)."""
+        pending, self._pending = self._pending, b""
+        if b"\r" in pending:
+            self._refreshes(pending.split(b"\r"))
+        elif pending:
+            self._emit(pending)
+
+    def _refreshes(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            if piece.strip():
+                self._emit(piece)
+
+    def _emit(self, line: bytes) -> None:
+        self._write(f"{self.prefix}{line.decode(errors='replace')}\n")
 
 
 class FileTailer:

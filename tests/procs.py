@@ -35,6 +35,8 @@ def run(cmd: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedProce
         out, err = proc.communicate()
         raise AssertionError(f"{cmd} did not end within {timeout_s} s\nstdout:\n{out}\n"
                              f"stderr:\n{err}") from None
+    finally:
+        kill_session(proc)  # anything the command left behind in its session
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -72,6 +74,48 @@ def wait_gone(pids, timeout_s: float) -> list[int]:
     return left
 
 
+def run_poprun(args: list[str], timeout_s: float, env: dict | None = None,
+               cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``poprun *args`` (this interpreter's) with ``env`` added to os.environ, killed with its
+    whole session past ``timeout_s``.
+
+    Raises:
+        AssertionError: the job did not finish within ``timeout_s`` (output included).
+    """
+    return run([PYTHON, "-m", "poprun", *args], timeout_s, env={**os.environ, **(env or {})},
+               cwd=cwd)
+
+
 def poprun(args: list[str], timeout_s: float = 60, **env: str) -> subprocess.CompletedProcess:
-    """``poprun args`` as a subprocess, with a hard timeout."""
+    """``poprun args`` with :func:`child_env` (repository importable, short timeouts)."""
     return run([PYTHON, "-m", "poprun", *args], timeout_s, env=child_env(**env), cwd=ROOT)
+
+
+def processes_matching(marker: str) -> list[str]:
+    """Command lines of live processes that contain ``marker`` (not this test process)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid() or not alive(int(pid)):
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def wait_no_processes(marker: str, timeout_s: float = 5.0) -> list[str]:
+    """Wait until no process contains ``marker``; returns those still alive after the wait."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = processes_matching(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    """A job's exit code and output, for assertion messages."""
+    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -15,13 +15,14 @@ import pytest
 
 from ipu_node.system import reset_ipu_configuration
 from tests.collective_cases import all_cases, assert_same, oracle
-from tests.jobs import poprun, python
+from tests.procs import PYTHON
+from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
 
 @pytest.mark.parametrize("instances, replicas", [(2, 4), (4, 8)])
 def test_per_rank_suite(instances, replicas):
-    job = poprun(["-n", str(instances), "--num-replicas", str(replicas), python(), "-m",
+    job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
                   "pytest", "tests/perrank", "-q", "-p", "no:cacheprovider"], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
     for i in range(instances):
@@ -51,7 +52,7 @@ def test_single_instance_layout_matches_the_oracle(single_instance):
 
 @pytest.mark.parametrize("instances", [2, 4, 8])
 def test_layouts_are_bit_identical(single_instance, tmp_path, instances):
-    job = poprun(["-n", str(instances), "--num-replicas", "8", python(), "-m",
+    job = poprun(["-n", str(instances), "--num-replicas", "8", PYTHON, "-m",
                   "tests.perrank.layout_prog", str(tmp_path)], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
     reference, got = load(single_instance), load(tmp_path)
@@ -66,7 +67,7 @@ FAST = {"IPUPOD_COLLECTIVE_TIMEOUT_S": "3", "IPUPOD_STALL_WARNING_S": "1"}
 
 
 def test_an_instance_that_ends_early_fails_the_job_naming_it():
-    job = poprun(["-n", "2", "--num-replicas", "4", python(), "-m",
+    job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m",
                   "tests.perrank.diverge_prog", "exit"], timeout_s=60, env=FAST)
     assert job.returncode != 0
     assert "[1,0]<stdout>:RESULT CollectiveMismatchError" in job.stdout, job.stdout + job.stderr
@@ -75,7 +76,7 @@ def test_an_instance_that_ends_early_fails_the_job_naming_it():
 
 
 def test_a_stalled_instance_gets_a_warning_then_a_timeout_naming_it():
-    job = poprun(["-n", "2", "--num-replicas", "4", python(), "-m",
+    job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m",
                   "tests.perrank.diverge_prog", "stall"], timeout_s=25, env=FAST)
     assert job.returncode != 0
     assert "waiting 1.0 s for instance 1 (replicas 2..3)" in job.stderr + job.stdout

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from poprun.cli import main as poprun_main
-from tests.helpers import PROGRAMS, describe, run_poprun, wait_no_processes
+from tests.procs import PROGRAMS, describe, run_poprun, wait_no_processes
 
 
 def test_every_instance_gets_its_environment(tmp_path):

@@ -9,7 +9,8 @@
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, describe, run_poprun, wait_no_processes
+from tests.procs import ROOT as REPO
+from tests.procs import describe, run_poprun, wait_no_processes
 
 EXAMPLE = str(REPO / "examples" / "train_digits.py")
 

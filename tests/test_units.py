@@ -95,6 +95,17 @@ def test_line_tagger_tags_whole_lines_and_progress_refreshes():
                    "[1,2]<stdout>:bar 2\n", "[1,2]<stdout>:no newline\n"]
 
 
+def test_line_tagger_drops_a_bar_clearing_itself_but_keeps_empty_lines():
+    out = []
+    tagger = LineTagger("[1,0]<stderr>:", out.append)
+    tagger.feed(b"\rbar 50%\r      \r")       # tqdm.write clears the bar with spaces
+    tagger.feed(b"epoch 1\n\nafter an empty line\rbar 60%\r")
+    tagger.feed(b"\n")                        # "\r\n" split between two reads
+    tagger.close()
+    assert out == ["[1,0]<stderr>:bar 50%\n", "[1,0]<stderr>:epoch 1\n", "[1,0]<stderr>:\n",
+                   "[1,0]<stderr>:after an empty line\n", "[1,0]<stderr>:bar 60%\n"]
+
+
 def test_python_programs_run_under_the_bootstrap():
     import sys
     assert instance_command(["python", "-u", "t.py", "-x"]) == \
