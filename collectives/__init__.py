@@ -16,7 +16,7 @@ from collectives.operators import CollectiveOperator
 from collectives.ops import (all_gather, all_to_all, broadcast, cross_replica_mean,
                              cross_replica_reduce, cross_replica_sum, reduce_scatter,
                              replication_index)
-from collectives.runtime import call_records, reset_stats, stats
+from collectives.runtime import call_records, report, reset_stats, stats, total_stats
 
 # TF-IPU's operator names (seed 004:5313-5334), as module constants.
 COLLECTIVE_OP_ADD = CollectiveOperator.ADD.value
@@ -36,7 +36,8 @@ __all__ = [
     "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
     "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
     "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",
-    "stats", "call_records", "reset_stats", "set_cost_model", "CallRecord", "OpStats",
+    "stats", "total_stats", "report", "call_records", "reset_stats", "set_cost_model",
+    "CallRecord", "OpStats",
     "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
     "CollectiveAbortedError", "CollectiveArgumentError", "CollectiveTypeError",
     "TransportError", "PeerLostError", "TransportClosedError",

@@ -4,10 +4,13 @@ Every collective call of an instance leaves one :class:`CallRecord`; :func:`coll
 sums them per op. Wall time is what the emulation took here (the leader's view, from the
 last local replica's arrival to the results); modelled time is what the POD would take.
 
-Modelled time comes from a **cost model**, a callable ``cost_model(record) -> seconds``
-installed with :func:`set_cost_model` (the hardware model of ``ipu_node`` provides it: the
-algorithm ``record.method``, the IPUs of ``record.groups``, the IPU-Links and GW-Links
-crossed). Until one is installed, ``modelled_s`` is None.
+Modelled time comes from a **cost model**, a callable ``cost_model(record) -> seconds``.
+Every engine has one by default (``Ledger.cost_model``, set by
+:func:`collectives.runtime.get_engine` to a
+:class:`~collectives.cost_model.HardwareCostModel` of the configured POD: the algorithm
+``record.method``, the IPUs of ``record.groups``, the IPU-Links and GW-Links crossed);
+:func:`set_cost_model` installs one that overrides it in every engine. Without either,
+``modelled_s`` is None.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ _cost_model: CostModel | None = None
 
 
 def set_cost_model(model: CostModel | None) -> None:
-    """Install ``model(record) -> modelled seconds`` for every later call (None removes it)."""
+    """Install ``model(record) -> modelled seconds`` for every later call of every engine,
+    in place of the engines' own hardware cost model (None restores theirs)."""
     global _cost_model
     _cost_model = model
 
@@ -86,16 +90,22 @@ def get_cost_model() -> CostModel | None:
 
 
 class Ledger:
-    """The records of one engine (thread-safe); keeps the last ``keep`` records."""
+    """The records of one engine (thread-safe); keeps the last ``keep`` records.
 
-    def __init__(self, keep: int = 10000):
+    Attributes:
+        cost_model: this engine's own cost model (used unless :func:`set_cost_model`
+            installed one), or None.
+    """
+
+    def __init__(self, keep: int = 10000, cost_model: CostModel | None = None):
+        self.cost_model = cost_model
         self._lock = threading.Lock()
         self._records: list[CallRecord] = []
         self._totals: dict[str, OpStats] = {}
         self._keep = keep
 
     def add(self, record: CallRecord) -> CallRecord:
-        model = _cost_model
+        model = _cost_model if _cost_model is not None else self.cost_model
         if model is not None:
             record = _with_modelled(record, float(model(record)))
         with self._lock:
@@ -126,6 +136,41 @@ class Ledger:
         with self._lock:
             self._records.clear()
             self._totals.clear()
+
+
+def total(totals: dict[str, OpStats]) -> OpStats:
+    """The sum of per-op ``totals`` (``modelled_s`` None only when no op has one)."""
+    out = OpStats()
+    for s in totals.values():
+        out.calls += s.calls
+        out.payload_bytes += s.payload_bytes
+        out.transport_bytes += s.transport_bytes
+        out.wall_s += s.wall_s
+        if s.modelled_s is not None:
+            out.modelled_s = (out.modelled_s or 0.0) + s.modelled_s
+        for method, calls in s.methods.items():
+            out.methods[method] = out.methods.get(method, 0) + calls
+    return out
+
+
+def format_table(totals: dict[str, OpStats]) -> str:
+    """Per-op ``totals`` and their sum as a text table: op, calls, payload bytes (input
+    bytes per replica), modelled seconds, wall seconds, modelled algorithm bandwidth
+    (payload bytes / modelled seconds) and the GCL methods charged."""
+    head = (f"{'op':<22} {'calls':>7} {'bytes':>14} {'modelled s':>12} {'wall s':>12} "
+            f"{'model GB/s':>10}  methods")
+    lines = [head, "-" * len(head)]
+
+    def row(name: str, s: OpStats) -> str:
+        modelled = "-" if s.modelled_s is None else f"{s.modelled_s:.6g}"
+        gbps = ("-" if not s.modelled_s else f"{s.payload_bytes / s.modelled_s / 1e9:.4g}")
+        methods = ", ".join(f"{m} x{c}" for m, c in sorted(s.methods.items()))
+        return (f"{name:<22} {s.calls:>7} {s.payload_bytes:>14} {modelled:>12} "
+                f"{s.wall_s:>12.6g} {gbps:>10}  {methods}")
+
+    lines += [row(op, s) for op, s in sorted(totals.items())]
+    lines += ["-" * len(head), row("total", total(totals))]
+    return "\n".join(lines)
 
 
 def _with_modelled(record: CallRecord, seconds: float) -> CallRecord:

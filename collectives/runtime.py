@@ -9,7 +9,8 @@ import threading
 from ipu_node import get_system
 from ipu_node.system import IPUSystem
 
-from collectives.accounting import CallRecord, OpStats
+from collectives.accounting import CallRecord, OpStats, format_table, total
+from collectives.cost_model import HardwareCostModel
 from collectives.engine import CollectiveEngine
 from collectives.errors import CollectiveError
 from collectives.gcl_options import GCLOptions
@@ -28,7 +29,9 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
     A replica failing with anything but a CollectiveError (which every replica raises alike)
     aborts the engine: replicas waiting for the failed one get CollectiveAbortedError.
     At interpreter exit the engine tells the other instances that this one has ended
-    (:meth:`CollectiveEngine.finish`).
+    (:meth:`CollectiveEngine.finish`). The engine's ledger gets the
+    :class:`~collectives.cost_model.HardwareCostModel` of the system's POD and layout, so
+    every call records its modelled seconds.
 
     Raises:
         ipu_node.NotConfiguredError: no IPU system is configured.
@@ -50,6 +53,7 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
             engine = CollectiveEngine(system.num_replicas, system.num_local_replicas,
                                       system.replica_index_offset, transport, options, gcl,
                                       system.ipus_per_replica)
+            engine.ledger.cost_model = _hardware_cost_model(system)
             _engines[id(system)] = engine
             system.add_closer(lambda: _close(system))
             system.executor.add_failure_listener(
@@ -57,6 +61,14 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
             if system.process_count > 1:
                 atexit.register(_finish, engine)
     return engine
+
+
+def _hardware_cost_model(system: IPUSystem) -> HardwareCostModel | None:
+    try:
+        return HardwareCostModel.for_system(system)
+    except Exception as exc:  # a layout the model cannot place: results still flow
+        logger.warning("no modelled time for the collectives of %r: %s", system, exc)
+        return None
 
 
 def _finish(engine: CollectiveEngine) -> None:
@@ -77,8 +89,9 @@ def _close(system: IPUSystem) -> None:
 def stats(system: IPUSystem | None = None) -> dict[str, OpStats]:
     """Totals per op of this instance's collective calls on ``system`` (default: the
     configured one): calls, payload bytes (per replica), transport bytes (sent by this
-    instance), wall seconds, modelled seconds (None until a cost model is installed with
-    :func:`collectives.accounting.set_cost_model`), and the GCL methods charged.
+    instance), wall seconds, modelled seconds (from the POD's hardware cost model, or the
+    one installed with :func:`collectives.set_cost_model`; None without a model), and the
+    GCL methods charged.
 
     Raises:
         ipu_node.NotConfiguredError: no IPU system is configured.
@@ -94,3 +107,19 @@ def call_records(system: IPUSystem | None = None) -> list[CallRecord]:
 def reset_stats(system: IPUSystem | None = None) -> None:
     """Forget the recorded calls."""
     get_engine(system).ledger.clear()
+
+
+def total_stats(system: IPUSystem | None = None) -> OpStats:
+    """The sum of :func:`stats` over every op (modelled and wall seconds kept apart)."""
+    return total(stats(system))
+
+
+def report(system: IPUSystem | None = None) -> str:
+    """This instance's collective calls as a text table, one row per op and a total:
+    calls, payload bytes, modelled seconds, wall seconds, modelled GB/s, GCL methods.
+    Prints nothing; the program prints or logs it if it wants.
+
+    Raises:
+        ipu_node.NotConfiguredError: no IPU system is configured.
+    """
+    return format_table(stats(system))

@@ -35,9 +35,10 @@ def _check_nbytes(nbytes: int) -> None:
         raise ValueError(f"nbytes must be a number >= 0, got {nbytes!r}")
 
 
-@functools.lru_cache(maxsize=4096)
-def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
-    same_domain = model.domain_of(src) == model.domain_of(dst)
+def _search(model: SystemModel, src: int, ipu_links_only: bool,
+            dst: int | None = None) -> dict[Node, Link]:
+    """Dijkstra from ``src`` (stopping at ``dst`` if given): the last link of the best
+    route to every node reached."""
     best: dict[Node, float] = {src: 0.0}
     back: dict[Node, Link] = {}
     heap = [(0.0, node_sort_key(src), src)]
@@ -48,7 +49,7 @@ def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
         if cost > best[node] or (node != src and node in model.no_transit):
             continue
         for link in model.links_at(node):
-            if same_domain and link.kind is not LinkKind.IPU_LINK:
+            if ipu_links_only and link.kind is not LinkKind.IPU_LINK:
                 continue
             nxt = link.other(node)
             new = cost + link.time_s(ROUTE_REFERENCE_BYTES)
@@ -56,6 +57,10 @@ def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
                 best[nxt] = new
                 back[nxt] = link
                 heapq.heappush(heap, (new, node_sort_key(nxt), nxt))
+    return back
+
+
+def _path(model: SystemModel, back: dict[Node, Link], src: int, dst: int) -> tuple[Link, ...]:
     if dst not in back:
         raise ValueError(f"{model.name}: no route from IPU {src} to IPU {dst}")
     path, node = [], dst
@@ -64,6 +69,32 @@ def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
         path.append(link)
         node = link.other(node)
     return tuple(reversed(path))
+
+
+@functools.lru_cache(maxsize=4096)
+def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
+    same_domain = model.domain_of(src) == model.domain_of(dst)
+    return _path(model, _search(model, src, same_domain, dst), src, dst)
+
+
+@functools.lru_cache(maxsize=64)
+def _routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
+    # A full search reaches every node by the same links as one stopped at that node.
+    inside, anywhere = _search(model, src, True), _search(model, src, False)
+    return {ipu.id: () if ipu.id == src else _path(
+                model, inside if ipu.domain == model.domain_of(src) else anywhere, src, ipu.id)
+            for ipu in model.ipus}
+
+
+def routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
+    """The :func:`route` from IPU ``src`` to every IPU, by destination id (two searches
+    instead of one per destination).
+
+    Raises:
+        UnknownIPUError: ``src`` is not an IPU of ``model``.
+    """
+    model.ipu(src)
+    return _routes_from(model, src)
 
 
 def route(model: SystemModel, src: int, dst: int) -> list[Link]:

@@ -128,7 +128,7 @@ def test_stats_count_calls_bytes_and_methods(strategy):
     assert stats["cross_replica_sum"].calls == 1
     assert stats["cross_replica_sum"].payload_bytes == 4000
     assert stats["cross_replica_sum"].wall_s > 0
-    assert stats["cross_replica_sum"].modelled_s is None
+    assert stats["cross_replica_sum"].modelled_s > 0  # the POD16 hardware model, by default
     assert stats["cross_replica_sum"].methods == {"bidirectional_ring_pair": 1}
     assert stats["all_gather"].methods == {"broadcast": 1}  # 4 x 16 B <= 2048
     record = C.call_records()[-1]
