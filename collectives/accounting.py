@@ -203,6 +203,11 @@ class CountingCommunicator(Communicator):
         self.bytes_sent += send.nbytes * (self.size - 1)
         return self.inner.allgatherv(send, recv_counts, patience)
 
+    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
+                        patience: Patience) -> np.ndarray:
+        self.bytes_sent += recv_counts[self.rank] * (self.size - 1)
+        return self.inner.allgatherv_into(recv, recv_counts, patience)
+
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
         if self.rank == root and self.size > 1:
             self.bytes_sent += data.nbytes

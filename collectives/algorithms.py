@@ -56,20 +56,49 @@ def positions_by_instance(engine, members: Sequence[int],
 def give(results: list, engine, members: Sequence[int], value: np.ndarray,
          inputs: Sequence[np.ndarray]) -> None:
     """Hand ``value`` to the local members of a group: each gets its own array."""
-    first = True
-    for r in local_members(engine, members):
-        shared = first and not any(value is x for x in inputs)
-        results[r - engine.replica_index_offset] = value if shared else value.copy()
-        first = False
+    local = local_members(engine, members)
+    shared = not any(value is x for x in inputs)  # the first member may take value itself
+    copies = len(local) - shared
+    if not copies:
+        results[local[0] - engine.replica_index_offset] = value
+        return
+    if not value.flags.c_contiguous or value.ndim == 0:
+        outs = [value.copy() for _ in range(copies)]
+    else:
+        outs = [np.empty(value.shape, value.dtype) for _ in range(copies)]
+        src, dsts = value.reshape(-1), [o.reshape(-1) for o in outs]
+
+        def copy(lo: int, hi: int) -> None:
+            for d in dsts:
+                d[lo:hi] = src[lo:hi]
+
+        engine.in_slices(src.size, src.itemsize, copy)
+    if shared:
+        outs.insert(0, value)
+    for r, out in zip(local, outs):
+        results[r - engine.replica_index_offset] = out
 
 
 def local_partial(engine, values: Sequence[np.ndarray], members: Sequence[int],
                   op: CollectiveOperator) -> np.ndarray:
-    """The tree reduction of this instance's members of a group (``prepare`` applied)."""
+    """The tree reduction of this instance's members of a group (``prepare`` applied);
+    large ones in slices on several threads (per element the same tree)."""
     offset = engine.replica_index_offset
     inputs = [values[r - offset] for r in local_members(engine, members)]
-    items = [prepare(op, x) for x in inputs]
-    return tree_reduce(items, _combiner(op), [i is not x for i, x in zip(items, inputs)])
+    if len(inputs) == 1 or inputs[0].ndim == 0:
+        items = [prepare(op, x) for x in inputs]
+        return tree_reduce(items, _combiner(op), [i is not x for i, x in zip(items, inputs)])
+    flats = [np.ascontiguousarray(x).reshape(-1) for x in inputs]
+    out = np.empty(flats[0].size, flats[0].dtype)
+
+    def reduce(lo: int, hi: int) -> None:
+        pieces = [f[lo:hi] for f in flats]
+        items = [prepare(op, p) for p in pieces]
+        tree_reduce(items, _combiner(op), [i is not p for i, p in zip(items, pieces)],
+                    out=out[lo:hi])
+
+    engine.in_slices(out.size, out.itemsize, reduce)
+    return out.reshape(inputs[0].shape)
 
 
 def _even_bounds(n: int, m: int) -> list[int]:
@@ -87,9 +116,10 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
         bounds: per partial, ``m + 1`` increasing element offsets of its flattened form:
             member j owns ``[bounds[j], bounds[j+1])``. Default: an even split.
         gather: True (allreduce): return the whole reductions, shaped like ``partials``;
-            False (reduce-scatter): return, per partial, this member's owned region (1-D).
+            False (reduce-scatter): return, per partial, this member's owned region (1-D,
+            views of one new array).
         scratch: ``scratch(nbytes) -> uint8 buffer`` for the received pieces, reused from
-            call to call; with ``gather=False`` the results live there (copy them out).
+            call to call.
     """
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
     m, me = comm.size, comm.rank
@@ -98,26 +128,42 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
         bounds = [_even_bounds(f.size, m) for f in flats]
     lengths = [[b[j + 1] - b[j] for j in range(m)] for b in bounds]
     per_member = [sum(ls[j] for ls in lengths) for j in range(m)]
-    if len(flats) == 1:
+    single = len(flats) == 1
+    if single:
         send = flats[0][bounds[0][0]:bounds[0][m]]
     else:
         send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
                                for f, b in zip(flats, bounds)])
-    recv_bytes = per_member[me] * itemsize * m
-    received = comm.alltoallv(send.view(np.uint8), [c * itemsize for c in per_member],
-                              [per_member[me] * itemsize] * m, patience,
+    at = [sum(per_member[:j]) for j in range(m + 1)]
+    # The first and last members keep their own chunk out of the exchange (the others'
+    # chunks are contiguous without it): no self-copy through the transport.
+    skip = me in (0, m - 1)
+    send_counts = [per_member[j] * itemsize for j in range(m)]
+    recv_counts = [per_member[me] * itemsize] * m
+    if skip:
+        send_counts[me] = recv_counts[me] = 0
+    outgoing = send[at[1]:] if skip and me == 0 else send[:at[me]] if skip else send
+    recv_bytes = sum(recv_counts)
+    received = comm.alltoallv(outgoing.view(np.uint8), send_counts, recv_counts, patience,
                               scratch(recv_bytes) if scratch else None)
-    pieces = received.view(dtype).reshape(m, per_member[me])
-    chunk = tree_reduce(list(pieces), _combiner(op), [True] * m)
+    pieces = list(received[:recv_bytes].view(dtype).reshape(m - skip, per_member[me]))
+    owned = [True] * m
+    if skip:
+        pieces.insert(me, send[at[me]:at[me + 1]])
+        owned[me] = not single  # a view of the caller's array
     if not gather:
+        chunk = tree_reduce(pieces, _combiner(op), owned, out=np.empty(per_member[me], dtype))
         out, start = [], 0
         for ls in lengths:
             out.append(chunk[start:start + ls[me]])
             start += ls[me]
         return out
-    gathered = comm.allgatherv(np.ascontiguousarray(chunk).view(np.uint8),
-                               [c * itemsize for c in per_member], patience).view(dtype)
-    if len(flats) == 1:
+    # Reduce our chunk straight into its place in the result, then gather in place.
+    whole = np.empty(at[m], dtype)
+    tree_reduce(pieces, _combiner(op), owned, out=whole[at[me]:at[me + 1]])
+    gathered = comm.allgatherv_into(whole.view(np.uint8), [c * itemsize for c in per_member],
+                                    patience).view(dtype)
+    if single:
         return [gathered.reshape(partials[0].shape)]
     outs = [np.empty(f.size, dtype) for f in flats]
     start = 0
@@ -197,7 +243,7 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
             region = finish(op, region, len(members))
             for r in local_members(engine, members):
                 at = members.index(r) * c - bounds[instances.index(engine.process_index)]
-                results[r - offset] = region[at:at + c].copy()
+                results[r - offset] = region[at:at + c]  # new memory; disjoint slices
     return results
 
 

@@ -160,19 +160,25 @@ def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Com
     value = values[0]
     for (instances, root_instance), groups in pending.items():
         comm = engine.communicator(instances)
+        patience = engine.data_patience(desc, instances)
+        here = instances.index(root_instance)
         if root_instance == engine.process_index:
             parts = [np.ascontiguousarray(values[m[root] - offset]).reshape(-1) for m in groups]
             data = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            data = data.view(np.uint8)
-        else:
-            data = np.empty(value.nbytes * len(groups), np.uint8)
-        data = comm.broadcast(data, instances.index(root_instance),
-                              engine.data_patience(desc, instances))
-        received = root_instance != engine.process_index  # data is a fresh buffer
+
+            def own_results(groups=groups):
+                for members in groups:
+                    give(results, engine, members, values[members[root] - offset].copy(),
+                         values)
+
+            patience.overlap(own_results)  # copy while the peers receive
+            comm.broadcast(data.view(np.uint8), here, patience)
+            patience.settle()
+            continue
+        data = comm.broadcast(np.empty(value.nbytes * len(groups), np.uint8), here, patience)
         for j, members in enumerate(groups):
             out = data[j * value.nbytes:(j + 1) * value.nbytes].view(value.dtype)
-            out = out.reshape(value.shape)
-            give(results, engine, members, out if received else out.copy(), values)
+            give(results, engine, members, out.reshape(value.shape), values)
     return results
 
 

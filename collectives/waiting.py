@@ -62,6 +62,7 @@ class Patience:
         self._warned = False
         self._sleep = 0.00005
         self._polls = 0
+        self._overlap: Callable[[], None] | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -89,12 +90,26 @@ class Patience:
                 "this collective (different control flow or data per replica).",
                 self.what, elapsed, self.missing())
 
+    def overlap(self, work: Callable[[], None]) -> None:
+        """Run ``work`` (e.g. copying results) while the transfer is in flight: at the first
+        :meth:`backoff`, or at :meth:`settle` if the transfer never waited."""
+        self._overlap = work
+
+    def settle(self) -> None:
+        """Run the :meth:`overlap` work if it has not run yet."""
+        work, self._overlap = self._overlap, None
+        if work is not None:
+            work()
+
     def backoff(self) -> None:
         """Yield the CPU before the next poll (arrival waits: longer the longer the wait).
 
         Raises:
             CollectiveTimeoutError: past the timeout.
         """
+        if self._overlap is not None:
+            self.settle()  # useful work instead of a yield
+            return
         if self.committed:
             self._polls += 1
             if self._polls % _CHECK_EVERY == 0:

@@ -120,3 +120,14 @@ def test_import_collectives_loads_neither_mpi4py_nor_grpc():
             "bad = [m for m in ('mpi4py', 'grpc', 'poprun', 'launch') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_tree_reduce_into_out_is_bit_identical():
+    rng = np.random.default_rng(0)
+    items = [rng.standard_normal(1000).astype(np.float32) for _ in range(7)]
+    combine = lambda a, b, out: np.add(a, b, out=out)  # noqa: E731
+    out = np.empty(1000, np.float32)
+    assert tree_reduce(items, combine, out=out) is out
+    assert out.tobytes() == tree_reduce(items, combine).tobytes()
+    one = np.empty(1000, np.float32)
+    assert tree_reduce(items[:1], combine, out=one).tobytes() == items[0].tobytes()

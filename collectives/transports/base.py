@@ -60,6 +60,15 @@ class Communicator(ABC):
                    patience: Patience) -> np.ndarray:
         """Every member's ``send`` (``recv_counts[j]`` bytes from member j), concatenated."""
 
+    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
+                        patience: Patience) -> np.ndarray:
+        """:meth:`allgatherv` with this member's bytes already in place: ``recv`` holds them
+        at offset ``sum(recv_counts[:rank])``. Returns the gathered bytes: ``recv`` filled in
+        (in place, no copy of the own part; MPI does this) or a new buffer (this default)."""
+        start = sum(recv_counts[:self.rank])
+        return self.allgatherv(recv[start:start + recv_counts[self.rank]], recv_counts,
+                               patience)
+
     @abstractmethod
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
         """Member ``root``'s ``data`` on every member. ``data`` has the same length on every

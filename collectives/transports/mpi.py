@@ -1,7 +1,7 @@
 """The MPI transport: mpi4py buffer methods on raw bytes, one communicator per instance set.
 
 Only one thread of an instance calls MPI at a time (the engine's leader). Calls are
-nonblocking (``Iallgather``, ``Ialltoallv``, ``Iallgatherv``) and polled with
+nonblocking (``Iallgather``, ``Isend``/``Irecv``, ``Iallgatherv``) and polled with
 :class:`~collectives.waiting.Patience`, which yields the CPU and turns a missing peer into a
 timeout instead of a hang.
 """
@@ -32,6 +32,7 @@ def _displacements(counts: Sequence[int]) -> list[int]:
 #: has not sent yet (the descriptor exchange); larger ones use MPI_Iallgather.
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
 _TAG_ALLGATHER = 0x1A11
+_TAG_ALLTOALLV = 0x1A12
 
 
 class MPICommunicator(Communicator):
@@ -79,13 +80,26 @@ class MPICommunicator(Communicator):
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv_counts: Sequence[int], patience: Patience,
                   recv: np.ndarray | None = None) -> np.ndarray:
+        # Point-to-point, our own piece copied by numpy while the others move: measured
+        # about twice as fast as MPICH's Ialltoallv (whose schedule also does the self-copy).
         from mpi4py import MPI
         total = sum(recv_counts)
         recv = np.empty(total, dtype=np.uint8) if recv is None else recv[:total]
-        request = self._comm.Ialltoallv(
-            [send, (list(send_counts), _displacements(send_counts)), MPI.BYTE],
-            [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
-        self._wait(request, patience)
+        sent_at, got_at = _displacements(send_counts), _displacements(recv_counts)
+        others = [j for j in range(self.size) if j != self.rank]
+        requests = [self._comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE],
+                                     j, _TAG_ALLTOALLV) for j in others if recv_counts[j]]
+        requests += [self._comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE],
+                                      j, _TAG_ALLTOALLV) for j in others if send_counts[j]]
+        me = self.rank
+        recv[got_at[me]:got_at[me] + recv_counts[me]] = send[sent_at[me]:
+                                                             sent_at[me] + send_counts[me]]
+        try:
+            self._wait_all(requests, patience)
+        except BaseException:
+            for r in requests:
+                _cancel(r)
+            raise
         return recv
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
@@ -95,6 +109,14 @@ class MPICommunicator(Communicator):
         request = self._comm.Iallgatherv(
             [send, MPI.BYTE],
             [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
+        self._wait(request, patience)
+        return recv
+
+    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
+                        patience: Patience) -> np.ndarray:
+        from mpi4py import MPI
+        request = self._comm.Iallgatherv(
+            MPI.IN_PLACE, [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
         self._wait(request, patience)
         return recv
 
