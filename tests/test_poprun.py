@@ -168,3 +168,17 @@ def test_a_program_started_by_plain_mpirun_is_one_replica_per_rank(tmp_path):
     data = np.random.default_rng(1234).standard_normal((2, 4099)).astype(np.float32) * 1e3
     full = data[0] + data[1]
     assert np.load(out).tobytes() == np.concatenate([full, full, full[:5]]).tobytes()
+
+
+def test_the_readme_minimal_program_prints_what_the_readme_says(tmp_path):
+    import re
+
+    from tests.procs import ROOT
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## A minimal program\n\n```python\n(.*?)```", readme, re.S).group(1)
+    program = tmp_path / "minimal.py"
+    program.write_text(code)
+    result = run_poprun(["-n", "2", "--num-replicas", "4", "python", str(program)], 60)
+    assert result.returncode == 0, describe(result)
+    expected = "[array([6., 6., 6.], dtype=float32), array([6., 6., 6.], dtype=float32)]"
+    assert result.stdout.splitlines() == [f"[1,0]<stdout>:{expected}", f"[1,1]<stdout>:{expected}"]
