@@ -14,7 +14,7 @@ reduce-scatter.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -34,6 +34,15 @@ def local_members(engine, members: Sequence[int]) -> list[int]:
     """The members of a group (global indices) that run on this instance."""
     lo = engine.replica_index_offset
     return [r for r in members if lo <= r < lo + engine.num_local_replicas]
+
+
+def local_groups(engine, group: CommGroup) -> Iterator[tuple[tuple[int, ...], list[int]]]:
+    """``(members, local members)`` of each group this instance takes part in, in group
+    order (the same order on every instance)."""
+    for members in group.members(engine.num_replicas):
+        local = local_members(engine, members)
+        if local:
+            yield members, local
 
 
 def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
@@ -180,10 +189,7 @@ def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
-    for members in group.members(engine.num_replicas):
-        local = local_members(engine, members)
-        if not local:
-            continue
+    for members, local in local_groups(engine, group):
         if op is CollectiveOperator.LOCAL:
             for r in local:
                 results[r - offset] = values[r - offset].copy()
@@ -212,10 +218,7 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
     offset = engine.replica_index_offset
     n = values[0].shape[0]
     pending: dict[tuple[int, ...], list] = {}
-    for members in group.members(engine.num_replicas):
-        local = local_members(engine, members)
-        if not local:
-            continue
+    for members, local in local_groups(engine, group):
         k = len(members)
         c = -(-n // k)
         if op is CollectiveOperator.LOCAL:

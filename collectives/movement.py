@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives.algorithms import give, instances_of, local_members
+from collectives.algorithms import give, instances_of, local_groups, local_members
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 
@@ -31,10 +31,7 @@ def all_gather(engine, desc: Descriptor, values: Sequence[np.ndarray],
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
-    for members in group.members(engine.num_replicas):
-        local = local_members(engine, members)
-        if not local:
-            continue
+    for members, local in local_groups(engine, group):
         instances = instances_of(engine, members)
         if len(instances) == 1:
             give(results, engine, members, np.stack([values[r - offset] for r in members]),
@@ -75,10 +72,7 @@ def all_to_all(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Co
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
     blocks: dict[int, list[np.ndarray]] = {}
-    for members in group.members(engine.num_replicas):
-        local = local_members(engine, members)
-        if not local:
-            continue
+    for members, local in local_groups(engine, group):
         for r in local:
             blocks[r] = np.split(values[r - offset], len(members), axis=split_dimension)
         instances = instances_of(engine, members)
@@ -148,9 +142,7 @@ def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Com
     offset = engine.replica_index_offset
     L = engine.num_local_replicas
     pending: dict[tuple[tuple[int, ...], int], list] = {}
-    for members in group.members(engine.num_replicas):
-        if not local_members(engine, members):
-            continue
+    for members, _ in local_groups(engine, group):
         source = members[root]
         instances = instances_of(engine, members)
         if len(instances) == 1:

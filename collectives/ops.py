@@ -123,10 +123,16 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
             and the common errors (module docstring).
     """
     operator = _operator("cross_replica_reduce", op)
-    arr = as_collective_array(x, "cross_replica_reduce", operator)
+    return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name)
+
+
+def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
+                group: CommGroup | None, name: str | None) -> np.ndarray:
+    """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
+    arr = as_collective_array(x, what, operator)
     g = _group("replica_group_size", replica_group_size, group)
-    return _call("cross_replica_reduce", arr, g, name,
-                 partial(algorithms.allreduce, op=operator, group=g), operator.value)
+    return _call(what, arr, g, name, partial(algorithms.allreduce, op=operator, group=g),
+                 operator.value)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -146,11 +152,8 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     Raises:
         The common errors (module docstring).
     """
-    arr = as_collective_array(x, "cross_replica_sum", CollectiveOperator.ADD)
-    g = _group("replica_group_size", replica_group_size, group)
-    return _call("cross_replica_sum", arr, g, name,
-                 partial(algorithms.allreduce, op=CollectiveOperator.ADD, group=g),
-                 CollectiveOperator.ADD.value)
+    return _all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
+                       group, name)
 
 
 def cross_replica_mean(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -161,11 +164,8 @@ def cross_replica_mean(x, replica_group_size: int | None = None, name: str | Non
     Same arguments, result and errors as :func:`cross_replica_sum`; integer inputs use floor
     division.
     """
-    arr = as_collective_array(x, "cross_replica_mean", CollectiveOperator.MEAN)
-    g = _group("replica_group_size", replica_group_size, group)
-    return _call("cross_replica_mean", arr, g, name,
-                 partial(algorithms.allreduce, op=CollectiveOperator.MEAN, group=g),
-                 CollectiveOperator.MEAN.value)
+    return _all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
+                       group, name)
 
 
 def all_gather(x, replication_factor: int | None = None, name: str | None = None, *,
