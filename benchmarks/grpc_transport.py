@@ -101,6 +101,7 @@ def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port:
     channel = grpc.insecure_channel(f"127.0.0.1:{peer_port}", options=channel_options())
     send = channel.stream_unary(RAW_METHOD, request_serializer=None,
                                 response_deserializer=None)
+    expected = [0]
     for n in sizes:
         data = np.random.default_rng(rank).integers(0, 255, n, dtype=np.uint8)
 
@@ -111,8 +112,9 @@ def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port:
             transport.barrier(f"raw-{n}-{counter[0]}")
             counter[0] += 1
             start = time.perf_counter()
-            with received:
-                target = state["bytes"] + n
+            # the bytes the peer will have sent after this round (the peer may start first)
+            expected[0] += n
+            target = expected[0]
             call = send.future((data[i:i + (1 << 20)].tobytes()
                                 for i in range(0, n, 1 << 20)))
             with received:

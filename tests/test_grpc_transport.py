@@ -257,5 +257,11 @@ def test_abort_reaches_every_instance(job):
     server, ts = job
     server.abort("instance 2 failed (exit code 3)", 2)
     for t in ts[:2]:
+        # instance 0 waits for 1 and learns of the abort meanwhile; instance 1 finds 0's data
+        # already there, and an exchange that has all its data may complete: so it calls
+        # only once its heartbeat (every 0.5 s) has brought the news
+        deadline = time.monotonic() + 5
+        while t is ts[1] and t._failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         with pytest.raises(PeerLostError, match=r"instance 2 failed \(exit code 3\)"):
             t.communicator((0, 1)).allgather(np.zeros(4, np.uint8), _patience())

@@ -128,7 +128,11 @@ class Assembly:
     chunks: int = 0
 
     @classmethod
-    def start(cls, header: pb.TensorHeader, num_instances: int) -> "Assembly":
+    def start(cls, header: pb.TensorHeader, num_instances: int,
+              claim=None) -> "Assembly":
+        """Check the first chunk's header; the tensor goes into ``claim(key, nbytes)`` (a
+        uint8 buffer of exactly ``nbytes`` that the receiving call posted, keyed by
+        ``(communicator, sequence, source)``) when it gives one, else into a new buffer."""
         if not header.communicator or len(header.communicator) > _MAX_TEXT:
             raise WireError("the header names no communicator (or one that is too long)")
         if len(header.op) > _MAX_TEXT:
@@ -149,7 +153,10 @@ class Assembly:
         if header.chunk_count < needed or header.chunk_count > max(1, header.nbytes):
             raise WireError(f"chunk_count {header.chunk_count} cannot carry {header.nbytes} "
                             f"bytes in chunks of at most {MAX_CHUNK_BYTES} bytes")
-        return cls(header, np.empty(header.nbytes, dtype=np.uint8))
+        buffer = None if claim is None else claim(
+            (header.communicator, header.sequence, header.source), header.nbytes)
+        return cls(header, np.empty(header.nbytes, dtype=np.uint8) if buffer is None
+                   else buffer)
 
     def add(self, header: pb.TensorHeader, payload: memoryview) -> None:
         first = self.header
@@ -176,6 +183,7 @@ class Assembly:
 
     def finish(self) -> np.ndarray:
         if self.chunks != self.header.chunk_count or self.received != self.header.nbytes:
-            raise WireError(f"stream ended after {self.chunks} of {self.header.chunk_count} "
-                            f"chunks ({self.received} of {self.header.nbytes} bytes)")
+            raise WireError(f"tensor incomplete: {self.chunks} of chunk_count "
+                            f"{self.header.chunk_count} chunks carried {self.received} of the "
+                            f"{self.header.nbytes} bytes announced (or the stream ended)")
         return self.buffer
