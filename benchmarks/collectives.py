@@ -74,6 +74,9 @@ def _median_time(fn, reps: int) -> float:
 def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
     from mpi4py import MPI
 
+    from collectives.memory import keep_freed_memory
+    keep_freed_memory()  # the same allocator for ours and raw mpi4py, whichever runs first
+
     import collectives as C
     from collectives.strategies import IPUMultiReplicaStrategy
     from ipu_node import IPUConfig

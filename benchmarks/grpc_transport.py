@@ -72,6 +72,8 @@ def _raw_server():
 
 
 def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port: int) -> dict:
+    from collectives.memory import keep_freed_memory
+    keep_freed_memory()  # the same allocator for ours, raw grpcio and gloo, whichever runs first
     import grpc
     from collectives import cross_replica_sum
     from collectives.strategies import IPUMultiReplicaStrategy

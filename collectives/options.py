@@ -7,6 +7,8 @@
 | ``IPUPOD_COLLECTIVE_TIMEOUT_S``| seconds before the wait becomes a CollectiveTimeoutError | 300  |
 | ``IPUPOD_CONNECT_TIMEOUT_S``   | seconds the gRPC transport tries to reach the          | 60      |
 |                                | coordinator and waits for every instance to register   |         |
+| ``IPUPOD_KEEP_FREED_MEMORY``   | 1: a multi-instance job keeps freed large blocks for   | 1       |
+|                                | reuse (see collectives/memory.py); 0: glibc's default  |         |
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
 TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
 CONNECT_TIMEOUT_ENV = "IPUPOD_CONNECT_TIMEOUT_S"
+KEEP_FREED_MEMORY_ENV = "IPUPOD_KEEP_FREED_MEMORY"
 
 
 def _seconds(name: str, default: float) -> float:
@@ -32,6 +35,17 @@ def _seconds(name: str, default: float) -> float:
     return value
 
 
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "yes", "true"):
+        return True
+    if raw in ("0", "no", "false"):
+        return False
+    raise ValueError(f"{name}={raw!r} must be 1 or 0 (yes/no, true/false)")
+
+
 @dataclass(frozen=True)
 class CollectiveOptions:
     """How long collectives wait (wall seconds).
@@ -41,14 +55,17 @@ class CollectiveOptions:
         timeout_s: the wait raises :class:`~collectives.errors.CollectiveTimeoutError` after this.
         connect_timeout_s: the gRPC transport gives up reaching the coordinator, or waiting
             for every instance to register, after this.
+        keep_freed_memory: a multi-instance job keeps freed large blocks for reuse.
     """
 
     stall_warning_s: float = 60.0
     timeout_s: float = 300.0
     connect_timeout_s: float = 60.0
+    keep_freed_memory: bool = True
 
     @classmethod
     def from_env(cls) -> "CollectiveOptions":
         return cls(_seconds(STALL_WARNING_ENV, cls.stall_warning_s),
                    _seconds(TIMEOUT_ENV, cls.timeout_s),
-                   _seconds(CONNECT_TIMEOUT_ENV, cls.connect_timeout_s))
+                   _seconds(CONNECT_TIMEOUT_ENV, cls.connect_timeout_s),
+                   _flag(KEEP_FREED_MEMORY_ENV, cls.keep_freed_memory))

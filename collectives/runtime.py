@@ -14,6 +14,7 @@ from collectives.cost_model import HardwareCostModel
 from collectives.engine import CollectiveEngine
 from collectives.errors import CollectiveError
 from collectives.gcl_options import GCLOptions
+from collectives.memory import keep_freed_memory
 from collectives.options import CollectiveOptions
 from collectives.transports import create_transport
 
@@ -43,6 +44,8 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
         engine = _engines.get(id(system))
         if engine is None:
             options = CollectiveOptions.from_env()
+            if system.process_count > 1 and options.keep_freed_memory:
+                keep_freed_memory()  # large exchanges would page-fault every buffer anew
             mrd = system.config.experimental.multi_replica_distribution
             gcl = GCLOptions.parse(system.config.gcl_poplar_options)
             transport = create_transport(system.transport, system.process_index,

@@ -51,39 +51,6 @@ COORDINATOR_LOST_S = 5.0
 EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
 
 
-#: glibc ``mallopt`` parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: bytes: blocks up to this size come from the heap, not from a fresh mmap (glibc's maximum)
-_MMAP_THRESHOLD_BYTES = 32 << 20
-#: bytes of free heap glibc keeps instead of returning them to the kernel
-_TRIM_THRESHOLD_BYTES = 1 << 30
-_malloc_tuned = False
-
-
-def _keep_freed_memory() -> None:
-    """Make glibc reuse freed megabyte-sized blocks instead of returning them to the kernel.
-
-    Every chunk costs a few 1 MiB allocations (grpc's slices, the ``bytes`` of a message);
-    by default glibc serves each from a fresh ``mmap`` and unmaps it when freed, so each is
-    paid again in page faults (zeroing 256 pages per MiB): measured here, it halves the
-    throughput of a loopback grpcio stream (4 MiB exchanges 10 -> 5.8 ms, 64 MiB 81 -> 46
-    ms). The cost: the process keeps up to its peak of freed memory. Once per process;
-    nothing on other C libraries.
-    """
-    global _malloc_tuned
-    if _malloc_tuned:
-        return
-    _malloc_tuned = True
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
-
-
 def _rpc_text(exc: grpc.RpcError) -> str:
     try:
         return f"{exc.code().name}: {exc.details()}"
@@ -340,7 +307,6 @@ class GrpcTransport(Transport):
         self._closed = False
         self._comms: dict[tuple[int, ...], GrpcCommunicator] = {}
         self.mailbox = _Mailbox()
-        _keep_freed_memory()
         self._server = self._serve(listen_address or "127.0.0.1:0", job_token)
         self._coord_channel = grpc.insecure_channel(
             coordinator_address, options=channel_options(MAX_CONTROL_MESSAGE_BYTES))
