@@ -6,7 +6,8 @@
   ``auto_select_ipus`` "subscribe[s] to those IPUs that are available" (seed 002:219).
 * ``auto_select_ipus`` in instance ``i`` of a multi-instance job
   (``multi_replica_distribution.process_count > 1``): exactly the IPUs of its replicas,
-  :func:`ipu_node.selection.assign_instance_ipus`; busy is an error, never a silent shift.
+  :func:`ipu_node.selection.assign_instance_ipus`, inside the job's partition when poprun
+  reserved one (:mod:`ipu_node.partition`); busy is an error, never a silent shift.
 
 Each device's IPUs are then put in ``selection_order`` (:func:`ipu_node.selection.order_ipus`).
 Occupancy is :mod:`ipu_node.occupancy`: all IPUs of one configuration are held together, in
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ipu_node import env
 from ipu_node.config import IPUConfig
 from ipu_node.device_ids import find_device, gc_device
 from ipu_node.errors import IPUBusyError, IPUConfigError, NotEnoughIPUsError
@@ -83,7 +85,7 @@ def _instance_share(config: IPUConfig, model: SystemModel) -> list[tuple[list[in
             f"auto_select_ipus={config.auto_select_ipus!r} asks for {len(counts)}")
     per_instance = assign_instance_ipus(model, mrd.process_count,
                                         counts[0] // config.ipus_per_replica,
-                                        config.ipus_per_replica)
+                                        config.ipus_per_replica, within=env.partition_ipus())
     ipus = per_instance[mrd.process_index]
     device = find_device(model, ipus)
     return [(ipus, device.id if device else None)]

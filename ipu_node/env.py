@@ -9,6 +9,8 @@ again. Every value is read when a function below is called, never at import time
 * ``IPUPOD_OCCUPANCY_DIR``: directory of the IPU lock files shared by the processes of one
   machine (default ``$XDG_RUNTIME_DIR/ipupod`` or ``/tmp/ipupod-<uid>``); tests point it at a
   fresh temporary directory.
+* ``IPUPOD_PARTITION_IPUS``: the IPU ids poprun reserved for the job (``"8,9,10,11"``); the
+  instances attach their IPUs inside it.
 * ``IPUPOD_JOB_ID``: the job an instance belongs to. All instances of one job share one
   partition (an occupancy scope of their own); processes without it share the machine's scope.
 """
@@ -24,6 +26,9 @@ IPUPOD_SYSTEM = "IPUPOD_SYSTEM"
 IPUPOD_OCCUPANCY_DIR = "IPUPOD_OCCUPANCY_DIR"
 #: Environment variable naming the job (set by launchers for every instance of a job).
 IPUPOD_JOB_ID = "IPUPOD_JOB_ID"
+
+#: Environment variable with the IPU ids of the job's partition (poprun sets it).
+IPUPOD_PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"
 
 #: The system used when neither an argument nor ``IPUPOD_SYSTEM`` names one.
 DEFAULT_SYSTEM = "POD16"
@@ -50,3 +55,19 @@ def occupancy_dir() -> str:
 def job_id() -> str | None:
     """The job id of this process (``$IPUPOD_JOB_ID``), or None outside a launched job."""
     return os.environ.get(IPUPOD_JOB_ID) or None
+
+
+def partition_ipus() -> tuple[int, ...] | None:
+    """The IPU ids of this job's partition (``$IPUPOD_PARTITION_IPUS``), or None.
+
+    Raises:
+        ValueError: the variable is not a comma-separated list of IPU ids.
+    """
+    raw = os.environ.get(IPUPOD_PARTITION_IPUS, "").strip()
+    if not raw:
+        return None
+    try:
+        return tuple(int(part) for part in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{IPUPOD_PARTITION_IPUS}={raw!r} is not a comma-separated list of "
+                         "IPU ids") from None

@@ -107,14 +107,16 @@ def candidate_ipu_sets(model: SystemModel, num_ipus: int) -> list[tuple[list[int
 
 
 def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_replicas: int,
-                         ipus_per_replica: int = 1) -> list[list[int]]:
+                         ipus_per_replica: int = 1,
+                         within: Sequence[int] | None = None) -> list[list[int]]:
     """IPU ids of each instance of a job, in the order its replicas use them (AUTO order).
 
     Instance ``i`` owns replicas ``[i*L, (i+1)*L)`` and the ``L * ipus_per_replica`` IPUs
     returned at index ``i``. The job sits on one contiguous, linked set of IPUs: when the
     per-instance count is a power of two, instance ``i`` gets the ``i``-th ``gc-info`` device
     of that size (consecutive devices join into the next larger one); otherwise consecutive
-    slices of the whole system in SNAKE order.
+    slices of the whole system in SNAKE order. With ``within`` (the job's partition), only
+    those IPUs are used, by the same rules.
 
     Raises:
         ValueError: a count below 1.
@@ -130,8 +132,13 @@ def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_repli
             f"the job needs {num_instances} instances x {num_local_replicas} replicas x "
             f"{ipus_per_replica} IPUs per replica = {total} IPUs, but {model.name} has "
             f"{model.num_ipus} IPUs")
+    pool = set(range(model.num_ipus) if within is None else within)
+    if len(pool) < total:
+        raise NotEnoughIPUsError(f"the job needs {total} IPUs, but its partition has {len(pool)}")
     if _is_power_of_two(per_instance):
-        devices = devices_of_size(model, per_instance)[:num_instances]
-        return [order_ipus(model, d.ipus) for d in devices]
-    snake = order_ipus(model, range(model.num_ipus), SelectionOrder.SNAKE)
+        devices = [d for d in devices_of_size(model, per_instance) if pool.issuperset(d.ipus)]
+        if len(devices) >= num_instances:
+            return [order_ipus(model, d.ipus) for d in devices[:num_instances]]
+    snake = [i for i in order_ipus(model, range(model.num_ipus), SelectionOrder.SNAKE)
+             if i in pool]
     return [snake[i * per_instance:(i + 1) * per_instance] for i in range(num_instances)]

@@ -30,11 +30,12 @@ def _spans(num_columns: int, groups: int) -> list[tuple[int, int]]:
 
 def format_topology_table(model: SystemModel, *, num_instances: int, num_replicas: int,
                           ipus_per_replica: int = 1,
-                          hosts: Sequence[str] = ("localhost",)) -> str:
+                          hosts: Sequence[str] = ("localhost",),
+                          within: Sequence[int] | None = None) -> str:
     """The table of hosts, IPU-Link domains, instances, replicas and their IPUs.
 
     Instances are divided evenly among ``hosts`` and replicas evenly among instances, as
-    poprun does.
+    poprun does; ``within`` is the job's partition (None: the whole system).
 
     Raises:
         ValueError: ``num_replicas`` is not a multiple of ``num_instances``, or
@@ -51,7 +52,7 @@ def format_topology_table(model: SystemModel, *, num_instances: int, num_replica
         raise ValueError(f"{num_instances} instances cannot be divided evenly among "
                          f"{len(hosts)} hosts")
     local = num_replicas // num_instances
-    per_instance = assign_instance_ipus(model, num_instances, local, ipus_per_replica)
+    per_instance = assign_instance_ipus(model, num_instances, local, ipus_per_replica, within)
     replica_ipus = [ipus[r * ipus_per_replica:(r + 1) * ipus_per_replica]
                     for ipus in per_instance for r in range(local)]
     leaves = [str(r) for r in range(num_replicas)]

@@ -23,6 +23,7 @@ NUM_INSTANCES = "IPUPOD_NUM_INSTANCES"
 TRANSPORT = "IPUPOD_TRANSPORT"
 JOB_ID = "IPUPOD_JOB_ID"          # read by ipu_node.env (the job's IPU partition)
 SYSTEM = "IPUPOD_SYSTEM"          # read by ipu_node.env (the emulated POD)
+PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"  # read by ipu_node.env (the job's reserved IPUs)
 ERROR_FILE = "IPUPOD_ERROR_FILE"
 # The grpc transport: where the coordinator listens, the token every call carries, and
 # (optional) where the instance's own peer server listens (default 127.0.0.1:0).
@@ -58,6 +59,8 @@ def instance_env(plan: "LaunchPlan", placement: "InstancePlacement",
     }
     if plan.system:
         env[SYSTEM] = plan.system
+    if plan.partition_ipus:
+        env[PARTITION_IPUS] = ",".join(str(i) for i in plan.partition_ipus)
     if plan.coordinator_address:
         env[COORDINATOR_ADDRESS] = plan.coordinator_address
     if plan.job_token:

@@ -44,6 +44,7 @@ class LaunchPlan:
         coordinator_address: ``host:port`` of the coordinator (grpc transport), else "".
         job_token: the secret every gRPC call of the job carries, else "".
         system: the emulated POD the instances model (``"POD16"``); "" lets them choose.
+        partition_ipus: the IPU ids reserved for the job (empty: none reserved).
     """
 
     command: tuple[str, ...]
@@ -57,6 +58,7 @@ class LaunchPlan:
     coordinator_address: str = ""
     job_token: str = field(default="", repr=False)
     system: str = ""
+    partition_ipus: tuple[int, ...] = ()
 
 
 def _positive(name: str, value: int) -> None:

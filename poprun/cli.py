@@ -14,14 +14,16 @@ when the MPICH mpirun is installed, else local with gRPC; ``-v`` says which and 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import logging
 import secrets
 import sys
 import uuid
 
 from ipu_node.env import system_name
-from ipu_node.errors import IPUError
-from ipu_node.systems import get_system_model
+from ipu_node.errors import IPUBusyError, IPUError
+from ipu_node.partition import reserve_partition
+from ipu_node.systems import SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
 from launch.errors import InstanceFailedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
@@ -96,17 +98,16 @@ def _bare_flags_say_yes(argv: list[str]) -> list[str]:
     return out
 
 
-def _topology(plan: LaunchPlan) -> str:
-    """The topology table of ``plan`` on its system.
+def _topology(model: SystemModel, plan: LaunchPlan) -> str:
+    """The topology table of ``plan`` on ``model`` (inside its partition, when reserved).
 
     Raises:
-        ValueError: an unknown system name.
         NotEnoughIPUsError: the job needs more IPUs than the system has.
     """
-    model = get_system_model(plan.system)
     return format_topology_table(model, num_instances=plan.num_instances,
                                  num_replicas=plan.num_replicas,
-                                 ipus_per_replica=plan.ipus_per_replica)
+                                 ipus_per_replica=plan.ipus_per_replica,
+                                 within=plan.partition_ipus or None)
 
 
 def choose_backend(launcher: str | None, transport: str | None,
@@ -142,8 +143,6 @@ def run_plan(plan: LaunchPlan) -> int:
     """
     coordinator = None
     if plan.transport == "grpc":
-        from dataclasses import replace
-
         from launch.coordinator import CoordinatorServer
         coordinator = CoordinatorServer(plan.num_instances, plan.job_token)
         plan = replace(plan, coordinator_address=coordinator.address)
@@ -177,13 +176,28 @@ def main(argv: list[str] | None = None) -> int:
                          job_id=uuid.uuid4().hex[:12], launcher=launcher,
                          job_token=secrets.token_hex(16) if transport == "grpc" else "",
                          system=system_name(args.system))
-        table = _topology(plan)
+        model = get_system_model(plan.system)
+        _topology(model, plan)  # a job that does not fit the system starts nothing
     except (ValueError, IPUError) as exc:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 2
     logger.info("launcher %s, transport %s: %s", launcher, transport, why)
-    if args.print_topology in ("yes", "1"):
-        print(table, flush=True)
+    try:
+        partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
+                                      job=plan.job_id)
+    except IPUBusyError as exc:
+        sys.stderr.write(f"poprun: error: {exc}\n")
+        return 1
+    with partition:
+        plan = replace(plan, partition_ipus=partition.ipus)
+        logger.info("partition of IPUs %s reserved for job %s", partition.ipus, plan.job_id)
+        if args.print_topology in ("yes", "1"):
+            print(_topology(model, plan), flush=True)
+        return _run(plan)
+
+
+def _run(plan: LaunchPlan) -> int:
+    """Run ``plan``; the exit code, with failures reported on stderr."""
     try:
         return run_plan(plan)
     except LaunchError as exc:

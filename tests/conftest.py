@@ -1,6 +1,11 @@
 import os
+import tempfile
 
 import pytest
+
+# IPU occupancy is machine-wide (lock files): the suite gets a directory of its own, so jobs a
+# developer runs at the same time neither block the tests nor are blocked by them.
+os.environ.setdefault("IPUPOD_OCCUPANCY_DIR", tempfile.mkdtemp(prefix="ipupod-tests-"))
 
 # tests/perrank is run by every instance of a job (test_collectives_multiprocess.py starts it
 # through poprun); a plain run of the suite does not collect it.

@@ -144,6 +144,7 @@ def test_launcher_and_ipu_node_agree_on_the_environment_names():
     from launch import env
     assert env.SYSTEM == ipu_node.env.IPUPOD_SYSTEM
     assert env.JOB_ID == ipu_node.env.IPUPOD_JOB_ID
+    assert env.PARTITION_IPUS == ipu_node.env.IPUPOD_PARTITION_IPUS
 
 
 def test_a_program_started_by_plain_mpirun_is_one_replica_per_rank(tmp_path):

@@ -1,0 +1,78 @@
+"""Job partitions: poprun reserves a job's IPUs machine-wide, so two jobs never share an IPU."""
+
+import json
+
+import pytest
+
+from ipu_node.errors import IPUBusyError
+from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
+from ipu_node.partition import reserve_partition
+from ipu_node.selection import assign_instance_ipus
+from ipu_node.systems import get_system_model
+from tests.procs import PROGRAMS, describe, run_poprun
+
+
+@pytest.fixture
+def pod16(tmp_path, monkeypatch):
+    monkeypatch.setenv("IPUPOD_OCCUPANCY_DIR", str(tmp_path / "occupancy"))
+    return get_system_model("POD16")
+
+
+def test_partitions_of_two_jobs_are_disjoint_and_freed(pod16):
+    with reserve_partition(pod16, 8, job="a") as a:
+        with reserve_partition(pod16, 8, job="b") as b:
+            assert set(a.ipus).isdisjoint(b.ipus)
+            assert len(a.ipus) == len(b.ipus) == 8
+            with pytest.raises(IPUBusyError, match="no 4 free IPUs on POD16"):
+                reserve_partition(pod16, 4, job="c")
+    with reserve_partition(pod16, 16, job="d") as d:   # both were released
+        assert sorted(d.ipus) == list(range(16))
+
+
+def test_a_partition_is_seen_by_programs_started_on_their_own(pod16, monkeypatch):
+    import ipu_node
+    monkeypatch.delenv("IPUPOD_JOB_ID", raising=False)
+    with reserve_partition(pod16, 8, job="a") as a:
+        held = {h.ipu_id for h in Occupancy("POD16", MACHINE_SCOPE).holders(all_scopes=False)}
+        assert held == set(a.ipus)
+        cfg = ipu_node.IPUConfig()
+        cfg.system = "POD16"
+        cfg.auto_select_ipus = 4
+        try:
+            system = cfg.configure_ipu_system()
+            assert {ipu.id for ipu in system.devices[0].ipus}.isdisjoint(a.ipus)
+        finally:
+            ipu_node.reset_ipu_configuration()
+
+
+def test_instances_are_placed_inside_the_partition(pod16):
+    within = list(range(8, 16))
+    per_instance = assign_instance_ipus(pod16, 2, 2, 2, within=within)
+    assert sorted(i for ipus in per_instance for i in ipus) == within
+    assert assign_instance_ipus(pod16, 2, 2, 1) == assign_instance_ipus(pod16, 2, 2, 1,
+                                                                      within=range(16))
+
+
+def _attached(tmp_path, *poprun_args):
+    out = tmp_path / "ipus"
+    out.mkdir()
+    result = run_poprun([*poprun_args, "python", str(PROGRAMS / "attached_ipus.py"), str(out)],
+                        60, env={"IPUPOD_SYSTEM": "POD16"})
+    ipus = [json.loads(p.read_text()) for p in sorted(out.glob("instance_*.json"))]
+    return result, ipus
+
+
+def test_a_job_avoids_the_ipus_another_job_holds(pod16, tmp_path):
+    with reserve_partition(pod16, 8, job="other") as other:
+        result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
+    assert result.returncode == 0, describe(result)
+    attached = [i for instance in ipus for i in instance]
+    assert len(attached) == 4 and set(attached).isdisjoint(other.ipus)
+
+
+def test_a_job_that_finds_no_free_ipus_starts_nothing(pod16, tmp_path):
+    with reserve_partition(pod16, 16, job="other"):
+        result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
+    assert result.returncode == 1
+    assert result.stderr.startswith("poprun: error: no 4 free IPUs on POD16"), describe(result)
+    assert ipus == [] and result.stdout == ""
