@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 _PYTHON = re.compile(r"python[0-9.]*$")
 _FLAGS_WITH_ARG = ("-X", "-W")
 _EXIT_CODES = re.compile(r"Exit codes: \[[^\]]*\] ([0-9,]+)")
+# Hydra's banner names the process whose end made it stop the job.
+_BAD_PID = re.compile(r"PID (\d+) RUNNING AT")
 
 
 def find_mpirun() -> str:
@@ -70,6 +73,14 @@ def instance_command(command: Sequence[str]) -> list[str]:
     if i >= len(command):
         return command  # an interactive interpreter: nothing to wrap
     return [*command[:i], "-m", "launch.bootstrap", *command[i:]]
+
+
+def _read_pid(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _decode_status(status: int) -> tuple[int, int]:
@@ -144,8 +155,9 @@ class MpirunBackend:
             raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
         tailer = FileTailer(sources).start()
         statuses: list[int] = []
-        relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
-                                 daemon=True)
+        first_bad: dict[str, float] = {}
+        relay = threading.Thread(target=self._relay,
+                                 args=(proc.stdout, err, statuses, first_bad), daemon=True)
         relay.start()
         with forward_signals(proc.send_signal, proc.kill, lambda: proc.poll() is None):
             try:
@@ -156,17 +168,21 @@ class MpirunBackend:
                     proc.wait()
         relay.join(timeout=10)
         tailer.stop()
-        failures = self._failures(plan, workdir, statuses)
+        failures = self._failures(plan, workdir, statuses, first_bad)
         if returncode == 0 and not failures:
             return 0
         if not failures:
             failures = [InstanceFailure(instance=-1, exit_code=returncode)]
         raise InstanceFailedError(root_cause(failures), failures)
 
-    def _relay(self, pipe, write, statuses: list[int]) -> None:
-        """Pass mpirun's own messages on (untagged), keeping its exit-code list."""
+    def _relay(self, pipe, write, statuses: list[int], first_bad: dict[str, float]) -> None:
+        """Pass mpirun's own messages on (untagged), keeping its exit-code list and the pid
+        (with the time it was reported) of the process whose end stopped the job."""
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace")
+            bad = _BAD_PID.search(line)
+            if bad and not first_bad:
+                first_bad[bad.group(1)] = time.time()
             match = _EXIT_CODES.search(line)
             if match:
                 statuses.extend(int(s) for s in match.group(1).split(","))
@@ -174,14 +190,19 @@ class MpirunBackend:
             write(line)
         pipe.close()
 
-    def _failures(self, plan: LaunchPlan, workdir: str,
-                  statuses: list[int]) -> list[InstanceFailure]:
+    def _failures(self, plan: LaunchPlan, workdir: str, statuses: list[int],
+                  first_bad: dict[str, float]) -> list[InstanceFailure]:
+        """Every failed instance: from its error file, else from mpirun's exit codes. The
+        instance whose end made mpirun stop the job (its pid in mpirun's banner) gets the
+        time mpirun reported it, so it is the root cause unless an error file came first."""
         failures = []
         for p in plan.instances:
-            recorded = read_error_file(os.path.join(workdir, f"error.{p.index}.json"))
+            error_file = os.path.join(workdir, f"error.{p.index}.json")
+            recorded = read_error_file(error_file)
             if recorded is not None:
                 failures.append(recorded)
             elif p.index < len(statuses) and statuses[p.index]:
                 code, sig = _decode_status(statuses[p.index])
-                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
+                when = first_bad.get(_read_pid(f"{error_file}.pid"))
+                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig, time=when))
         return failures

@@ -183,3 +183,14 @@ def test_the_readme_minimal_program_prints_what_the_readme_says(tmp_path):
     assert result.returncode == 0, describe(result)
     expected = "[array([6., 6., 6.], dtype=float32), array([6., 6., 6.], dtype=float32)]"
     assert result.stdout.splitlines() == [f"[1,0]<stdout>:{expected}", f"[1,1]<stdout>:{expected}"]
+
+
+def test_an_instance_killed_by_sigkill_under_mpirun_is_named():
+    """mpirun stops the others with signals too; poprun still names the first to go."""
+    started = time.monotonic()
+    result = run_poprun(["-n", "3", "python", str(PROGRAMS / "kill_self.py"), "1"], 30)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 128 + 9, describe(result)
+    assert "poprun: instance 1 failed (killed by SIGKILL)" in result.stderr, describe(result)
+    assert "unreachable" not in result.stdout
+    assert wait_no_processes("kill_self.py") == []
