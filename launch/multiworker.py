@@ -1,6 +1,9 @@
 """Start a TF_CONFIG cluster on this machine, for a quick try of multi-worker programs.
 
     python -m launch.multiworker -n 2 train.py [args...]
+    python -m launch.multiworker -n 2 python -u train.py [args...]
+
+A program ending in ``.py`` runs with this Python (as torchrun runs its script).
 
 Picks ``n`` free localhost ports, gives worker i the TF_CONFIG of that cluster (worker 0's
 address serves the coordinator) and a random job token (``IPUPOD_JOB_TOKEN``), and runs the
@@ -60,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(format="MULTIWORKER [%(levelname).1s] %(message)s",
                         level=logging.WARNING - 10 * min(args.verbose, 1))
+    command = [args.program, *args.args]
+    if args.program.endswith(".py"):
+        command.insert(0, "python")  # a bare "python" is this interpreter (launch.mpirun)
     try:
-        plan = make_plan([args.program, *args.args], args.num_workers, transport="grpc",
-                         launcher="local")
+        plan = make_plan(command, args.num_workers, transport="grpc", launcher="local")
     except ValueError as exc:
         sys.stderr.write(f"multiworker: error: {exc}\n")
         return 2

@@ -85,7 +85,8 @@ def test_popdist_under_tf_config(monkeypatch):
 
 
 def _multiworker(n, program, *args, timeout_s=90, **env):
-    return run([PYTHON, "-m", "launch.multiworker", "-n", str(n), "python", program, *args],
+    """``python -m launch.multiworker -n N prog.py args`` (the form the issue documents)."""
+    return run([PYTHON, "-m", "launch.multiworker", "-n", str(n), program, *args],
                timeout_s, env=child_env(**env), cwd=ROOT)
 
 
