@@ -121,6 +121,8 @@ class CollectiveEngine:
 
         ``desc.seq`` is filled in here. Raises the collective's error on every replica.
         """
+        if self.num_local_replicas == 1:
+            return self._sole_replica_call(desc, value, algorithm, group)
         with self._cond:
             seq = self._seq[local_index]
             slot = self._slots.get(seq)
@@ -128,7 +130,7 @@ class CollectiveEngine:
                 # a replica arriving at a call that already failed shares its error
                 self._raise_if_failed()
             self._seq[local_index] = seq + 1
-            desc = replace(desc, seq=seq)
+            desc = desc.with_seq(seq)
             if slot is None:
                 slot = self._slots[seq] = _Slot(self.num_local_replicas)
             slot.descs[local_index] = desc
@@ -150,6 +152,20 @@ class CollectiveEngine:
         if slot.error is not None:
             raise slot.error
         return slot.results[local_index]
+
+    def _sole_replica_call(self, desc: Descriptor, value: Any, algorithm: Algorithm,
+                           group: CommGroup | None) -> Any:
+        """:meth:`replica_call` of an instance with one local replica: it leads at once
+        (no rendezvous, nobody to wait for)."""
+        with self._cond:
+            self._raise_if_failed()
+            seq = self._seq[0]
+            self._seq[0] = seq + 1
+        try:
+            return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
+        except (CollectiveTimeoutError, TransportError) as exc:
+            self.abort(exc)  # requests may still be pending: the engine is unusable
+            raise
 
     def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
         """A collective issued by the instance's host code (outside replica functions), with
@@ -381,7 +397,7 @@ class CollectiveEngine:
                             self.options, missing)
         mine = desc.encode()
         gathered = comm.allgather(mine, patience)
-        if not desc.error and (gathered == mine).all():
+        if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):
             return desc  # the same bytes everywhere: nothing to decode
         descs = [Descriptor.decode(row) for row in gathered]
         errors = [d.error for d in descs if d.error]

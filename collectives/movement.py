@@ -46,11 +46,17 @@ def all_gather(engine, desc: Descriptor, values: Sequence[np.ndarray],
         send = (np.ascontiguousarray(mine[0]).reshape(-1) if len(mine) == 1
                 else np.concatenate([np.ascontiguousarray(v).reshape(-1) for v in mine]))
         counts = [sum(len(_on(engine, m, i)) for m in groups) * nbytes for i in instances]
-        gathered = comm.allgatherv(send.view(np.uint8), counts,
-                                   engine.data_patience(desc, instances)).view(dtype)
+        patience = engine.data_patience(desc, instances)
         if len(groups) == 1:
-            give(results, engine, groups[0], gathered.reshape(len(groups[0]), *shape), values)
+            # instances hold consecutive positions: the gathered bytes are the result
+            out = np.empty((len(groups[0]), *shape), dtype)
+            flat = out.reshape(-1).view(np.uint8)
+            got = comm.allgatherv_to(send.view(np.uint8), flat, counts, patience)
+            if got is not flat:
+                out = got.view(dtype).reshape(out.shape)
+            give(results, engine, groups[0], out, values)
             continue
+        gathered = comm.allgatherv(send.view(np.uint8), counts, patience).view(dtype)
         outs = [np.empty((len(m), *shape), dtype) for m in groups]
         start = 0
         for i in instances:

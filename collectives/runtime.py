@@ -44,8 +44,9 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
         engine = _engines.get(id(system))
         if engine is None:
             options = CollectiveOptions.from_env()
-            if system.process_count > 1 and options.keep_freed_memory:
-                keep_freed_memory()  # large exchanges would page-fault every buffer anew
+            if ((system.process_count > 1 or system.num_local_replicas > 1)
+                    and options.keep_freed_memory):
+                keep_freed_memory()  # large results would page-fault every buffer anew
             mrd = system.config.experimental.multi_replica_distribution
             gcl = GCLOptions.parse(system.config.gcl_poplar_options)
             transport = create_transport(system.transport, system.process_index,

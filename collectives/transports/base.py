@@ -69,6 +69,14 @@ class Communicator(ABC):
         return self.allgatherv(recv[start:start + recv_counts[self.rank]], recv_counts,
                                patience)
 
+    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      patience: Patience) -> np.ndarray:
+        """:meth:`allgatherv` into ``recv`` (``uint8[sum(recv_counts)]``, which the caller
+        allocated for the result): returns ``recv`` filled in, with this member's ``send``
+        copied to its place while the others' bytes move (MPI does this), or a new buffer
+        (this default: :meth:`allgatherv`)."""
+        return self.allgatherv(send, recv_counts, patience)
+
     @abstractmethod
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
         """Member ``root``'s ``data`` on every member. ``data`` has the same length on every

@@ -33,6 +33,7 @@ def _displacements(counts: Sequence[int]) -> list[int]:
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
 _TAG_ALLGATHER = 0x1A11
 _TAG_ALLTOALLV = 0x1A12
+_TAG_ALLGATHERV = 0x1A13
 
 
 class MPICommunicator(Communicator):
@@ -92,14 +93,19 @@ class MPICommunicator(Communicator):
         requests += [self._comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE],
                                       j, _TAG_ALLTOALLV) for j in others if send_counts[j]]
         me = self.rank
-        recv[got_at[me]:got_at[me] + recv_counts[me]] = send[sent_at[me]:
-                                                             sent_at[me] + send_counts[me]]
+
+        def own() -> None:  # while the others' pieces move
+            recv[got_at[me]:got_at[me] + recv_counts[me]] = send[sent_at[me]:
+                                                                 sent_at[me] + send_counts[me]]
+
+        patience.overlap(own)
         try:
             self._wait_all(requests, patience)
         except BaseException:
             for r in requests:
                 _cancel(r)
             raise
+        patience.settle()
         return recv
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
@@ -118,6 +124,32 @@ class MPICommunicator(Communicator):
         request = self._comm.Iallgatherv(
             MPI.IN_PLACE, [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
         self._wait(request, patience)
+        return recv
+
+    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      patience: Patience) -> np.ndarray:
+        # Point-to-point straight into the caller's result; our own piece is copied by numpy
+        # once the transfers are under way (MPICH's Iallgatherv copies it before).
+        from mpi4py import MPI
+        at = _displacements(recv_counts)
+        me = self.rank
+        others = [j for j in range(self.size) if j != me]
+        requests = [self._comm.Irecv([recv[at[j]:at[j] + recv_counts[j]], MPI.BYTE], j,
+                                     _TAG_ALLGATHERV) for j in others if recv_counts[j]]
+        if send.nbytes:
+            requests += [self._comm.Isend([send, MPI.BYTE], j, _TAG_ALLGATHERV) for j in others]
+
+        def own() -> None:
+            recv[at[me]:at[me] + recv_counts[me]] = send
+
+        patience.overlap(own)
+        try:
+            self._wait_all(requests, patience)
+        except BaseException:
+            for r in requests:
+                _cancel(r)
+            raise
+        patience.settle()
         return recv
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
