@@ -2,9 +2,10 @@
 
 Hosted by poprun (``--launcher local``/``--transport grpc``) or, under TF_CONFIG, by worker 0.
 Instances register their peer (tensor) server address and host identity (for the same-host
-shared-memory path) and get the peer table once all have registered; they send a heartbeat every ~0.5 s and learn from the answer whether the job was
-aborted. An instance silent for longer than ``heartbeat_timeout_s`` is declared lost and the
-job is aborted, naming it; the launcher aborts it at once when it sees a child die.
+shared-memory path) and get the peer table once all have registered; they send a heartbeat
+every ~0.5 s and learn from the answer whether the job was aborted. An instance silent for
+longer than ``heartbeat_timeout_s`` is declared lost and the job is aborted, naming it; the
+launcher aborts it at once when it sees a child die.
 
 Every call must carry the job token (metadata ``ipupod-job-token``); a missing or foreign
 token is refused with ``UNAUTHENTICATED``. Malformed requests are refused with

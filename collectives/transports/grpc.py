@@ -37,7 +37,8 @@ from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
 from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
     encode_chunk, encode_offer
-from collectives.transports.shm_channel import PIECE_BYTES, RingReader, RingWriter
+from collectives.transports.shm_channel import MIN_SHM_BYTES, PIECE_BYTES, RingReader, \
+    RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY,
@@ -491,7 +492,7 @@ class GrpcTransport(Transport):
         """
         outbox = self._outboxes[member] or self._open_outbox(member)
         data = np.ascontiguousarray(data).reshape(-1)
-        if data.size and outbox.ring is not None and outbox.ring.attached:
+        if data.size >= MIN_SHM_BYTES and outbox.ring is not None and outbox.ring.attached:
             def wait():
                 self.raise_if_failed()
                 self.check_sends((member,))
