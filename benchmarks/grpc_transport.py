@@ -1,8 +1,9 @@
-"""Benchmark: cross_replica_sum over the gRPC transport between 2 instances, against a raw
-grpcio byte stream between the same two processes, and against torch.distributed's gloo
-all_reduce when torch is installed. Same run, same machine; ratios printed and saved.
+"""Benchmark: cross_replica_sum over the gRPC transport between 2 instances, with the
+same-host shared-memory path and without it (IPUPOD_GRPC_SHM=0), against a raw grpcio byte
+stream between the same two processes, and against torch.distributed's gloo all_reduce when
+torch is installed. Same run, same machine; medians over --runs, ratios printed and saved.
 
-    python benchmarks/grpc_transport.py [--out results.json] [--max-mib 64]
+    python benchmarks/grpc_transport.py [--out results.json] [--max-mib 64] [--runs 3]
 
 Algorithm bandwidth (nccl-tests' algbw) = tensor bytes / time of one all-reduce; the raw
 stream moves the same bytes per process as the gRPC all-reduce does between 2 instances
@@ -71,7 +72,8 @@ def _raw_server():
     return server, port, received, state
 
 
-def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port: int) -> dict:
+def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port: int,
+           only_grpc: bool) -> dict:
     from collectives.memory import keep_freed_memory
     keep_freed_memory()  # the same allocator for ours, raw grpcio and gloo, whichever runs first
     import grpc
@@ -94,6 +96,9 @@ def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port:
         x = np.random.default_rng(rank).standard_normal(n // 4).astype(np.float32)
         results["grpc"][n] = _timed(lambda: strategy.run(lambda: cross_replica_sum(x)),
                                     _iters(n))
+    results["shm_bytes_sent"] = transport.shm_bytes_sent
+    if only_grpc:
+        return results
 
     # raw grpcio: both processes stream n bytes to each other at once
     server, port, received, state = _raw_server()
@@ -156,26 +161,83 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/grpc_transport.json")
     parser.add_argument("--max-mib", type=int, default=64)
+    parser.add_argument("--min-kib", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3, help="medians over this many runs")
+    parser.add_argument("--only-grpc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--coordinator", help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.add_argument("--gloo-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    sizes = [4 * KIB << (2 * k) for k in range(12) if (4 * KIB << (2 * k)) <= args.max_mib << 20]
+    sizes = [4 * KIB << (2 * k) for k in range(12)
+             if args.min_kib * KIB <= (4 * KIB << (2 * k)) <= args.max_mib << 20]
     if args.worker is not None:
-        res = worker(args.worker, args.coordinator, args.token, sizes, args.gloo_port)
+        res = worker(args.worker, args.coordinator, args.token, sizes, args.gloo_port,
+                     args.only_grpc)
         if args.worker == 0:
             print("RESULT " + json.dumps(res))
         return 0
 
+    runs = []
+    for run in range(args.runs):
+        shm = _pair(args, shm=True)
+        pure = _pair(args, shm=False)
+        if shm is None or pure is None:
+            print("a worker failed", file=sys.stderr)
+            return 1
+        if not shm["shm_bytes_sent"] or pure["shm_bytes_sent"]:
+            print(f"the shared-memory path was {'not ' if shm['shm_bytes_sent'] else ''}used "
+                  "where it should (not) be", file=sys.stderr)
+            return 1
+        runs.append({"shm": shm["grpc"], "pure": pure["grpc"], "raw": shm["raw"],
+                     "gloo": shm["gloo"]})
+        print(f"run {run + 1} of {args.runs} done", file=sys.stderr)
+    rows = []
+    print(f"{'size':>9} {'shm GB/s':>9} {'grpc GB/s':>10} {'raw GB/s':>9} {'gloo GB/s':>10} "
+          f"{'shm/gloo':>9} {'grpc/gloo':>10}")
+    for n in sizes:
+        key = str(n)
+        secs = {k: statistics.median(r[k][key] for r in runs)
+                for k in ("shm", "pure", "raw")}
+        secs["gloo"] = statistics.median(r["gloo"][key] for r in runs) if runs[0]["gloo"] \
+            else None
+        bw = {k: (n / v / 1e9 if v else None) for k, v in secs.items()}
+        rows.append({"bytes": n, "shm_algbw_GBps": bw["shm"], "grpc_algbw_GBps": bw["pure"],
+                     "raw_stream_GBps": bw["raw"], "gloo_algbw_GBps": bw["gloo"],
+                     "shm_over_gloo": bw["shm"] / bw["gloo"] if bw["gloo"] else None,
+                     "grpc_over_gloo": bw["pure"] / bw["gloo"] if bw["gloo"] else None,
+                     "shm_over_raw": bw["shm"] / bw["raw"], "grpc_over_raw": bw["pure"] / bw["raw"],
+                     "shm_s": secs["shm"], "grpc_s": secs["pure"], "raw_s": secs["raw"],
+                     "gloo_s": secs["gloo"],
+                     "per_run_s": {k: [r[k][key] if r[k] else None for r in runs]
+                                   for k in ("shm", "pure", "raw", "gloo")}})
+        label = f"{n // KIB} KiB" if n < 1 << 20 else f"{n >> 20} MiB"
+        gl = bw["gloo"]
+        gloo_text = f"{gl:10.3f} {bw['shm'] / gl:9.2f} {bw['pure'] / gl:10.2f}" if gl \
+            else f"{'n/a':>10} {'n/a':>9} {'n/a':>10}"
+        print(f"{label:>9} {bw['shm']:9.3f} {bw['pure']:10.3f} {bw['raw']:9.3f} {gloo_text}")
+    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "runs": args.runs,
+            "note": "algbw = tensor bytes / all-reduce seconds, 2 processes on one host; "
+                    "shm: ours with the same-host shared-memory path, grpc: ours with "
+                    "IPUPOD_GRPC_SHM=0; seconds are medians over the runs"}
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"saved {args.out}")
+    return 0
+
+
+def _pair(args, *, shm: bool) -> dict | None:
+    """Run the two workers once (ours with or without shared memory; raw and gloo with);
+    worker 0's results, or None if a worker failed."""
     from launch.coordinator import CoordinatorServer
     token = secrets.token_hex(8)
     server = CoordinatorServer(2, token)
     gloo_port = _free_port()
+    env = {**os.environ, "IPUPOD_GRPC_SHM": "1" if shm else "0"}
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--coordinator",
                                server.address, "--token", token, "--gloo-port", str(gloo_port),
-                               "--max-mib", str(args.max_mib)],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                               "--max-mib", str(args.max_mib), "--min-kib", str(args.min_kib)]
+                              + ([] if shm else ["--only-grpc"]),
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
              for r in range(2)]
     try:
         outs = [p.communicate(timeout=1200)[0] for p in procs]
@@ -184,31 +246,8 @@ def main(argv=None) -> int:
             p.kill()
         server.stop(0)
     if any(p.returncode for p in procs):
-        print("a worker failed", file=sys.stderr)
-        return 1
-    res = json.loads(next(l for l in outs[0].splitlines() if l.startswith("RESULT "))[7:])
-    rows = []
-    print(f"{'size':>9} {'grpc GB/s':>10} {'raw GB/s':>9} {'gloo GB/s':>10} "
-          f"{'grpc/raw':>9} {'grpc/gloo':>10}")
-    for n in sizes:
-        key = str(n)
-        g = n / res["grpc"][key] / 1e9
-        r = n / res["raw"][key] / 1e9
-        gl = n / res["gloo"][key] / 1e9 if res["gloo"] else None
-        rows.append({"bytes": n, "grpc_algbw_GBps": g, "raw_stream_GBps": r,
-                     "gloo_algbw_GBps": gl, "grpc_over_raw": g / r,
-                     "grpc_over_gloo": g / gl if gl else None,
-                     "grpc_s": res["grpc"][key], "raw_s": res["raw"][key],
-                     "gloo_s": res["gloo"][key] if res["gloo"] else None})
-        label = f"{n // KIB} KiB" if n < 1 << 20 else f"{n >> 20} MiB"
-        print(f"{label:>9} {g:10.3f} {r:9.3f} "
-              f"{(f'{gl:10.3f}' if gl else '       n/a')} {g / r:9.2f} "
-              f"{(f'{g / gl:10.2f}' if gl else '       n/a')}")
-    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "note": "algbw = tensor bytes / all-reduce seconds, 2 processes on one host"}
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"saved {args.out}")
-    return 0
+        return None
+    return json.loads(next(l for l in outs[0].splitlines() if l.startswith("RESULT "))[7:])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
 |                                | coordinator and waits for every instance to register   |         |
 | ``IPUPOD_KEEP_FREED_MEMORY``   | 1: a multi-instance job keeps freed large blocks for   | 1       |
 |                                | reuse (see collectives/memory.py); 0: glibc's default  |         |
+| ``IPUPOD_GRPC_SHM``            | 1: gRPC peers on the same host move tensor bytes       | 1       |
+|                                | through shared memory (gRPC carries the control); 0:   |         |
+|                                | every byte in gRPC messages                            |         |
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
 TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
 CONNECT_TIMEOUT_ENV = "IPUPOD_CONNECT_TIMEOUT_S"
 KEEP_FREED_MEMORY_ENV = "IPUPOD_KEEP_FREED_MEMORY"
+GRPC_SHM_ENV = "IPUPOD_GRPC_SHM"
 
 
 def _seconds(name: str, default: float) -> float:
@@ -56,16 +60,20 @@ class CollectiveOptions:
         connect_timeout_s: the gRPC transport gives up reaching the coordinator, or waiting
             for every instance to register, after this.
         keep_freed_memory: a multi-instance job keeps freed large blocks for reuse.
+        grpc_shm: the gRPC transport moves tensor bytes between peers on the same host
+            through shared memory (see collectives/transports/shm_channel.py).
     """
 
     stall_warning_s: float = 60.0
     timeout_s: float = 300.0
     connect_timeout_s: float = 60.0
     keep_freed_memory: bool = True
+    grpc_shm: bool = True
 
     @classmethod
     def from_env(cls) -> "CollectiveOptions":
         return cls(_seconds(STALL_WARNING_ENV, cls.stall_warning_s),
                    _seconds(TIMEOUT_ENV, cls.timeout_s),
                    _seconds(CONNECT_TIMEOUT_ENV, cls.connect_timeout_s),
-                   _flag(KEEP_FREED_MEMORY_ENV, cls.keep_freed_memory))
+                   _flag(KEEP_FREED_MEMORY_ENV, cls.keep_freed_memory),
+                   _flag(GRPC_SHM_ENV, cls.grpc_shm))

@@ -1,10 +1,11 @@
 """The coordinator of a job over the gRPC transport: rendezvous, barriers, heartbeats, abort.
 
 Hosted by poprun (``--launcher local``/``--transport grpc``) or, under TF_CONFIG, by worker 0.
-Instances register their peer (tensor) server address and get the peer table once all have
-registered; they send a heartbeat every ~0.5 s and learn from the answer whether the job was
-aborted. An instance silent for longer than ``heartbeat_timeout_s`` is declared lost and the
-job is aborted, naming it; the launcher aborts it at once when it sees a child die.
+Instances register their peer (tensor) server address and host identity (for the same-host
+shared-memory path) and get the peer table once all have registered; they send a heartbeat
+every ~0.5 s and learn from the answer whether the job was aborted. An instance silent for
+longer than ``heartbeat_timeout_s`` is declared lost and the job is aborted, naming it; the
+launcher aborts it at once when it sees a child die.
 
 Every call must carry the job token (metadata ``ipupod-job-token``); a missing or foreign
 token is refused with ``UNAUTHENTICATED``. Malformed requests are refused with
@@ -70,6 +71,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._cond = threading.Condition()
         self._peers = [""] * num_instances
+        self._host_ids = [""] * num_instances
         self._last_seen: dict[int, float] = {}
         self._left: set[int] = set()
         self._barriers: dict[str, set[int]] = {}
@@ -158,18 +160,19 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "peer_address is empty")
         with self._cond:
             self._peers[request.instance] = request.peer_address
+            self._host_ids[request.instance] = request.host_id[:256]
             self._last_seen[request.instance] = time.monotonic()
             self._left.discard(request.instance)
             self._cond.notify_all()
             complete = self._wait(lambda: all(self._peers), request.wait_s)
             return pb.PeerTable(complete=complete, peer_addresses=self._peers,
-                                status=self._status_locked())
+                                host_ids=self._host_ids, status=self._status_locked())
 
     def GetPeerTable(self, request, context):
         check_token(context, self.token)
         with self._cond:
             return pb.PeerTable(complete=all(self._peers), peer_addresses=self._peers,
-                                status=self._status_locked())
+                                host_ids=self._host_ids, status=self._status_locked())
 
     def Barrier(self, request, context):
         check_token(context, self.token)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x12ipupod.coordinator\"`\n\x0fRegisterRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x15\n\rnum_instances\x18\x02 \x01(\x05\x12\x14\n\x0cpeer_address\x18\x03 \x01(\t\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"$\n\x10PeerTableRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\"d\n\tPeerTable\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x16\n\x0epeer_addresses\x18\x02 \x03(\t\x12-\n\x06status\x18\x03 \x01(\x0b\x32\x1d.ipupod.coordinator.JobStatus\"@\n\x0e\x42\x61rrierRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"R\n\x0f\x42\x61rrierResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12-\n\x06status\x18\x02 \x01(\x0b\x32\x1d.ipupod.coordinator.JobStatus\"5\n\x10HeartbeatRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"I\n\x0c\x41\x62ortRequest\x12\x10\n\x08reporter\x18\x01 \x01(\x05\x12\x17\n\x0f\x66\x61iled_instance\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"E\n\tJobStatus\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x12\x17\n\x0f\x66\x61iled_instance\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t2\xa2\x03\n\x0b\x43oordinator\x12N\n\x08Register\x12#.ipupod.coordinator.RegisterRequest\x1a\x1d.ipupod.coordinator.PeerTable\x12S\n\x0cGetPeerTable\x12$.ipupod.coordinator.PeerTableRequest\x1a\x1d.ipupod.coordinator.PeerTable\x12R\n\x07\x42\x61rrier\x12\".ipupod.coordinator.BarrierRequest\x1a#.ipupod.coordinator.BarrierResponse\x12P\n\tHeartbeat\x12$.ipupod.coordinator.HeartbeatRequest\x1a\x1d.ipupod.coordinator.JobStatus\x12H\n\x05\x41\x62ort\x12 .ipupod.coordinator.AbortRequest\x1a\x1d.ipupod.coordinator.JobStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/coordinator.proto\x12\x12ipupod.coordinator\"q\n\x0fRegisterRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x15\n\rnum_instances\x18\x02 \x01(\x05\x12\x14\n\x0cpeer_address\x18\x03 \x01(\t\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x0f\n\x07host_id\x18\x05 \x01(\t\"$\n\x10PeerTableRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\"v\n\tPeerTable\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12\x16\n\x0epeer_addresses\x18\x02 \x03(\t\x12-\n\x06status\x18\x03 \x01(\x0b\x32\x1d.ipupod.coordinator.JobStatus\x12\x10\n\x08host_ids\x18\x04 \x03(\t\"@\n\x0e\x42\x61rrierRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"R\n\x0f\x42\x61rrierResponse\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\x12-\n\x06status\x18\x02 \x01(\x0b\x32\x1d.ipupod.coordinator.JobStatus\"5\n\x10HeartbeatRequest\x12\x10\n\x08instance\x18\x01 \x01(\x05\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\"I\n\x0c\x41\x62ortRequest\x12\x10\n\x08reporter\x18\x01 \x01(\x05\x12\x17\n\x0f\x66\x61iled_instance\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"E\n\tJobStatus\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x12\x17\n\x0f\x66\x61iled_instance\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t2\xa2\x03\n\x0b\x43oordinator\x12N\n\x08Register\x12#.ipupod.coordinator.RegisterRequest\x1a\x1d.ipupod.coordinator.PeerTable\x12S\n\x0cGetPeerTable\x12$.ipupod.coordinator.PeerTableRequest\x1a\x1d.ipupod.coordinator.PeerTable\x12R\n\x07\x42\x61rrier\x12\".ipupod.coordinator.BarrierRequest\x1a#.ipupod.coordinator.BarrierResponse\x12P\n\tHeartbeat\x12$.ipupod.coordinator.HeartbeatRequest\x1a\x1d.ipupod.coordinator.JobStatus\x12H\n\x05\x41\x62ort\x12 .ipupod.coordinator.AbortRequest\x1a\x1d.ipupod.coordinator.JobStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.coordinator_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERREQUEST']._serialized_start=48
-  _globals['_REGISTERREQUEST']._serialized_end=144
-  _globals['_PEERTABLEREQUEST']._serialized_start=146
-  _globals['_PEERTABLEREQUEST']._serialized_end=182
-  _globals['_PEERTABLE']._serialized_start=184
-  _globals['_PEERTABLE']._serialized_end=284
-  _globals['_BARRIERREQUEST']._serialized_start=286
-  _globals['_BARRIERREQUEST']._serialized_end=350
-  _globals['_BARRIERRESPONSE']._serialized_start=352
-  _globals['_BARRIERRESPONSE']._serialized_end=434
-  _globals['_HEARTBEATREQUEST']._serialized_start=436
-  _globals['_HEARTBEATREQUEST']._serialized_end=489
-  _globals['_ABORTREQUEST']._serialized_start=491
-  _globals['_ABORTREQUEST']._serialized_end=564
-  _globals['_JOBSTATUS']._serialized_start=566
-  _globals['_JOBSTATUS']._serialized_end=635
-  _globals['_COORDINATOR']._serialized_start=638
-  _globals['_COORDINATOR']._serialized_end=1056
+  _globals['_REGISTERREQUEST']._serialized_end=161
+  _globals['_PEERTABLEREQUEST']._serialized_start=163
+  _globals['_PEERTABLEREQUEST']._serialized_end=199
+  _globals['_PEERTABLE']._serialized_start=201
+  _globals['_PEERTABLE']._serialized_end=319
+  _globals['_BARRIERREQUEST']._serialized_start=321
+  _globals['_BARRIERREQUEST']._serialized_end=385
+  _globals['_BARRIERRESPONSE']._serialized_start=387
+  _globals['_BARRIERRESPONSE']._serialized_end=469
+  _globals['_HEARTBEATREQUEST']._serialized_start=471
+  _globals['_HEARTBEATREQUEST']._serialized_end=524
+  _globals['_ABORTREQUEST']._serialized_start=526
+  _globals['_ABORTREQUEST']._serialized_end=599
+  _globals['_JOBSTATUS']._serialized_start=601
+  _globals['_JOBSTATUS']._serialized_end=670
+  _globals['_COORDINATOR']._serialized_start=673
+  _globals['_COORDINATOR']._serialized_end=1091
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11protos/peer.proto\x12\x0bipupod.peer\"\xaa\x01\n\x0cTensorHeader\x12\x14\n\x0c\x63ommunicator\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\x05\x12\n\n\x02op\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\x03\x12\x0e\n\x06nbytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x08 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\t \x01(\r\"C\n\x05\x43hunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.ipupod.peer.TensorHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x15\n\x03\x41\x63k\x12\x0e\n\x06nbytes\x18\x01 \x01(\x04\x32:\n\x04Peer\x12\x32\n\x08\x45xchange\x12\x12.ipupod.peer.Chunk\x1a\x10.ipupod.peer.Ack(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11protos/peer.proto\x12\x0bipupod.peer\"\xd4\x01\n\x0cTensorHeader\x12\x14\n\x0c\x63ommunicator\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\x05\x12\n\n\x02op\x18\x04 \x01(\t\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\x03\x12\x0e\n\x06nbytes\x18\x07 \x01(\x04\x12\x13\n\x0b\x63hunk_index\x18\x08 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\t \x01(\r\x12\x14\n\x0cshm_position\x18\n \x01(\x04\x12\x12\n\nshm_nbytes\x18\x0b \x01(\x04\"T\n\x07ShmRing\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\n\n\x02\x66\x64\x18\x03 \x01(\x05\x12\r\n\x05nonce\x18\x04 \x01(\x0c\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x04\"g\n\x05\x43hunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.ipupod.peer.TensorHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\"\n\x04ring\x18\x03 \x01(\x0b\x32\x14.ipupod.peer.ShmRing\"\x15\n\x03\x41\x63k\x12\x0e\n\x06nbytes\x18\x01 \x01(\x04\x32:\n\x04Peer\x12\x32\n\x08\x45xchange\x12\x12.ipupod.peer.Chunk\x1a\x10.ipupod.peer.Ack(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENSORHEADER']._serialized_start=35
-  _globals['_TENSORHEADER']._serialized_end=205
-  _globals['_CHUNK']._serialized_start=207
-  _globals['_CHUNK']._serialized_end=274
-  _globals['_ACK']._serialized_start=276
-  _globals['_ACK']._serialized_end=297
-  _globals['_PEER']._serialized_start=299
-  _globals['_PEER']._serialized_end=357
+  _globals['_TENSORHEADER']._serialized_end=247
+  _globals['_SHMRING']._serialized_start=249
+  _globals['_SHMRING']._serialized_end=333
+  _globals['_CHUNK']._serialized_start=335
+  _globals['_CHUNK']._serialized_end=438
+  _globals['_ACK']._serialized_start=440
+  _globals['_ACK']._serialized_end=461
+  _globals['_PEER']._serialized_start=463
+  _globals['_PEER']._serialized_end=521
 # @@protoc_insertion_point(module_scope)

@@ -20,9 +20,9 @@ def _load(outdir, instances):
     return merged
 
 
-def _run(tmp_path, name, args, program, instances):
+def _run(tmp_path, name, args, program, instances, **env):
     out = tmp_path / name
-    result = poprun([*args, "python", program, str(out)], timeout_s=90)
+    result = poprun([*args, "python", program, str(out)], timeout_s=90, **env)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -37,8 +37,11 @@ def suite_results(tmp_path_factory):
                      "--transport", "mpi"], 2),
         "grpc_4x1": (["-n", "4", "--num-replicas", "4", "--launcher", "local"], 4),
     }
-    return {name: _load(_run(tmp, name, args, SUITE, n), n)
-            for name, (args, n) in runs.items()}
+    results = {name: _load(_run(tmp, name, args, SUITE, n), n)
+               for name, (args, n) in runs.items()}
+    results["grpc_2x2_noshm"] = _load(_run(tmp, "grpc_2x2_noshm", runs["grpc_2x2"][0], SUITE,
+                                           2, IPUPOD_GRPC_SHM="0"), 2)
+    return results
 
 
 def _same_bytes(a: dict, b: dict, keys=None):
@@ -51,6 +54,12 @@ def test_grpc_equals_mpi_bit_for_bit(suite_results):
     grpc, mpi = suite_results["grpc_2x2"], suite_results["mpi_2x2"]
     assert set(grpc) == set(mpi) and len(grpc) > 150
     _same_bytes(grpc, mpi)
+
+
+def test_grpc_same_bytes_with_and_without_shared_memory(suite_results):
+    """The default (same-host peers move the bytes through shared memory) and
+    IPUPOD_GRPC_SHM=0 (every byte in gRPC messages) give the same bytes."""
+    _same_bytes(suite_results["grpc_2x2"], suite_results["grpc_2x2_noshm"])
 
 
 def test_grpc_layouts_agree_bit_for_bit(suite_results):

@@ -6,7 +6,9 @@ hosted by poprun or by TF_CONFIG's worker 0), which answers with the peer table.
 instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no call setup,
 no thread start per exchange); tensors follow one another on it, each a run of chunks. The
 receiver assembles a tensor straight into the buffer the matching call posted (or a buffer of
-its own if it arrives first) and files it under (communicator, call number, source).
+its own if it arrives first) and files it under (communicator, call number, source). Between
+peers on the same host the bytes go through a shared-memory ring instead, the stream carrying
+only the headers (``shm_channel.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
@@ -34,7 +36,10 @@ from collectives.errors import PeerLostError, TransportClosedError, TransportErr
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
 from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
-    encode_chunk
+    encode_chunk, encode_offer
+from collectives.transports.shm_channel import MIN_SHM_BYTES, PIECE_BYTES, RingReader, \
+    RingWriter
+from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY,
                     ServingExecutor, channel_options, server_options)
@@ -102,10 +107,12 @@ class _Mailbox:
 class _PeerService:
     """The ``Peer.Exchange`` handler: token check, chunk checks, assembly, filing."""
 
-    def __init__(self, token: str, num_instances: int, mailbox: _Mailbox):
+    def __init__(self, token: str, num_instances: int, mailbox: _Mailbox, host: str):
         self.token = token
         self.num_instances = num_instances
         self.mailbox = mailbox
+        self.host = host   # "" : refuse to map rings (shared memory off)
+        self.shm_bytes_received = 0
 
     def handler(self) -> grpc.GenericRpcHandler:
         exchange = grpc.stream_unary_rpc_method_handler(
@@ -114,20 +121,35 @@ class _PeerService:
         return grpc.method_handlers_generic_handler("ipupod.peer.Peer", {"Exchange": exchange})
 
     def exchange(self, request_iterator, context):
-        """One sender's stream: tensors one after another, each a run of chunks 0..n-1."""
+        """One sender's stream: perhaps a ring offer first, then tensors one after another,
+        each a run of chunks 0..n-1 (bytes in the payload or in the ring)."""
         given = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
         if given is None or not hmac.compare_digest(str(given).encode(), self.token.encode()):
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
                           "no job token" if given is None else
                           "wrong job token: this server belongs to another job")
-        assembly, tensors, received = None, 0, 0
+        assembly, tensors, received, ring, offered = None, 0, 0, None, False
         try:
             for data in request_iterator:
-                header, payload = decode_chunk(data)
+                header, payload, offer = decode_chunk(data)
+                if offer is not None:
+                    if offered or tensors or assembly is not None:
+                        raise WireError("a ring offer must be the stream's first message")
+                    offered = True
+                    ring = RingReader.attach(offer, self.host) if self.host else None
+                    continue
                 if assembly is None:
                     assembly = Assembly.start(header, self.num_instances,
                                               self.mailbox.claim)
-                assembly.add(header, payload)
+                if header.shm_nbytes:
+                    if ring is None:
+                        raise WireError("chunk in shared memory, but no ring is mapped")
+                    payload = ring.read(header.shm_position, header.shm_nbytes)
+                    assembly.add(header, payload)
+                    ring.release(header.shm_position, header.shm_nbytes)
+                    self.shm_bytes_received += header.shm_nbytes
+                else:
+                    assembly.add(header, payload)
                 if assembly.chunks == assembly.header.chunk_count:
                     h = assembly.header
                     self.mailbox.put((h.communicator, h.sequence, h.source),
@@ -136,12 +158,15 @@ class _PeerService:
                     assembly, tensors = None, tensors + 1
             if assembly is not None:
                 assembly.finish()  # raises: the stream ended inside a tensor
-            if not tensors:
+            if not tensors and not offered:
                 raise WireError("empty stream: no chunk")
         except WireError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"refused: {exc}")
         except grpc.RpcError:  # the sender went away (cancelled, or its process ended)
             return ppb.Ack(nbytes=received)
+        finally:
+            if ring is not None:
+                ring.close()
         return ppb.Ack(nbytes=received)
 
 
@@ -152,8 +177,12 @@ class _Outbox:
     ends at :meth:`close`; ending before is a failure (the peer refused a chunk or died).
     """
 
-    def __init__(self, exchange, metadata, wake):
+    def __init__(self, exchange, metadata, wake, ring: RingWriter | None = None,
+                 host: str = ""):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.ring = ring   # offered first; used once the peer has mapped it
+        if ring is not None:
+            self._queue.put(encode_offer(ring.offer(host)))
         self.call = exchange.future(self._requests(), metadata=metadata)
         self.call.add_done_callback(wake)
 
@@ -241,7 +270,7 @@ class GrpcCommunicator(Communicator):
         try:
             for j, member in enumerate(self.members):
                 if j != self.rank and sends[j].size:
-                    t.send(member, self.name, seq, op, sends[j])
+                    t.send(member, self.name, seq, op, sends[j], patience)
             if outs[self.rank].size:
                 outs[self.rank][...] = sends[self.rank]
             with mailbox.cond:
@@ -281,7 +310,10 @@ class GrpcTransport(Transport):
         job_token: the token every call carries (and every server demands).
         listen_address: where this instance's peer server listens (default
             ``127.0.0.1:0``: loopback, a free port).
-        options: timeouts; ``connect_timeout_s`` bounds the rendezvous.
+        options: timeouts; ``connect_timeout_s`` bounds the rendezvous; ``grpc_shm`` lets
+            peers on the same host move the bytes through shared memory.
+        host_id: this instance's host identity (default: hostname and boot id); peers with
+            another one use pure gRPC.
 
     Raises:
         TransportError: no coordinator address or token, the listen address cannot be bound
@@ -292,7 +324,7 @@ class GrpcTransport(Transport):
 
     def __init__(self, process_index: int, process_count: int, *, coordinator_address: str,
                  job_token: str, listen_address: str = "",
-                 options: CollectiveOptions | None = None):
+                 options: CollectiveOptions | None = None, host_id: str | None = None):
         if not coordinator_address:
             raise TransportError(
                 "the grpc transport needs the coordinator's address: start the program with "
@@ -307,12 +339,14 @@ class GrpcTransport(Transport):
         self._closed = False
         self._comms: dict[tuple[int, ...], GrpcCommunicator] = {}
         self.mailbox = _Mailbox()
+        self.host_id = this_host_id() if host_id is None else host_id
+        self.shm_bytes_sent = 0
         self._server = self._serve(listen_address or "127.0.0.1:0", job_token)
         self._coord_channel = grpc.insecure_channel(
             coordinator_address, options=channel_options(MAX_CONTROL_MESSAGE_BYTES))
         self._coordinator = cpb_grpc.CoordinatorStub(self._coord_channel)
         try:
-            self.peer_addresses = self._register()
+            self.peer_addresses, self.peer_host_ids = self._register()
         except BaseException:
             self._shutdown()
             raise
@@ -334,8 +368,9 @@ class GrpcTransport(Transport):
     def _serve(self, address: str, token: str) -> grpc.Server:
         self._executor = ServingExecutor(2 * self.process_count + 2, "grpc-peer")
         server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES))
-        server.add_generic_rpc_handlers(
-            (_PeerService(token, self.process_count, self.mailbox).handler(),))
+        self._service = _PeerService(token, self.process_count, self.mailbox,
+                                     self.host_id if self.options.grpc_shm else "")
+        server.add_generic_rpc_handlers((self._service.handler(),))
         try:
             port = server.add_insecure_port(address)
         except RuntimeError as exc:
@@ -353,12 +388,13 @@ class GrpcTransport(Transport):
         server.start()
         return server
 
-    def _register(self) -> list[str]:
+    def _register(self) -> tuple[list[str], list[str]]:
         deadline = time.monotonic() + self.options.connect_timeout_s
         last_error = "no answer yet"
         request = cpb.RegisterRequest(instance=self.process_index,
                                       num_instances=self.process_count,
-                                      peer_address=self.address, wait_s=1.0)
+                                      peer_address=self.address, wait_s=1.0,
+                                      host_id=self.host_id)
         while True:
             try:
                 table = self._coordinator.Register(request, metadata=self._metadata, timeout=3.0)
@@ -375,7 +411,8 @@ class GrpcTransport(Transport):
                     raise PeerLostError(f"the job was aborted: {table.status.reason}",
                                         table.status.failed_instance)
                 if table.complete:
-                    return list(table.peer_addresses)
+                    hosts = list(table.host_ids) or [""] * self.process_count
+                    return list(table.peer_addresses), hosts
                 missing = [i for i, a in enumerate(table.peer_addresses) if not a]
                 last_error = f"instances {missing} have not registered"
             if time.monotonic() >= deadline:
@@ -434,18 +471,56 @@ class GrpcTransport(Transport):
 
     # -- sending ------------------------------------------------------------------------
 
-    def send(self, member: int, communicator: str, sequence: int, op: str,
-             data: np.ndarray) -> None:
-        """Queue ``data`` (uint8) for instance ``member`` on the stream to it; the chunks
-        are copies, so ``data`` may change once this returns."""
+    @property
+    def shm_bytes_received(self) -> int:
+        """Tensor bytes that arrived through shared memory."""
+        return self._service.shm_bytes_received
+
+    def shares_memory_with(self, member: int) -> bool:
+        """Whether the bytes to ``member`` go through shared memory (its ring is mapped)."""
         outbox = self._outboxes[member]
-        if outbox is None:
-            outbox = self._outboxes[member] = _Outbox(self._exchanges[member],
-                                                      self._metadata, self._wake)
-        data = np.ascontiguousarray(data)
+        return outbox is not None and outbox.ring is not None and outbox.ring.attached
+
+    def send(self, member: int, communicator: str, sequence: int, op: str,
+             data: np.ndarray, patience: Patience | None = None) -> None:
+        """Queue ``data`` (uint8) for instance ``member`` on the stream to it; the chunks
+        are copies (in messages, or in the ring shared with a same-host peer), so ``data``
+        may change once this returns. Waiting for room in the ring checks ``patience``.
+
+        Raises:
+            PeerLostError, CollectiveTimeoutError: while waiting for room in the ring.
+        """
+        outbox = self._outboxes[member] or self._open_outbox(member)
+        data = np.ascontiguousarray(data).reshape(-1)
+        if data.size >= MIN_SHM_BYTES and outbox.ring is not None and outbox.ring.attached:
+            def wait():
+                self.raise_if_failed()
+                self.check_sends((member,))
+                if patience is not None:
+                    patience.check()
+            for header, start, stop in chunk_headers(communicator, sequence,
+                                                     self.process_index, op, data.size,
+                                                     PIECE_BYTES):
+                header.shm_position = outbox.ring.write(data[start:stop], wait)
+                header.shm_nbytes = stop - start
+                outbox.put(encode_chunk(header, b""))
+            self.shm_bytes_sent += data.size
+            return
         for header, start, stop in chunk_headers(communicator, sequence,
                                                  self.process_index, op, data.size):
             outbox.put(encode_chunk(header, data[start:stop]))
+
+    def _open_outbox(self, member: int) -> _Outbox:
+        ring = None
+        if (self.options.grpc_shm and self.host_id
+                and self.peer_host_ids[member] == self.host_id):
+            try:
+                ring = RingWriter()
+            except OSError as exc:
+                logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
+        outbox = self._outboxes[member] = _Outbox(self._exchanges[member], self._metadata,
+                                                  self._wake, ring, self.host_id)
+        return outbox
 
     def _wake(self, _call=None) -> None:
         with self.mailbox.cond:
@@ -527,6 +602,8 @@ class GrpcTransport(Transport):
                     outbox.call.result(timeout=1.0)
                 except Exception:  # noqa: BLE001 - the peer may be gone already
                     logger.debug("the stream to a peer did not end cleanly", exc_info=True)
+                if outbox.ring is not None:
+                    outbox.ring.close()
         for channel in getattr(self, "_channels", ()):
             if channel is not None:
                 channel.close()

@@ -1,6 +1,7 @@
 """The wire format of the gRPC tensor exchange: ``peer.proto``'s ``Chunk``, encoded by hand.
 
-A ``Chunk`` is ``header`` (field 1, a ``TensorHeader``) and ``payload`` (field 2, raw bytes).
+A ``Chunk`` is ``header`` (field 1, a ``TensorHeader``) and ``payload`` (field 2, raw bytes),
+or alone a ``ShmRing`` offer (field 3; see ``shm_channel.py``).
 The generated protobuf class would copy the payload twice more on each side, so the peer
 service encodes it directly (one copy from the numpy array into the message) and decodes it
 into a view of the received message (one copy into the destination array). The bytes are
@@ -64,14 +65,20 @@ def encode_chunk(header: pb.TensorHeader, payload) -> bytes:
                      b"\x12", _varint(payload.nbytes), payload))
 
 
-def decode_chunk(data: bytes) -> tuple[pb.TensorHeader, memoryview]:
-    """The header and a view of the payload of a serialized ``Chunk``.
+def encode_offer(ring: pb.ShmRing) -> bytes:
+    """A serialized ``Chunk`` that only offers a shared-memory ring."""
+    return pb.Chunk(ring=ring).SerializeToString()
+
+
+def decode_chunk(data: bytes) -> tuple[pb.TensorHeader | None, memoryview, pb.ShmRing | None]:
+    """The header, a view of the payload and the ring offer of a serialized ``Chunk``:
+    either a header (and payload) or an offer alone.
 
     Raises:
-        WireError: the bytes are not a Chunk with a header (names the problem).
+        WireError: the bytes are not such a Chunk (names the problem).
     """
     view = memoryview(data)
-    pos, header, payload = 0, None, memoryview(b"")
+    pos, header, payload, ring = 0, None, memoryview(b""), None
     while pos < len(view):
         key, pos = _read_varint(view, pos)
         field, wire_type = key >> 3, key & 7
@@ -89,6 +96,11 @@ def decode_chunk(data: bytes) -> tuple[pb.TensorHeader, memoryview]:
                     raise WireError(f"malformed chunk header: {exc}") from None
             elif field == 2:
                 payload = value
+            elif field == 3:
+                try:
+                    ring = pb.ShmRing.FromString(value.tobytes())
+                except Exception as exc:  # protobuf's DecodeError
+                    raise WireError(f"malformed ring offer: {exc}") from None
         elif wire_type == 0:
             _, pos = _read_varint(view, pos)
         elif wire_type in (1, 5):
@@ -97,9 +109,13 @@ def decode_chunk(data: bytes) -> tuple[pb.TensorHeader, memoryview]:
             raise WireError(f"malformed message (field {field} has wire type {wire_type})")
     if pos != len(view):
         raise WireError("truncated message")
-    if header is None:
+    if ring is not None and (header is not None or payload.nbytes):
+        raise WireError("a ring offer travels alone (no header, no payload)")
+    if header is None and ring is None:
         raise WireError("chunk without a header")
-    return header, payload
+    if header is not None and header.shm_nbytes and payload.nbytes:
+        raise WireError("chunk with both a payload and bytes in shared memory")
+    return header, payload, ring
 
 
 def chunk_headers(communicator: str, sequence: int, source: int, op: str,
