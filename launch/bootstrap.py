@@ -87,23 +87,10 @@ def _follow_parent() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _record_pid() -> None:
-    """Write this process's pid beside the error file (``<error file>.pid``): mpirun names a
-    failed process by its pid, and the launcher maps it back to the instance."""
-    path = os.environ.get(envnames.ERROR_FILE)
-    if path:
-        try:
-            with open(f"{path}.pid", "w") as f:
-                f.write(str(os.getpid()))
-        except OSError:
-            pass  # only the failure report gets less precise
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns 0 on success (failures never return)."""
     argv = sys.argv[1:] if argv is None else argv
     _follow_parent()
-    _record_pid()
     try:
         _run(argv)
     except SystemExit as exc:

@@ -14,7 +14,8 @@ class InstanceFailure:
     """How one instance failed.
 
     Attributes:
-        instance: instance index.
+        instance: instance index; -1 when the failure is the job's as a whole (``error``
+            then says what is known).
         exit_code: its exit code (0 when it died by a signal).
         signal: the signal number that ended it, or 0.
         error: ``"ValueError: boom"`` when the program raised, else "".
@@ -37,6 +38,8 @@ class InstanceFailure:
             how = f"killed by {name}"
         else:
             how = f"exit code {self.exit_code}"
+        if self.instance < 0:  # not one instance: the job as a whole
+            return self.error or f"the job failed ({how})"
         return f"instance {self.instance} failed ({how})" + (f": {self.error}" if self.error else "")
 
 

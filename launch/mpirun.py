@@ -12,12 +12,12 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 _PYTHON = re.compile(r"python[0-9.]*$")
 _FLAGS_WITH_ARG = ("-X", "-W")
 _EXIT_CODES = re.compile(r"Exit codes: \[[^\]]*\] ([0-9,]+)")
-# Hydra's banner names the process whose end made it stop the job.
-_BAD_PID = re.compile(r"PID (\d+) RUNNING AT")
 
 
 def find_mpirun() -> str:
@@ -75,12 +73,73 @@ def instance_command(command: Sequence[str]) -> list[str]:
     return [*command[:i], "-m", "launch.bootstrap", *command[i:]]
 
 
-def _read_pid(path: str) -> str:
+_SHM_DIR = "/dev/shm"
+_MPICH_SEGMENT = "mpich_shm_"
+
+
+def _mpich_segments() -> set[str]:
     try:
-        with open(path) as f:
-            return f.read().strip()
+        return {name for name in os.listdir(_SHM_DIR) if name.startswith(_MPICH_SEGMENT)}
     except OSError:
-        return ""
+        return set()
+
+
+def _mapped_segments() -> set[str]:
+    """Names of MPICH segments some live process still has mapped."""
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    where = line.find(_SHM_DIR + "/" + _MPICH_SEGMENT)
+                    if where >= 0:
+                        mapped.add(line[where + len(_SHM_DIR) + 1:].split()[0])
+        except OSError:
+            continue
+    return mapped
+
+
+def remove_leftover_segments(before: set[str]) -> list[str]:
+    """Unlink MPICH shared-memory segments a failed job left in /dev/shm.
+
+    MPICH unlinks its segments in ``MPI_Finalize``, which instances that fail never reach
+    (the bootstrap ends them with ``os._exit``; mpirun kills the rest), so every failed job
+    would leave megabytes of memory behind. Removed: segments that appeared since ``before``
+    (taken when the job started) and that no live process maps any more.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    for name in sorted(_mpich_segments() - before - _mapped_segments()):
+        try:
+            os.unlink(os.path.join(_SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _unknown_order(failures: list[InstanceFailure]) -> InstanceFailure:
+    """Several instances died of signals and none said why: mpirun stops the others with
+    signals too, and a killed process takes a while to end, so which went first cannot be
+    known from outside. Say so, naming every one, instead of guessing."""
+    names = ", ".join(str(f.instance) for f in failures)
+    signals = sorted({f.signal for f in failures if f.signal})
+    how = " or ".join(_signal_name(s) for s in signals) or "an error"
+    return InstanceFailure(-1, exit_code=failures[0].exit_code, signal=failures[0].signal,
+                           error=f"instances {names} were killed by {how}; mpirun ends the "
+                                 "other instances the same way, so which failed first is "
+                                 "unknown")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _decode_status(status: int) -> tuple[int, int]:
@@ -148,6 +207,7 @@ class MpirunBackend:
             sources.append((err_path, LineTagger(f"[1,{p.index}]<stderr>:", err)))
         cmd = self.command_line(plan, workdir)
         logger.info("Running command: %s", " ".join(cmd))
+        segments_before = _mpich_segments()
         try:
             proc = self.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
@@ -155,9 +215,8 @@ class MpirunBackend:
             raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
         tailer = FileTailer(sources).start()
         statuses: list[int] = []
-        first_bad: dict[str, float] = {}
-        relay = threading.Thread(target=self._relay,
-                                 args=(proc.stdout, err, statuses, first_bad), daemon=True)
+        relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
+                                 daemon=True)
         relay.start()
         with forward_signals(proc.send_signal, proc.kill, lambda: proc.poll() is None):
             try:
@@ -168,21 +227,23 @@ class MpirunBackend:
                     proc.wait()
         relay.join(timeout=10)
         tailer.stop()
-        failures = self._failures(plan, workdir, statuses, first_bad)
+        failures = self._failures(plan, workdir, statuses)
         if returncode == 0 and not failures:
             return 0
+        removed = remove_leftover_segments(segments_before)
+        if removed:
+            logger.info("removed %d shared-memory segments the failed job left: %s",
+                        len(removed), ", ".join(removed))
         if not failures:
             failures = [InstanceFailure(instance=-1, exit_code=returncode)]
+        if len(failures) > 1 and all(f.time is None for f in failures):
+            raise InstanceFailedError(_unknown_order(failures), failures)
         raise InstanceFailedError(root_cause(failures), failures)
 
-    def _relay(self, pipe, write, statuses: list[int], first_bad: dict[str, float]) -> None:
-        """Pass mpirun's own messages on (untagged), keeping its exit-code list and the pid
-        (with the time it was reported) of the process whose end stopped the job."""
+    def _relay(self, pipe, write, statuses: list[int]) -> None:
+        """Pass mpirun's own messages on (untagged), keeping its exit-code list."""
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace")
-            bad = _BAD_PID.search(line)
-            if bad and not first_bad:
-                first_bad[bad.group(1)] = time.time()
             match = _EXIT_CODES.search(line)
             if match:
                 statuses.extend(int(s) for s in match.group(1).split(","))
@@ -190,19 +251,14 @@ class MpirunBackend:
             write(line)
         pipe.close()
 
-    def _failures(self, plan: LaunchPlan, workdir: str, statuses: list[int],
-                  first_bad: dict[str, float]) -> list[InstanceFailure]:
-        """Every failed instance: from its error file, else from mpirun's exit codes. The
-        instance whose end made mpirun stop the job (its pid in mpirun's banner) gets the
-        time mpirun reported it, so it is the root cause unless an error file came first."""
+    def _failures(self, plan: LaunchPlan, workdir: str,
+                  statuses: list[int]) -> list[InstanceFailure]:
         failures = []
         for p in plan.instances:
-            error_file = os.path.join(workdir, f"error.{p.index}.json")
-            recorded = read_error_file(error_file)
+            recorded = read_error_file(os.path.join(workdir, f"error.{p.index}.json"))
             if recorded is not None:
                 failures.append(recorded)
             elif p.index < len(statuses) and statuses[p.index]:
                 code, sig = _decode_status(statuses[p.index])
-                when = first_bad.get(_read_pid(f"{error_file}.pid"))
-                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig, time=when))
+                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
         return failures
