@@ -536,11 +536,22 @@ class GrpcTransport(Transport):
         for member in members:
             outbox = self._outboxes[member]
             if outbox is not None and outbox.call.done():
-                self.raise_if_failed()
+                self._await_verdict()
                 exc = outbox.call.exception()
                 why = _rpc_text(exc) if exc is not None else "the stream ended"
                 raise PeerLostError(f"sending to instance {member} failed ({why})",
                                     member) from None
+
+    def _await_verdict(self) -> None:
+        """A peer's stream ended: give the coordinator two heartbeats to say why before
+        blaming that peer. With three or more instances a peer may be gone only because
+        another instance died first; the coordinator's abort names that one."""
+        deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL_S + 0.2
+        while True:
+            self.raise_if_failed()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
     # -- Transport ----------------------------------------------------------------------
 
