@@ -98,6 +98,12 @@ class MPICommunicator(Communicator):
             recv[got_at[me]:got_at[me] + recv_counts[me]] = send[sent_at[me]:
                                                                  sent_at[me] + send_counts[me]]
 
+        self._exchange(requests, own, patience)
+        return recv
+
+    def _exchange(self, requests: list, own, patience: Patience) -> None:
+        """Wait for point-to-point ``requests`` while ``own()`` copies this member's piece;
+        on an error (a timeout) cancel what is still pending."""
         patience.overlap(own)
         try:
             self._wait_all(requests, patience)
@@ -106,7 +112,6 @@ class MPICommunicator(Communicator):
                 _cancel(r)
             raise
         patience.settle()
-        return recv
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
@@ -142,14 +147,7 @@ class MPICommunicator(Communicator):
         def own() -> None:
             recv[at[me]:at[me] + recv_counts[me]] = send
 
-        patience.overlap(own)
-        try:
-            self._wait_all(requests, patience)
-        except BaseException:
-            for r in requests:
-                _cancel(r)
-            raise
-        patience.settle()
+        self._exchange(requests, own, patience)
         return recv
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
