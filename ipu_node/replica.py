@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ class ReplicaExecutor:
                       if len(contexts) > 1 else None)
         self._failure_listeners: list[Callable[[BaseException], None]] = []
         self._running = threading.Lock()
+        self._blas = None  # threadpoolctl's controller, made on the first run
         self._error_lock = threading.Lock()
         self._first_error: BaseException | None = None
 
@@ -85,14 +88,33 @@ class ReplicaExecutor:
             if self._pool is None:
                 return [self._call(self._contexts[0], fn, args[0], kwargs[0])]
             self._first_error = None
-            futures = [self._pool.submit(self._call, ctx, fn, a, k)
-                       for ctx, a, k in zip(self._contexts, args, kwargs)]
-            wait(futures)
+            with self._blas_threads_per_replica():
+                futures = [self._pool.submit(self._call, ctx, fn, a, k)
+                           for ctx, a, k in zip(self._contexts, args, kwargs)]
+                wait(futures)
             if self._first_error is not None:
                 raise self._first_error
             return [f.result() for f in futures]
         finally:
             self._running.release()
+
+    def _blas_threads_per_replica(self):
+        """While several replicas run at once, each gets cores / replicas BLAS threads (at
+        least one): a BLAS spreading every matmul over all cores from every replica thread
+        oversubscribes the machine (measured: 4 replicas of a 4096x1024 MLP step took 1.6x
+        plain numpy's time, 0.6x with one BLAS thread each). Numbers of threads come back
+        when the replicas are done."""
+        if self._blas is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+                self._blas = ThreadpoolController()  # scanning the libraries once: ~0.25 ms
+            except ImportError:
+                self._blas = False
+        if not self._blas:
+            return contextlib.nullcontext()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        return self._blas.limit(limits=max(1, cores // len(self._contexts)), user_api="blas")
 
     def _call(self, ctx: ReplicaContext, fn, args, kwargs):
         _current.ctx = ctx
