@@ -26,6 +26,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -90,7 +91,35 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _read_holder(path: str, ipu_id: int, scope: str) -> Holder | None:
+def _locked_inodes() -> set[tuple[int, int]] | None:
+    """(device, inode) of every file some process holds an flock on, from the kernel's own
+    table (/proc/locks), or None where it cannot be read. Unlike a pid check, this is not
+    fooled by a dead holder's pid being reused."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    held = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK":
+            major, minor, inode = fields[5].split(":")
+            held.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
+    return held
+
+
+def _read_holder(path: str, ipu_id: int, scope: str,
+                 held: set[tuple[int, int]] | None = None) -> Holder | None:
+    """Who holds ``path`` according to its contents; None when nobody does (``held``: the
+    locked files from :func:`_locked_inodes`; without it the holder's pid is checked)."""
+    if held is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if (st.st_dev, st.st_ino) not in held:
+            return None
     try:
         with open(path, encoding="utf-8") as f:
             data = json.loads(f.read() or "null")
@@ -192,6 +221,11 @@ class Occupancy:
             raise
         return Lease(fds)
 
+    def discard(self) -> None:
+        """Remove this partition's lock files: for a launcher, once its job has ended (no
+        instance holds them any more), so that finished jobs leave nothing behind."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def holder_info(self, *, device: str) -> dict:
         """What this process writes into the lock files of the IPUs it attaches."""
         try:
@@ -209,6 +243,7 @@ class Occupancy:
         """
         if not os.path.isdir(self.system_dir):
             return []
+        held = _locked_inodes()
         scopes = sorted(os.listdir(self.system_dir)) if all_scopes else [self.scope]
         found = []
         for scope in scopes:
@@ -218,7 +253,8 @@ class Occupancy:
             for entry in os.listdir(scope_dir):
                 m = re.fullmatch(r"ipu-(\d+)\.lock", entry)
                 if m:
-                    holder = _read_holder(os.path.join(scope_dir, entry), int(m.group(1)), scope)
+                    holder = _read_holder(os.path.join(scope_dir, entry), int(m.group(1)), scope,
+                                          held)
                     if holder is not None:
                         found.append(holder)
         return sorted(found, key=lambda h: (h.ipu_id, h.scope))

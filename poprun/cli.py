@@ -22,6 +22,7 @@ import uuid
 
 from ipu_node.env import system_name
 from ipu_node.errors import IPUBusyError, IPUError
+from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
 from ipu_node.systems import SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
@@ -193,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("partition of IPUs %s reserved for job %s", partition.ipus, plan.job_id)
         if args.print_topology in ("yes", "1"):
             print(_topology(model, plan), flush=True)
-        return _run(plan)
+        try:
+            return _run(plan)
+        finally:  # every instance has ended: the job's own lock files can go
+            Occupancy(model.name, scope_name(plan.job_id)).discard()
 
 
 def _run(plan: LaunchPlan) -> int:

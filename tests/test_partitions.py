@@ -76,3 +76,23 @@ def test_a_job_that_finds_no_free_ipus_starts_nothing(pod16, tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("poprun: error: no 4 free IPUs on POD16"), describe(result)
     assert ipus == [] and result.stdout == ""
+
+
+def test_a_dead_holder_whose_pid_lives_on_is_not_listed(pod16, tmp_path):
+    """The kernel's lock table decides, not the pid written in the file (pids are reused)."""
+    import os
+    occupancy = Occupancy("POD16", MACHINE_SCOPE)
+    with reserve_partition(pod16, 4, job="a") as a:
+        assert {h.ipu_id for h in occupancy.holders(all_scopes=False)} == set(a.ipus)
+    stale = json.dumps({"pid": os.getpid(), "command": "gone", "user": "u",
+                        "attached_at": 0.0, "device": "d"})
+    (tmp_path / "occupancy" / "POD16" / MACHINE_SCOPE / "ipu-0.lock").write_text(stale)
+    assert occupancy.holders() == []
+
+
+def test_a_job_leaves_no_lock_files_of_its_own(pod16, tmp_path):
+    result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
+    assert result.returncode == 0, describe(result)
+    assert len(ipus) == 2
+    scopes = sorted(p.name for p in (tmp_path / "occupancy" / "POD16").iterdir())
+    assert scopes == [MACHINE_SCOPE]
