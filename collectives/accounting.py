@@ -100,6 +100,9 @@ class Ledger:
     def __init__(self, keep: int = 10000, cost_model: CostModel | None = None):
         self.cost_model = cost_model
         self._lock = threading.Lock()
+        # modelled seconds by (model, signature), for models that say they read the call's
+        # signature only (``signature_only = True``): saves the estimate on every call
+        self._modelled: dict[tuple, float] = {}
         self._records: list[CallRecord] = []
         self._totals: dict[str, OpStats] = {}
         self._keep = keep
@@ -107,7 +110,42 @@ class Ledger:
     def add(self, record: CallRecord) -> CallRecord:
         model = _cost_model if _cost_model is not None else self.cost_model
         if model is not None:
-            record = _with_modelled(record, float(model(record)))
+            record = _with_modelled(record, self._modelled_s(model, record))
+        return self._keep_record(record)
+
+    def _modelled_s(self, model: CostModel, record: CallRecord) -> float:
+        if not getattr(model, "signature_only", False):
+            return float(model(record))
+        key = (model, record.op, record.operator, record.method, record.dtype,
+               record.shape, record.nbytes, record.groups, record.ipus_per_replica)
+        seconds = self._modelled.get(key)
+        if seconds is None:
+            seconds = float(model(record))
+            with self._lock:
+                if len(self._modelled) >= 4096:
+                    self._modelled.clear()
+                self._modelled[key] = seconds
+        return seconds
+
+    def add_call(self, op: str, operator: str, method: str, dtype: str,
+                 shape: tuple[int, ...], nbytes: int, group: str,
+                 groups: tuple[tuple[int, ...], ...], ipus_per_replica: int,
+                 transport_bytes: int, wall_s: float) -> CallRecord:
+        """:meth:`add` of a :class:`CallRecord` of these fields, built once (the engine's
+        path, on every call)."""
+        model = _cost_model if _cost_model is not None else self.cost_model
+        # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
+        # the instance dict at once is the same record, built faster (on every call)
+        record = object.__new__(CallRecord)
+        record.__dict__.update(op=op, operator=operator, method=method, dtype=dtype,
+                               shape=shape, nbytes=nbytes, group=group, groups=groups,
+                               ipus_per_replica=ipus_per_replica,
+                               transport_bytes=transport_bytes, wall_s=wall_s, modelled_s=None)
+        if model is not None:
+            record.__dict__["modelled_s"] = self._modelled_s(model, record)  # not shared yet
+        return self._keep_record(record)
+
+    def _keep_record(self, record: CallRecord) -> CallRecord:
         with self._lock:
             self._records.append(record)
             if len(self._records) > self._keep:
@@ -198,6 +236,10 @@ class CountingCommunicator(Communicator):
         self.bytes_sent += sum(send_counts) - send_counts[self.rank]
         return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv)
 
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+        self.bytes_sent += send.nbytes - send.nbytes // self.size
+        return self.inner.alltoall_to(send, recv, patience)
+
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
         self.bytes_sent += send.nbytes * (self.size - 1)
@@ -207,6 +249,11 @@ class CountingCommunicator(Communicator):
                         patience: Patience) -> np.ndarray:
         self.bytes_sent += recv_counts[self.rank] * (self.size - 1)
         return self.inner.allgatherv_into(recv, recv_counts, patience)
+
+    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      patience: Patience) -> np.ndarray:
+        self.bytes_sent += send.nbytes * (self.size - 1)
+        return self.inner.allgatherv_to(send, recv, recv_counts, patience)
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
         if self.rank == root and self.size > 1:

@@ -14,6 +14,7 @@ reduce-scatter.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -36,18 +37,30 @@ def local_members(engine, members: Sequence[int]) -> list[int]:
     return [r for r in members if lo <= r < lo + engine.num_local_replicas]
 
 
-def local_groups(engine, group: CommGroup) -> Iterator[tuple[tuple[int, ...], list[int]]]:
+def local_groups(engine, group: CommGroup) -> tuple[tuple[tuple[int, ...], list[int]], ...]:
     """``(members, local members)`` of each group this instance takes part in, in group
-    order (the same order on every instance)."""
-    for members in group.members(engine.num_replicas):
-        local = local_members(engine, members)
-        if local:
-            yield members, local
+    order (the same order on every instance). Computed once per engine and group."""
+    cache = engine.__dict__.setdefault("_local_groups", {})
+    found = cache.get(group)
+    if found is None:
+        found = []
+        for members in group.members(engine.num_replicas):
+            local = local_members(engine, members)
+            if local:
+                found.append((members, local))
+        found = cache[group] = tuple(found)
+    return found
 
 
 def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
     """The instances that hold members of a group, increasing."""
-    return tuple(sorted({r // engine.num_local_replicas for r in members}))
+    cache = engine.__dict__.setdefault("_instances_of", {})
+    found = cache.get(members)
+    if found is None:
+        found = tuple(sorted({r // engine.num_local_replicas for r in members}))
+        if isinstance(members, tuple):
+            cache[members] = found
+    return found
 
 
 def positions_by_instance(engine, members: Sequence[int],
@@ -114,6 +127,26 @@ def _even_bounds(n: int, m: int) -> list[int]:
     return [(n * j) // m for j in range(m + 1)]
 
 
+@lru_cache(maxsize=1024)
+def _exchange_layout(sizes: tuple[int, ...], bounds: tuple[tuple[int, ...], ...] | None,
+                     m: int, me: int, itemsize: int) -> tuple:
+    """The element layout of :func:`exchange_reduce` (computed once per signature):
+    bounds, lengths per partial and member, elements per member, their offsets, and the
+    byte counts member ``me`` sends and receives."""
+    if bounds is None:
+        bounds = tuple(tuple(_even_bounds(n, m)) for n in sizes)
+    lengths = tuple(tuple(b[j + 1] - b[j] for j in range(m)) for b in bounds)
+    per_member = tuple(sum(ls[j] for ls in lengths) for j in range(m))
+    at = tuple(sum(per_member[:j]) for j in range(m + 1))
+    send_counts = [per_member[j] * itemsize for j in range(m)]
+    recv_counts = [per_member[me] * itemsize] * m
+    # The first and last members keep their own chunk out of the exchange (the others'
+    # chunks are contiguous without it): no self-copy through the transport.
+    if me in (0, m - 1):
+        send_counts[me] = recv_counts[me] = 0
+    return bounds, lengths, per_member, at, tuple(send_counts), tuple(recv_counts)
+
+
 def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
                     op: CollectiveOperator, patience: Patience,
                     bounds: Sequence[Sequence[int]] | None = None,
@@ -133,24 +166,17 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
     m, me = comm.size, comm.rank
     flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
-    if bounds is None:
-        bounds = [_even_bounds(f.size, m) for f in flats]
-    lengths = [[b[j + 1] - b[j] for j in range(m)] for b in bounds]
-    per_member = [sum(ls[j] for ls in lengths) for j in range(m)]
+    bounds, lengths, per_member, at, send_counts, recv_counts = _exchange_layout(
+        tuple(f.size for f in flats),
+        None if bounds is None else tuple(tuple(b) for b in bounds), m, me, itemsize)
+    send_counts, recv_counts = list(send_counts), list(recv_counts)
+    skip = me in (0, m - 1)
     single = len(flats) == 1
     if single:
         send = flats[0][bounds[0][0]:bounds[0][m]]
     else:
         send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
                                for f, b in zip(flats, bounds)])
-    at = [sum(per_member[:j]) for j in range(m + 1)]
-    # The first and last members keep their own chunk out of the exchange (the others'
-    # chunks are contiguous without it): no self-copy through the transport.
-    skip = me in (0, m - 1)
-    send_counts = [per_member[j] * itemsize for j in range(m)]
-    recv_counts = [per_member[me] * itemsize] * m
-    if skip:
-        send_counts[me] = recv_counts[me] = 0
     outgoing = send[at[1]:] if skip and me == 0 else send[:at[me]] if skip else send
     recv_bytes = sum(recv_counts)
     received = comm.alltoallv(outgoing.view(np.uint8), send_counts, recv_counts, patience,

@@ -234,6 +234,10 @@ class HardwareCostModel:
         self._profiles: dict[tuple, StepProfile] = {}
         self._lock = threading.Lock()
 
+    #: the estimate depends on the record's signature only (op, operator, method, dtype,
+    #: shape, bytes, groups), never on its wall time or transport bytes: the ledger caches it
+    signature_only = True
+
     @classmethod
     def for_layout(cls, model: SystemModel, num_instances: int, num_local_replicas: int,
                    ipus_per_replica: int = 1) -> "HardwareCostModel":

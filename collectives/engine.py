@@ -57,6 +57,21 @@ PARALLEL_MIN_BYTES = 1 << 20
 _SLICE_BYTES = 128 << 10
 
 
+class _Text:
+    """A message text made when first shown (most waits end without one)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], str]):
+        self._make = make
+
+    def __str__(self) -> str:
+        return self._make()
+
+    def __format__(self, spec: str) -> str:
+        return format(self._make(), spec)
+
+
 class _Slot:
     """The rendezvous of the local replicas for one call number."""
 
@@ -106,6 +121,7 @@ class CollectiveEngine:
         self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
         self._finished = False
         self._scratch = np.empty(0, np.uint8)
+        self._record_keys: dict[tuple, tuple] = {}  # (group, bytes) -> (groups, method)
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
 
@@ -259,7 +275,7 @@ class CollectiveEngine:
 
     def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
         """The wait of a data exchange between ``instances`` (all have arrived)."""
-        return Patience(desc.label(), self.options,
+        return Patience(_Text(desc.label), self.options,
                         lambda: f"instances {list(instances)} to finish the transfer",
                         committed=True)
 
@@ -342,24 +358,32 @@ class CollectiveEngine:
         start = time.perf_counter()
         desc = self._check_local(descs)
         desc = self._check_instances(desc)
-        sent = sum(c.bytes_sent for c in self._comms.values())
+        comms = self._comms.values()
+        sent = 0
+        for c in comms:
+            sent -= c.bytes_sent
         results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
-        sent = sum(c.bytes_sent for c in self._comms.values()) - sent
+        for c in comms:  # (a view: includes communicators the algorithm created)
+            sent += c.bytes_sent
         self._record(desc, values, group, sent, wall)
         return results
 
     def _record(self, desc: Descriptor, values: Sequence[Any], group: CommGroup | None,
                 sent: int, wall: float) -> None:
-        group = group or CommGroup()
-        groups = group.members(self.num_replicas)
-        nbytes = int(np.asarray(values[0]).nbytes)
-        self.ledger.add(CallRecord(
-            op=desc.op, operator=desc.operator,
-            method=self.gcl.modelled_method(len(groups[0]), nbytes),
-            dtype=desc.dtype, shape=desc.shape, nbytes=nbytes, group=desc.group,
-            groups=groups, ipus_per_replica=self.ipus_per_replica,
-            transport_bytes=sent, wall_s=wall))
+        value = values[0]
+        nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
+        key = (desc.group, nbytes, group, self.gcl)
+        known = self._record_keys.get(key)
+        if known is None:
+            groups = (group or CommGroup()).members(self.num_replicas)
+            known = (groups, self.gcl.modelled_method(len(groups[0]), nbytes))
+            if len(self._record_keys) >= 4096:
+                self._record_keys.clear()
+            self._record_keys[key] = known
+        groups, method = known
+        self.ledger.add_call(desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes,
+                             desc.group, groups, self.ipus_per_replica, sent, wall)
 
     def _check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
         first = descs[0]
@@ -393,8 +417,9 @@ class CollectiveEngine:
                 return "the other instances"
             return ", ".join(self._instance_name(i) for i in absent) or "no instance"
 
-        patience = Patience(f"{desc.label()} on {self._instance_name(self.process_index)}",
-                            self.options, missing)
+        patience = Patience(
+            _Text(lambda: f"{desc.label()} on {self._instance_name(self.process_index)}"),
+            self.options, missing)
         mine = desc.encode()
         gathered = comm.allgather(mine, patience)
         if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):

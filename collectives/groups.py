@@ -25,6 +25,9 @@ class CommGroupType(enum.Enum):
     NONE = "NONE"
 
 
+_TYPE_NUMBER = {t: i for i, t in enumerate(CommGroupType)}
+
+
 @dataclass(frozen=True)
 class CommGroup:
     """A partition of the replicas into groups that communicate.
@@ -42,6 +45,11 @@ class CommGroup:
             raise TypeError(f"CommGroup type must be a CommGroupType, not {self.type!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"CommGroup size must be an int >= 0, got {self.size!r}")
+        # from ints only: the same in every process (a pickled group keeps it)
+        object.__setattr__(self, "_hash", hash((_TYPE_NUMBER[self.type], self.size)))
+
+    def __hash__(self) -> int:  # computed once: groups key the collectives' caches
+        return self._hash
 
     def members(self, num_replicas: int) -> tuple[tuple[int, ...], ...]:
         """The groups, each a tuple of global replica indices in increasing order.
@@ -73,9 +81,13 @@ def _members(kind: CommGroupType, size: int, n: int) -> tuple[tuple[int, ...], .
 def consecutive(replica_group_size: int | None) -> CommGroup:
     """The group of ``replica_group_size`` (TF-IPU's argument): None means all replicas."""
     if replica_group_size is None:
-        return CommGroup(CommGroupType.ALL)
+        return _ALL
     if isinstance(replica_group_size, bool) or not isinstance(replica_group_size, int) \
             or replica_group_size < 1:
         raise ValueError(f"replica_group_size must be an int >= 1 or None, "
                          f"got {replica_group_size!r}")
     return CommGroup(CommGroupType.CONSECUTIVE, replica_group_size)
+
+
+#: the group of every call without a group argument (one object: cheap to hash and compare)
+_ALL = CommGroup(CommGroupType.ALL)

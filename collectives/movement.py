@@ -28,6 +28,8 @@ def all_gather(engine, desc: Descriptor, values: Sequence[np.ndarray],
                group: CommGroup) -> list[np.ndarray]:
     """Every member of a group of k gets ``[k, *shape]``: the members' values in position
     order."""
+    if engine.num_local_replicas == 1 and engine.num_replicas > 1:
+        return [_all_gather_sole(engine, desc, values[0], group)]
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
@@ -69,11 +71,30 @@ def all_gather(engine, desc: Descriptor, values: Sequence[np.ndarray],
     return results
 
 
+def _all_gather_sole(engine, desc: Descriptor, value: np.ndarray,
+                     group: CommGroup) -> np.ndarray:
+    """:func:`all_gather` on an instance with one replica: each member of the group is on
+    its own instance, in position order, so the gathered bytes are the result."""
+    ((members, _),) = local_groups(engine, group)
+    if len(members) == 1:
+        return np.stack([value])
+    instances = instances_of(engine, members)
+    out = np.empty((len(members), *value.shape), value.dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    got = engine.communicator(instances).allgatherv_to(
+        send, flat, [value.nbytes] * len(members), engine.data_patience(desc, instances))
+    return out if got is flat else got.view(value.dtype).reshape(out.shape)
+
+
 def all_to_all(engine, desc: Descriptor, values: Sequence[np.ndarray], group: CommGroup,
                split_dimension: int, concat_dimension: int) -> list[np.ndarray]:
     """XLA AllToAll in each group of k: member p splits its value along ``split_dimension``
     into k blocks and sends block q to member q; member q concatenates the blocks it gets
     along ``concat_dimension`` in sender order."""
+    if (engine.num_local_replicas == 1 and split_dimension == 0 and concat_dimension == 0
+            and engine.num_replicas > 1):
+        return [_all_to_all_sole(engine, desc, values[0], group)]
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     pending: dict[tuple[int, ...], list] = {}
@@ -141,9 +162,28 @@ def all_to_all(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Co
     return results
 
 
+def _all_to_all_sole(engine, desc: Descriptor, value: np.ndarray,
+                     group: CommGroup) -> np.ndarray:
+    """:func:`all_to_all` along dimension 0 on an instance with one replica: its value in
+    memory order is its blocks in destination order, and the blocks arrive in sender order,
+    already concatenated (each member on its own instance)."""
+    ((members, _),) = local_groups(engine, group)
+    if len(members) == 1:
+        return value.copy()
+    instances = instances_of(engine, members)  # == members: one replica per instance
+    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    out = np.empty(value.shape, value.dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    got = engine.communicator(instances).alltoall_to(send, flat,
+                                                     engine.data_patience(desc, instances))
+    return out if got is flat else got.view(value.dtype).reshape(value.shape)
+
+
 def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: CommGroup,
               root: int) -> list[np.ndarray]:
     """Every member of a group gets the value of the member at position ``root``."""
+    if engine.num_local_replicas == 1 and engine.num_replicas > 1:
+        return [_broadcast_sole(engine, desc, values[0], group, root)]
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     L = engine.num_local_replicas
@@ -178,6 +218,28 @@ def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: Com
             out = data[j * value.nbytes:(j + 1) * value.nbytes].view(value.dtype)
             give(results, engine, members, out.reshape(value.shape), values)
     return results
+
+
+def _broadcast_sole(engine, desc: Descriptor, value: np.ndarray, group: CommGroup,
+                    root: int) -> np.ndarray:
+    """:func:`broadcast` on an instance with one replica (each member on its own
+    instance): the root copies its value into its result while the others receive theirs
+    straight into theirs."""
+    ((members, _),) = local_groups(engine, group)
+    if len(members) == 1:
+        return value.copy()
+    instances = instances_of(engine, members)
+    comm = engine.communicator(instances)
+    patience = engine.data_patience(desc, instances)
+    if members[root] == engine.replica_index_offset:  # this instance is the root
+        data = np.ascontiguousarray(value)
+        result: list = []
+        patience.overlap(lambda: result.append(data.copy()))  # while the peers receive
+        comm.broadcast(data.reshape(-1).view(np.uint8), root, patience)
+        patience.settle()
+        return result[0].reshape(value.shape)
+    data = comm.broadcast(np.empty(value.nbytes, np.uint8), root, patience)
+    return data.view(value.dtype).reshape(value.shape)
 
 
 def broadcast_from_instance0(engine, desc: Descriptor, values: Sequence[np.ndarray]) -> list:

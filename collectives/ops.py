@@ -87,13 +87,23 @@ def _members(what: str, group: CommGroup, num_replicas: int):
         raise CollectiveArgumentError(f"{what}: {exc}") from None
 
 
+#: descriptors (sequence number 0) by call signature: built once, then ``with_seq``
+_descriptors: dict[tuple, Descriptor] = {}
+
+
 def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
           operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
     ctx = require_replica_context(what)
     _members(what, group, ctx.num_replicas)
-    desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
-                      shape=tuple(arr.shape), group=str(group), name=name or "",
-                      params=params)
+    key = (what, operator, arr.dtype, arr.shape, group, name, params)
+    desc = _descriptors.get(key)
+    if desc is None:
+        desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
+                          shape=tuple(arr.shape), group=str(group), name=name or "",
+                          params=params)
+        if len(_descriptors) >= 4096:
+            _descriptors.clear()
+        _descriptors[key] = desc
     return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
 
 

@@ -55,6 +55,14 @@ class Communicator(ABC):
         member order: in ``recv[:sum(recv_counts)]`` when given (a scratch buffer the caller
         reuses; a single member may return ``send`` instead)."""
 
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+        """:meth:`alltoallv` with equal blocks (``len(send) / size`` bytes to and from every
+        member) into ``recv`` (``uint8[len(send)]``, which the caller allocated for the
+        result): returns ``recv`` filled in (MPI does this) or a new buffer (this default:
+        :meth:`alltoallv`)."""
+        counts = [send.nbytes // self.size] * self.size
+        return self.alltoallv(send, counts, counts, patience)
+
     @abstractmethod
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
