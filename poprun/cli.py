@@ -82,19 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _YES_NO = ("yes", "no", "1", "0")
-_VALUE_OPTIONS = ("-n", "--num-instances", "--num-replicas", "--ipus-per-replica", "--system",
-                  "--print-topology", "--launcher", "--transport")
 
 
-def _bare_flags_say_yes(argv: list[str]) -> list[str]:
+def _bare_flags_say_yes(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``--print-topology`` alone means ``--print-topology yes`` (poprun's booleans take
     yes/no/1/0), without taking the program's name as its value."""
+    # Options that take a value, from the parser itself: the word after one is not the program.
+    value_options = {s for a in parser._actions if a.nargs != 0 for s in a.option_strings}
     out = []
     for i, arg in enumerate(argv):
         out.append(arg)
         if arg == "--print-topology" and (i + 1 == len(argv) or argv[i + 1] not in _YES_NO):
             out.append("yes")
-        if not arg.startswith("-") and (i == 0 or argv[i - 1] not in _VALUE_OPTIONS):
+        if not arg.startswith("-") and (i == 0 or argv[i - 1] not in value_options):
             return out + argv[i + 1:]  # the program: the rest is its own
     return out
 
@@ -163,7 +163,7 @@ def run_plan(plan: LaunchPlan) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run poprun; returns the exit code (2: bad arguments, nothing started)."""
     parser = build_parser()
-    argv = _bare_flags_say_yes(list(sys.argv[1:] if argv is None else argv))
+    argv = _bare_flags_say_yes(parser, list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
