@@ -98,17 +98,15 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         return pb.JobStatus(aborted=True, failed_instance=self._aborted[0],
                             reason=self._aborted[1])
 
-    @property
-    def all_left(self) -> bool:
-        """Every instance has closed its transport (or the job was aborted)."""
-        with self._cond:
-            return self._aborted is not None or len(self._left) == self.num_instances
+    def _all_left(self) -> bool:
+        """Every instance has closed its transport, or the job was aborted (lock held)."""
+        return self._aborted is not None or len(self._left) == self.num_instances
 
     def wait_all_left(self, timeout_s: float) -> bool:
         """Block until every instance has left or the job was aborted, at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._aborted is None and len(self._left) < self.num_instances:
+            while not self._all_left():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
