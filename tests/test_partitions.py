@@ -9,12 +9,12 @@ from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
 from ipu_node.partition import reserve_partition
 from ipu_node.selection import assign_instance_ipus
 from ipu_node.systems import get_system_model
+from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 from tests.procs import PROGRAMS, describe, run_poprun
 
 
 @pytest.fixture
-def pod16(tmp_path, monkeypatch):
-    monkeypatch.setenv("IPUPOD_OCCUPANCY_DIR", str(tmp_path / "occupancy"))
+def pod16(isolated):  # noqa: F811 - a private occupancy directory (tests/hw_fixtures.py)
     return get_system_model("POD16")
 
 
@@ -29,9 +29,8 @@ def test_partitions_of_two_jobs_are_disjoint_and_freed(pod16):
         assert sorted(d.ipus) == list(range(16))
 
 
-def test_a_partition_is_seen_by_programs_started_on_their_own(pod16, monkeypatch):
+def test_a_partition_is_seen_by_programs_started_on_their_own(pod16):
     import ipu_node
-    monkeypatch.delenv("IPUPOD_JOB_ID", raising=False)
     with reserve_partition(pod16, 8, job="a") as a:
         held = {h.ipu_id for h in Occupancy("POD16", MACHINE_SCOPE).holders(all_scopes=False)}
         assert held == set(a.ipus)
@@ -78,7 +77,7 @@ def test_a_job_that_finds_no_free_ipus_starts_nothing(pod16, tmp_path):
     assert ipus == [] and result.stdout == ""
 
 
-def test_a_dead_holder_whose_pid_lives_on_is_not_listed(pod16, tmp_path):
+def test_a_dead_holder_whose_pid_lives_on_is_not_listed(pod16, isolated):  # noqa: F811
     """The kernel's lock table decides, not the pid written in the file (pids are reused)."""
     import os
     occupancy = Occupancy("POD16", MACHINE_SCOPE)
@@ -86,13 +85,13 @@ def test_a_dead_holder_whose_pid_lives_on_is_not_listed(pod16, tmp_path):
         assert {h.ipu_id for h in occupancy.holders(all_scopes=False)} == set(a.ipus)
     stale = json.dumps({"pid": os.getpid(), "command": "gone", "user": "u",
                         "attached_at": 0.0, "device": "d"})
-    (tmp_path / "occupancy" / "POD16" / MACHINE_SCOPE / "ipu-0.lock").write_text(stale)
+    (isolated / "POD16" / MACHINE_SCOPE / "ipu-0.lock").write_text(stale)
     assert occupancy.holders() == []
 
 
-def test_a_job_leaves_no_lock_files_of_its_own(pod16, tmp_path):
+def test_a_job_leaves_no_lock_files_of_its_own(pod16, isolated, tmp_path):  # noqa: F811
     result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
     assert result.returncode == 0, describe(result)
     assert len(ipus) == 2
-    scopes = sorted(p.name for p in (tmp_path / "occupancy" / "POD16").iterdir())
+    scopes = sorted(p.name for p in (isolated / "POD16").iterdir())
     assert scopes == [MACHINE_SCOPE]
