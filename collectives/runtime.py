@@ -40,6 +40,9 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
         TransportError: the transport cannot start.
     """
     system = system or get_system()
+    engine = _engines.get(id(system))  # every collective call comes here: no lock once made
+    if engine is not None:
+        return engine
     with _lock:
         engine = _engines.get(id(system))
         if engine is None:
