@@ -74,6 +74,18 @@ class OpStats:
     methods: dict = field(default_factory=dict)
 
 
+class CallSignature:
+    """The fields of a :class:`CallRecord` fixed by the call's signature, and the modelled
+    seconds of the last ``signature_only`` cost model that priced it."""
+
+    __slots__ = ("fields", "model", "modelled_s")
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+        self.model = None
+        self.modelled_s: float | None = None
+
+
 CostModel = Callable[[CallRecord], float]
 _cost_model: CostModel | None = None
 
@@ -127,22 +139,38 @@ class Ledger:
                 self._modelled[key] = seconds
         return seconds
 
-    def add_call(self, op: str, operator: str, method: str, dtype: str,
-                 shape: tuple[int, ...], nbytes: int, group: str,
-                 groups: tuple[tuple[int, ...], ...], ipus_per_replica: int,
-                 transport_bytes: int, wall_s: float) -> CallRecord:
-        """:meth:`add` of a :class:`CallRecord` of these fields, built once (the engine's
-        path, on every call)."""
+    @staticmethod
+    def signature(op: str, operator: str, method: str, dtype: str, shape: tuple[int, ...],
+                  nbytes: int, group: str, groups: tuple[tuple[int, ...], ...],
+                  ipus_per_replica: int) -> "CallSignature":
+        """What a call's :class:`CallRecord` takes from its signature, for
+        :meth:`add_signed` (the engine keeps one per signature)."""
+        return CallSignature({"op": op, "operator": operator, "method": method,
+                              "dtype": dtype, "shape": shape, "nbytes": nbytes,
+                              "group": group, "groups": groups,
+                              "ipus_per_replica": ipus_per_replica})
+
+    def add_signed(self, signature: "CallSignature", transport_bytes: int,
+                   wall_s: float) -> CallRecord:
+        """:meth:`add` of the record of one call of ``signature``: the engine's path, on
+        every call. A cost model that reads the signature only (``signature_only = True``)
+        is asked once per signature."""
         model = _cost_model if _cost_model is not None else self.cost_model
         # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
-        # the instance dict at once is the same record, built faster (on every call)
+        # the instance dict at once is the same record, built faster
         record = object.__new__(CallRecord)
-        record.__dict__.update(op=op, operator=operator, method=method, dtype=dtype,
-                               shape=shape, nbytes=nbytes, group=group, groups=groups,
-                               ipus_per_replica=ipus_per_replica,
-                               transport_bytes=transport_bytes, wall_s=wall_s, modelled_s=None)
+        fields_ = record.__dict__
+        fields_.update(signature.fields)
+        fields_["transport_bytes"] = transport_bytes
+        fields_["wall_s"] = wall_s
+        fields_["modelled_s"] = None
         if model is not None:
-            record.__dict__["modelled_s"] = self._modelled_s(model, record)  # not shared yet
+            if signature.model is model:
+                fields_["modelled_s"] = signature.modelled_s
+            else:
+                fields_["modelled_s"] = seconds = float(model(record))
+                if getattr(model, "signature_only", False):
+                    signature.model, signature.modelled_s = model, seconds
         return self._keep_record(record)
 
     def _keep_record(self, record: CallRecord) -> CallRecord:
@@ -150,7 +178,9 @@ class Ledger:
             self._records.append(record)
             if len(self._records) > self._keep:
                 del self._records[: len(self._records) - self._keep]
-            totals = self._totals.setdefault(record.op, OpStats())
+            totals = self._totals.get(record.op)
+            if totals is None:
+                totals = self._totals[record.op] = OpStats()
             totals.calls += 1
             totals.payload_bytes += record.nbytes
             totals.transport_bytes += record.transport_bytes

@@ -123,6 +123,12 @@ def local_partial(engine, values: Sequence[np.ndarray], members: Sequence[int],
     return out.reshape(inputs[0].shape)
 
 
+#: an allreduce between two instances of at most this many bytes goes in one round
+#: (:func:`_pair_allreduce`); larger ones reduce-scatter then all-gather, which halves the
+#: arithmetic per instance
+PAIR_ALLREDUCE_MAX_BYTES = 1 << 20
+
+
 def _even_bounds(n: int, m: int) -> list[int]:
     return [(n * j) // m for j in range(m + 1)]
 
@@ -166,6 +172,8 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
     m, me = comm.size, comm.rank
     flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
+    if gather and m == 2 and sum(f.nbytes for f in flats) <= PAIR_ALLREDUCE_MAX_BYTES:
+        return _pair_allreduce(comm, partials, flats, op, patience, scratch)
     bounds, lengths, per_member, at, send_counts, recv_counts = _exchange_layout(
         tuple(f.size for f in flats),
         None if bounds is None else tuple(tuple(b) for b in bounds), m, me, itemsize)
@@ -207,6 +215,28 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
             out[b[j]:b[j + 1]] = gathered[start:start + b[j + 1] - b[j]]
             start += b[j + 1] - b[j]
     return [o.reshape(p.shape) for o, p in zip(outs, partials)]
+
+
+def _pair_allreduce(comm: Communicator, partials: Sequence[np.ndarray],
+                    flats: Sequence[np.ndarray], op: CollectiveOperator, patience: Patience,
+                    scratch=None) -> list[np.ndarray]:
+    """:func:`exchange_reduce` (gather) between two members in one round: each sends its
+    whole partials to the other (the bytes a ring's reduce-scatter plus all-gather send
+    between two) and both combine the pair in member order (the tree of two)."""
+    send = flats[0] if len(flats) == 1 else np.concatenate(flats)
+    nbytes, peer = send.nbytes, 1 - comm.rank
+    counts = [0, 0]
+    counts[peer] = nbytes
+    received = comm.alltoallv(send.view(np.uint8), counts, counts, patience,
+                              scratch(nbytes) if scratch else None)
+    theirs = received[:nbytes].view(send.dtype)
+    pair = [send, theirs] if peer == 1 else [theirs, send]
+    whole = tree_reduce(pair, _combiner(op), out=np.empty(send.size, send.dtype))
+    out, start = [], 0
+    for f, p in zip(flats, partials):
+        out.append(whole[start:start + f.size].reshape(p.shape))
+        start += f.size
+    return out
 
 
 def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],

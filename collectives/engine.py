@@ -39,6 +39,7 @@ from collectives.errors import (CollectiveAbortedError, CollectiveError,
                                 TransportError)
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup
+from collectives.handshake import Handshake
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Transport
 from collectives.waiting import Patience
@@ -70,6 +71,10 @@ class _Text:
 
     def __format__(self, spec: str) -> str:
         return format(self._make(), spec)
+
+
+def _other_instances() -> str:
+    return "the other instances"
 
 
 class _Slot:
@@ -121,9 +126,13 @@ class CollectiveEngine:
         self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
         self._finished = False
         self._scratch = np.empty(0, np.uint8)
-        self._record_keys: dict[tuple, tuple] = {}  # (group, bytes) -> (groups, method)
+        self._signatures: dict[tuple, dict] = {}  # call signature -> Ledger.signature
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
+        self._everyone = tuple(range(transport.process_count))
+        # descriptors travel with the first data of a call (collectives.handshake)
+        self._fuses = transport.process_count > 1 and transport.fuses_descriptors
+        self._handshake: Handshake | None = None  # the leader's call in flight
 
     @property
     def process_index(self) -> int:
@@ -157,7 +166,7 @@ class CollectiveEngine:
             leader = slot.arrived == self.num_local_replicas and not slot.leading
             slot.leading = slot.leading or leader
         if leader:
-            self._lead(slot)
+            self._lead(slot, 2 * seq)
         else:
             self._wait(slot, desc, local_index)
         with self._cond:
@@ -178,7 +187,7 @@ class CollectiveEngine:
             seq = self._seq[0]
             self._seq[0] = seq + 1
         try:
-            return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
+            return self._execute((desc.with_seq(seq),), (value,), algorithm, group, 2 * seq)[0]
         except (CollectiveTimeoutError, TransportError) as exc:
             self.abort(exc)  # requests may still be pending: the engine is unusable
             raise
@@ -191,7 +200,8 @@ class CollectiveEngine:
             seq = self._host_seq
             self._host_seq += 1
         desc = replace(desc, seq=seq, op=f"host {desc.op}")
-        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
+        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None,
+                             2 * seq + 1)
 
     def run_started(self) -> None:
         """The local replicas are about to run a function (``strategy.run``); called before
@@ -274,10 +284,14 @@ class CollectiveEngine:
             helper.result()
 
     def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
-        """The wait of a data exchange between ``instances`` (all have arrived)."""
-        return Patience(_Text(desc.label), self.options,
-                        lambda: f"instances {list(instances)} to finish the transfer",
-                        committed=True)
+        """The wait of a data exchange between ``instances``; it carries the call's pending
+        descriptor handshake, if any (see :mod:`collectives.handshake`), so the data waits
+        only once every instance has arrived and agreed."""
+        patience = Patience(_Text(desc.label), self.options,
+                            lambda: f"instances {list(instances)} to finish the transfer",
+                            committed=True)
+        patience.handshake = self._handshake
+        return patience
 
     # -- internals ----------------------------------------------------------------------
 
@@ -287,9 +301,10 @@ class CollectiveEngine:
                 f"collectives are unusable after {type(self._failure).__name__}: "
                 f"{self._failure}") from self._failure
 
-    def _lead(self, slot: _Slot) -> None:
+    def _lead(self, slot: _Slot, call_id: int) -> None:
         try:
-            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group)
+            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group,
+                                         call_id)
         except BaseException as exc:  # every replica re-raises it
             slot.error = exc
             if isinstance(exc, (CollectiveTimeoutError, TransportError)):
@@ -354,36 +369,68 @@ class CollectiveEngine:
             self._cond.notify_all()
 
     def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
-                 algorithm: Algorithm, group: CommGroup | None) -> list:
+                 algorithm: Algorithm, group: CommGroup | None, call_id: int) -> list:
         start = time.perf_counter()
         desc = self._check_local(descs)
-        desc = self._check_instances(desc)
         comms = self._comms.values()
         sent = 0
         for c in comms:
             sent -= c.bytes_sent
-        results = algorithm(self, desc, values)
+        if self._fuses and not desc.error:
+            results = self._run_fused(desc, values, algorithm, call_id)
+        else:
+            desc = self._check_instances(desc)
+            results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         for c in comms:  # (a view: includes communicators the algorithm created)
             sent += c.bytes_sent
         self._record(desc, values, group, sent, wall)
         return results
 
+    def _run_fused(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm,
+                   call_id: int) -> list:
+        """Run ``algorithm`` with the descriptor handshake left to the transport, which
+        carries it with the call's first data; completed here when nothing carried it."""
+        handshake = self._handshake = Handshake(desc, self._everyone, call_id,
+                                                self._check_instances,
+                                                self._check_descriptors,
+                                                self._arrival_patience)
+        try:
+            results = algorithm(self, desc, values)
+        except BaseException as exc:
+            if not handshake.done:  # failed before any exchange: the others must not wait
+                handshake.done = True
+                self._share_failure(desc, exc)
+            raise
+        finally:
+            self._handshake = None
+        handshake.complete()
+        return results
+
+    def _share_failure(self, desc: Descriptor, exc: BaseException) -> None:
+        """Tell the other instances that this one failed in ``desc`` (they raise too)."""
+        message = (f"{desc.label()} failed on {self._instance_name(self.process_index)}: "
+                   f"{type(exc).__name__}: {exc}")
+        try:
+            self._check_instances(replace(desc, error=message))
+        except CollectiveError:
+            pass  # the shared error, or a timeout: this instance raises its own
+
     def _record(self, desc: Descriptor, values: Sequence[Any], group: CommGroup | None,
                 sent: int, wall: float) -> None:
         value = values[0]
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
-        key = (desc.group, nbytes, group, self.gcl)
-        known = self._record_keys.get(key)
-        if known is None:
+        key = (desc.op, desc.operator, desc.dtype, desc.shape, desc.group, nbytes, group)
+        signature = self._signatures.get(key)
+        if signature is None:
             groups = (group or CommGroup()).members(self.num_replicas)
-            known = (groups, self.gcl.modelled_method(len(groups[0]), nbytes))
-            if len(self._record_keys) >= 4096:
-                self._record_keys.clear()
-            self._record_keys[key] = known
-        groups, method = known
-        self.ledger.add_call(desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes,
-                             desc.group, groups, self.ipus_per_replica, sent, wall)
+            method = self.gcl.modelled_method(len(groups[0]), nbytes)
+            if len(self._signatures) >= 4096:
+                self._signatures.clear()
+            signature = self._signatures[key] = self.ledger.signature(
+                desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes, desc.group,
+                groups, self.ipus_per_replica)
+        self.ledger.add_signed(signature, sent, wall)
 
     def _check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
         first = descs[0]
@@ -409,21 +456,27 @@ class CollectiveEngine:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
             return desc
-        comm = self.transport.communicator(tuple(range(self.transport.process_count)))
-
-        def missing() -> str:
-            absent = patience.absent
-            if absent is None:
-                return "the other instances"
-            return ", ".join(self._instance_name(i) for i in absent) or "no instance"
-
-        patience = Patience(
-            _Text(lambda: f"{desc.label()} on {self._instance_name(self.process_index)}"),
-            self.options, missing)
+        comm = self.transport.communicator(self._everyone)
         mine = desc.encode()
-        gathered = comm.allgather(mine, patience)
+        gathered = comm.allgather(mine, self._arrival_patience(desc))
+        self._check_descriptors(desc, mine, gathered)
+        return desc
+
+    def _arrival_patience(self, desc: Descriptor) -> Patience:
+        """The wait for the other instances' descriptors: names those not arrived."""
+        return Patience(
+            _Text(lambda: f"{desc.label()} on {self._instance_name(self.process_index)}"),
+            self.options, _other_instances, name_absent=self._instance_names)
+
+    def _instance_names(self, instances: Sequence[int]) -> str:
+        return ", ".join(self._instance_name(i) for i in instances)
+
+    def _check_descriptors(self, desc: Descriptor, mine: np.ndarray,
+                           gathered: np.ndarray) -> None:
+        """Raise ``CollectiveMismatchError`` unless every row of ``gathered`` (one encoded
+        descriptor per instance) is ``mine``, naming the first difference."""
         if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):
-            return desc  # the same bytes everywhere: nothing to decode
+            return  # the same bytes everywhere: nothing to decode
         descs = [Descriptor.decode(row) for row in gathered]
         errors = [d.error for d in descs if d.error]
         if errors:
@@ -432,7 +485,6 @@ class CollectiveEngine:
             diff = descs[0].differences(other)
             if diff:
                 raise CollectiveMismatchError(self._mismatch_message(descs[0], other, i, diff))
-        return desc
 
     def _mismatch_message(self, first: Descriptor, other: Descriptor, i: int,
                           diff: list[str]) -> str:

@@ -42,22 +42,28 @@ class Patience:
     Args:
         what: the collective waited for, for messages (e.g. ``"cross_replica_sum #12"``).
         options: stall warning and timeout, wall seconds.
-        missing: returns a description of who has not arrived (e.g. ``"replicas 2, 3"``);
-            it may read :attr:`absent`.
+        missing: returns a description of who has not arrived (e.g. ``"replicas 2, 3"``).
         committed: every peer has arrived; poll by yielding only (see the module docstring).
+        name_absent: names the members in :attr:`absent` (e.g. ``"instance 1 (replica 1)"``);
+            used in place of ``missing`` once a communicator has reported them.
 
     Attributes:
         absent: the communicator members (instance indices) whose data has not arrived yet,
             as last reported through :meth:`waiting_for`; None when unknown.
+        handshake: the call's pending :class:`~collectives.handshake.Handshake` on a data
+            wait (the transport carries or completes it before moving data), else None.
     """
 
     def __init__(self, what: str, options: CollectiveOptions, missing: Callable[[], str],
-                 committed: bool = False):
+                 committed: bool = False,
+                 name_absent: Callable[[Sequence[int]], str] | None = None):
         self.what = what
         self.options = options
         self.missing = missing
+        self.name_absent = name_absent
         self.committed = committed
         self.absent: tuple[int, ...] | None = None
+        self.handshake = None
         self.start = time.monotonic()
         self._warned = False
         self._sleep = 0.00005
@@ -71,6 +77,12 @@ class Patience:
         """Called by a communicator: the members whose data has not arrived yet."""
         self.absent = tuple(members)
 
+    def describe_missing(self) -> str:
+        """Who has not arrived, for messages."""
+        if self.name_absent is not None and self.absent is not None:
+            return self.name_absent(self.absent) or "no instance"
+        return self.missing()
+
     def check(self) -> None:
         """Warn once past the stall time; raise past the timeout.
 
@@ -80,7 +92,7 @@ class Patience:
         elapsed = self.elapsed()
         if elapsed >= self.options.timeout_s:
             raise CollectiveTimeoutError(
-                f"{self.what}: waited {elapsed:.0f} s for {self.missing()}; giving up "
+                f"{self.what}: waited {elapsed:.0f} s for {self.describe_missing()}; giving up "
                 f"(timeout {self.options.timeout_s:g} s). The replicas may have diverged: "
                 "every replica must call the same collectives in the same order.")
         if not self._warned and elapsed >= self.options.stall_warning_s:
@@ -88,7 +100,7 @@ class Patience:
             logger.warning(
                 "%s: waiting %.1f s for %s. If this persists, some replicas are not calling "
                 "this collective (different control flow or data per replica).",
-                self.what, elapsed, self.missing())
+                self.what, elapsed, self.describe_missing())
 
     def overlap(self, work: Callable[[], None]) -> None:
         """Run ``work`` (e.g. copying results) while the transfer is in flight: at the first

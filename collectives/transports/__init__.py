@@ -34,7 +34,12 @@ def create_transport(name: str, process_index: int, process_count: int, *,
         from collectives.transports.local import LocalTransport
         return LocalTransport(process_index, process_count)
     if name == "mpi":
-        from collectives.transports.mpi import MPITransport
+        try:
+            from collectives.transports.mpi import MPITransport
+        except ImportError as exc:
+            from collectives.errors import TransportError
+            raise TransportError(
+                f"the MPI transport needs mpi4py (pip install mpi4py mpich): {exc}") from exc
         return MPITransport(process_index, process_count)
     if name == "grpc":
         try:

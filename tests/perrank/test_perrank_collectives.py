@@ -4,7 +4,7 @@
 
 Each instance runs the same tests; collectives cross the instances over MPI. The tests are
 size-agnostic (any instance count, any local replica count). Mismatch tests leave the
-collectives usable (mismatches are found before data moves), so they share one system.
+collectives usable (mismatches are found before any data is used), so they share one system.
 """
 
 from __future__ import annotations
@@ -63,6 +63,61 @@ def test_mismatch_between_instances_raises_on_every_replica(strategy):
     # still usable afterwards, on every instance
     out = strategy.run(lambda: C.cross_replica_sum(np.ones(1)))
     assert out[0][0] == strategy.num_replicas_in_sync
+
+
+#: large enough that MPI moves it by rendezvous, not eagerly (the data of a call travels
+#: with its descriptor: a call that differs must withdraw data already on its way)
+_LARGE = 1 << 18
+
+_CALLS = {
+    "cross_replica_sum": lambda x: C.cross_replica_sum(x),
+    "all_gather": lambda x: C.all_gather(x),
+    "reduce_scatter": lambda x: C.reduce_scatter(x),
+    "all_to_all": lambda x: C.all_to_all(x, 0, 0),
+    "broadcast": lambda x: C.broadcast(x),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_CALLS))
+def test_large_mismatch_withdraws_the_data_and_leaves_collectives_usable(strategy, op):
+    last = strategy.num_replicas_in_sync - 1
+    R = strategy.num_replicas_in_sync
+
+    def step():
+        r = int(C.replication_index())
+        n = _LARGE * (2 if r == last else 1) * R  # the last replica sends twice the bytes
+        try:
+            _CALLS[op](np.full(n, r, np.float32))
+        except C.CollectiveMismatchError as exc:
+            return str(exc)
+        return "no error"
+
+    for message in strategy.run(step):
+        assert op in message and "shape" in message, message
+    # the next calls (same signature as the withdrawn one on most replicas) get their own data
+    x = np.arange(_LARGE * R, dtype=np.float32)
+    for result in strategy.run(lambda: C.all_gather(x + C.replication_index())):
+        assert np.array_equal(result, x + np.arange(R, dtype=np.float32)[:, None])
+    for result in strategy.run(lambda: C.cross_replica_sum(x)):
+        assert np.array_equal(result, x * R)
+
+
+def test_different_ops_of_the_same_bytes_raise_and_stay_usable(strategy):
+    R = strategy.num_replicas_in_sync
+
+    def step():
+        r = int(C.replication_index())
+        x = np.ones(_LARGE * R, np.float32)
+        try:
+            (C.all_to_all(x, 0, 0) if r % 2 else C.broadcast(x))
+        except C.CollectiveMismatchError as exc:
+            return str(exc)
+        return "no error"
+
+    for message in strategy.run(step):
+        assert "all_to_all" in message and "broadcast" in message, message
+    for result in strategy.run(lambda: C.broadcast(np.full(3, C.replication_index()))):
+        assert (result == 0).all()
 
 
 def test_transport_bytes_are_about_a_ring(strategy):

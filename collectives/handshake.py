@@ -1,0 +1,103 @@
+"""The descriptor handshake of one collective call between instances.
+
+No instance may use a call's data before it knows that every instance called the same
+collective (the descriptors agree); otherwise it raises instead of returning wrong data or
+waiting for ever. A handshake can be done two ways:
+
+* **in a round of its own** (:meth:`Handshake.complete`): the descriptors are all-gathered
+  first, then the data moves. Every transport can do this; it costs a round trip per call.
+* **with the call's first data** (:meth:`Handshake.verify`): a transport that can move data
+  on speculation sends each descriptor together with the first data of the call, and
+  checks the descriptors before it waits for (or uses) any data; on a disagreement it
+  withdraws what it posted. MPI point-to-point can (a receive can be cancelled, and a
+  message sent under a tag of its own that nobody receives harms nobody); it saves the
+  round trip, which is most of the fixed cost of a call between two instances.
+
+The engine makes one :class:`Handshake` per call when its transport says
+``fuses_descriptors``, and hands it to the transport on the call's data
+:class:`~collectives.waiting.Patience` (``patience.handshake``). A communicator that cannot
+carry it (another set of members, or an MPI collective that must not start on speculation)
+calls :meth:`Handshake.complete` before it moves data. After the algorithm, the engine
+completes a handshake nobody carried (a call whose groups never left the instance).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from collectives.descriptor import Descriptor
+from collectives.waiting import Patience
+
+
+class Handshake:
+    """The pending descriptor check of one call.
+
+    Args:
+        desc: this instance's descriptor of the call.
+        members: the instances that must agree (all of the job's), increasing.
+        call_id: a number of the call, the same on every instance whose descriptors agree
+            and different for every call of an engine (transports derive message tags
+            from it, so the data of a withdrawn call can never meet a later call).
+        exchange: ``exchange(desc)``: the handshake in a round of its own; raises
+            ``CollectiveMismatchError`` when an instance disagrees.
+        check: ``check(desc, mine, gathered)``: compares the gathered descriptors
+            (``uint8[len(members), WIRE_BYTES]``, member order) with ``mine``; raises
+            ``CollectiveMismatchError`` when one differs or carries an error.
+        arrival: ``arrival(desc)``: the :class:`Patience` of a wait for the other
+            instances' descriptors (names the instances that have not arrived).
+
+    Attributes:
+        done: the descriptors were exchanged (and found equal, unless a check raised).
+    """
+
+    __slots__ = ("desc", "members", "call_id", "done", "_exchange", "_check", "_arrival",
+                 "_mine")
+
+    def __init__(self, desc: Descriptor, members: tuple[int, ...], call_id: int,
+                 exchange: Callable[[Descriptor], object],
+                 check: Callable[[Descriptor, np.ndarray, np.ndarray], None],
+                 arrival: Callable[[Descriptor], Patience]):
+        self.desc = desc
+        self.members = members
+        self.call_id = call_id
+        self.done = False
+        self._exchange = exchange
+        self._check = check
+        self._arrival = arrival
+        self._mine: np.ndarray | None = None
+
+    def encoded(self) -> np.ndarray:
+        """This instance's descriptor on the wire: ``uint8[WIRE_BYTES]``."""
+        if self._mine is None:
+            self._mine = self.desc.encode()
+        return self._mine
+
+    def patience(self) -> Patience:
+        """A new wait for the other instances' descriptors (they may still be computing)."""
+        return self._arrival(self.desc)
+
+    def complete(self) -> None:
+        """The handshake in a round of its own, unless it is done already.
+
+        Raises:
+            CollectiveMismatchError: an instance called something else.
+            CollectiveTimeoutError: an instance did not arrive in time.
+        """
+        if not self.done:
+            self.done = True
+            self._exchange(self.desc)
+
+    def verify(self, gathered: np.ndarray) -> None:
+        """Check the descriptors that travelled with the data.
+
+        Args:
+            gathered: ``uint8[len(members), WIRE_BYTES]``, every member's descriptor.
+
+        Raises:
+            CollectiveMismatchError: an instance called something else; the transport must
+                withdraw the call's data requests.
+        """
+        self.done = True
+        self._check(self.desc, self.encoded(), gathered)
