@@ -8,7 +8,11 @@
    Sizes are nccl-tests' (anchors §5): the allreduce/broadcast buffer, the all-gather
    *output*, the reduce-scatter and all-to-all *input*. algbw = size / time; busbw = algbw x
    2(n-1)/n (allreduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast).
-   ratio = ours / raw bandwidth (target >= 0.9 at sizes >= 1 MiB).
+   ratio = ours / raw bandwidth (target >= 0.9 at sizes >= 1 MiB). Ours is timed as a
+   program calls it, inside a replica function: up to 20 calls in one ``strategy.run``
+   (:func:`calls_per_run`), against as many raw calls; the fixed cost of ``strategy.run``
+   itself is measured apart (``run_overhead_s``). Each repetition times ours then raw, so
+   both see the same state of the machine; the medians are compared.
 2. One instance with 8 local replicas: ``cross_replica_sum`` of 16 MiB per replica against
    a plain numpy copy of the same bytes (8 x 16 MiB).
 
@@ -56,17 +60,32 @@ def sizes(max_size: int) -> list[int]:
 
 
 def repetitions(size: int, quick: bool) -> int:
-    budget = (64 << 20) if quick else (512 << 20)
-    return int(max(3, min(100, budget // size)))
+    budget = (64 << 20) if quick else (1 << 30)
+    return int(max(3, min(200, budget // size)))
+
+
+def calls_per_run(size: int) -> int:
+    """Calls of an op timed together inside one ``strategy.run`` (a replica function calls
+    many collectives; the run's own fixed cost is reported apart): enough for about 4 MiB
+    of payload, at most 20."""
+    return int(max(1, min(20, (4 << 20) // size)))
 
 
 def _median_time(fn, reps: int) -> float:
-    times = []
+    return _interleaved_medians([fn], reps)[0]
+
+
+def _interleaved_medians(fns, reps: int) -> list[float]:
+    """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
+    turn within every round: a change in the machine's state (this 2-core VM's memory
+    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, acc in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 # -- the MPI part (runs in every instance) ------------------------------------------------
@@ -109,15 +128,20 @@ def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
                 "all_to_all": lambda: comm.Alltoall(x, out),
                 "broadcast": lambda: comm.Bcast(x, 0),
             }[op]
-            reps = repetitions(size, quick)
-            ours_fn = lambda: strategy.run(ours)  # noqa: E731
-            t_ours, t_raw = [], []
-            for round_ in range(2):  # interleave: ours, raw, ours, raw
-                for fn, acc in ((ours_fn, t_ours), (raw, t_raw)):
-                    fn()  # warm up
-                    comm.Barrier()
-                    acc.append(_median_time(fn, max(2, reps // 2)))
-            t_o, t_r = min(t_ours), min(t_raw)
+            calls = calls_per_run(size)
+
+            def ours_fn(ours=ours, calls=calls):  # the op as programs call it: in a replica
+                strategy.run(lambda: [ours() for _ in range(calls)] and None)
+
+            def raw_fn(raw=raw, calls=calls):
+                for _ in range(calls):
+                    raw()
+
+            for fn in (ours_fn, raw_fn):  # warm up
+                fn()
+            comm.Barrier()
+            t_o, t_r = (t / calls for t in _interleaved_medians(
+                (ours_fn, raw_fn), max(3, repetitions(size, quick) // calls)))
             algbw_o, algbw_r = size / t_o / 1e9, size / t_r / 1e9
             rows.append({"op": op, "raw": RAW[op], "size": size, "instances": n,
                          "ours_s": t_o, "raw_s": t_r,
@@ -125,8 +149,9 @@ def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
                          "ours_busbw_GBps": algbw_o * bus_factor(op, n),
                          "raw_busbw_GBps": algbw_r * bus_factor(op, n),
                          "ratio": t_r / t_o})
+    run_overhead = _median_time(lambda: strategy.run(lambda: None), 200)
     if comm.rank == 0:
-        Path(out_path).write_text(json.dumps(rows))
+        Path(out_path).write_text(json.dumps({"rows": rows, "run_overhead_s": run_overhead}))
 
 
 # -- the local part --------------------------------------------------------------------------
@@ -199,10 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             command.append("--quick")
         subprocess.run(command, check=True, timeout=1800, cwd=ROOT)
-        rows = json.loads(Path(rows_path).read_text())
+        mpi = json.loads(Path(rows_path).read_text())
     local = local_part()
-    print_table(rows, local)
-    Path(args.json).write_text(json.dumps({"mpi": rows, "local": local}, indent=1))
+    print_table(mpi["rows"], local)
+    print(f"# strategy.run of a function that does nothing (1 replica per instance): "
+          f"{mpi['run_overhead_s'] * 1e6:.1f} us")
+    Path(args.json).write_text(json.dumps({"mpi": mpi["rows"],
+                                           "run_overhead_s": mpi["run_overhead_s"],
+                                           "local": local}, indent=1))
     print(f"# JSON: {args.json}")
     return 0
 

@@ -75,15 +75,26 @@ class OpStats:
 
 
 class CallSignature:
-    """The fields of a :class:`CallRecord` fixed by the call's signature, and the modelled
-    seconds of the last ``signature_only`` cost model that priced it."""
+    """The fields of a :class:`CallRecord` fixed by the call's signature, the modelled
+    seconds of the last ``signature_only`` cost model that priced it, and the totals of
+    its calls not yet folded into the ledger's per-op totals."""
 
-    __slots__ = ("fields", "model", "modelled_s")
+    __slots__ = ("fields", "model", "modelled_s", "calls", "transport_bytes", "wall_s",
+                 "total_modelled_s", "modelled_calls")
 
     def __init__(self, fields: dict):
         self.fields = fields
         self.model = None
         self.modelled_s: float | None = None
+        self.reset_totals()
+
+    def reset_totals(self) -> None:
+        self.calls = self.transport_bytes = self.modelled_calls = 0
+        self.wall_s = self.total_modelled_s = 0.0
+
+
+#: signatures with unfolded totals a ledger keeps before folding them into per-op totals
+_MAX_SIGNED = 4096
 
 
 CostModel = Callable[[CallRecord], float]
@@ -115,8 +126,11 @@ class Ledger:
         # modelled seconds by (model, signature), for models that say they read the call's
         # signature only (``signature_only = True``): saves the estimate on every call
         self._modelled: dict[tuple, float] = {}
-        self._records: list[CallRecord] = []
+        # CallRecords (add) and compact (signature, transport bytes, wall s, modelled s)
+        # entries (add_signed), oldest first
+        self._records: list = []
         self._totals: dict[str, OpStats] = {}
+        self._signed: list[CallSignature] = []  # signatures whose calls are not folded yet
         self._keep = keep
 
     def add(self, record: CallRecord) -> CallRecord:
@@ -151,36 +165,63 @@ class Ledger:
                               "ipus_per_replica": ipus_per_replica})
 
     def add_signed(self, signature: "CallSignature", transport_bytes: int,
-                   wall_s: float) -> CallRecord:
-        """:meth:`add` of the record of one call of ``signature``: the engine's path, on
-        every call. A cost model that reads the signature only (``signature_only = True``)
-        is asked once per signature."""
+                   wall_s: float) -> None:
+        """:meth:`add` of one call of ``signature``: the engine's path, on every call. It
+        keeps a compact entry (a :class:`CallRecord` is made when :meth:`records` asks) and
+        adds to the signature's own totals; a cost model that reads the signature only
+        (``signature_only = True``) is asked once per signature."""
         model = _cost_model if _cost_model is not None else self.cost_model
-        # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
-        # the instance dict at once is the same record, built faster
-        record = object.__new__(CallRecord)
-        fields_ = record.__dict__
-        fields_.update(signature.fields)
-        fields_["transport_bytes"] = transport_bytes
-        fields_["wall_s"] = wall_s
-        fields_["modelled_s"] = None
+        modelled = None
         if model is not None:
             if signature.model is model:
-                fields_["modelled_s"] = signature.modelled_s
+                modelled = signature.modelled_s
             else:
-                fields_["modelled_s"] = seconds = float(model(record))
+                modelled = float(model(_record_of(signature, transport_bytes, wall_s, None)))
                 if getattr(model, "signature_only", False):
-                    signature.model, signature.modelled_s = model, seconds
-        return self._keep_record(record)
+                    signature.model, signature.modelled_s = model, modelled
+        with self._lock:
+            records = self._records
+            records.append((signature, transport_bytes, wall_s, modelled))
+            if len(records) > self._keep:
+                del records[: len(records) - self._keep]
+            if not signature.calls:
+                self._signed.append(signature)
+                if len(self._signed) > _MAX_SIGNED:
+                    self._fold_signed()
+            signature.calls += 1
+            signature.transport_bytes += transport_bytes
+            signature.wall_s += wall_s
+            if modelled is not None:
+                signature.total_modelled_s += modelled
+                signature.modelled_calls += 1
+
+    def _fold_signed(self) -> None:
+        """Move the signatures' totals into the per-op totals (under the lock)."""
+        for sig in self._signed:
+            totals = self._op_totals(sig.fields["op"])
+            totals.calls += sig.calls
+            totals.payload_bytes += sig.calls * sig.fields["nbytes"]
+            totals.transport_bytes += sig.transport_bytes
+            totals.wall_s += sig.wall_s
+            if sig.modelled_calls:
+                totals.modelled_s = (totals.modelled_s or 0.0) + sig.total_modelled_s
+            method = sig.fields["method"]
+            totals.methods[method] = totals.methods.get(method, 0) + sig.calls
+            sig.reset_totals()
+        self._signed.clear()
+
+    def _op_totals(self, op: str) -> OpStats:
+        totals = self._totals.get(op)
+        if totals is None:
+            totals = self._totals[op] = OpStats()
+        return totals
 
     def _keep_record(self, record: CallRecord) -> CallRecord:
         with self._lock:
             self._records.append(record)
             if len(self._records) > self._keep:
                 del self._records[: len(self._records) - self._keep]
-            totals = self._totals.get(record.op)
-            if totals is None:
-                totals = self._totals[record.op] = OpStats()
+            totals = self._op_totals(record.op)
             totals.calls += 1
             totals.payload_bytes += record.nbytes
             totals.transport_bytes += record.transport_bytes
@@ -192,18 +233,33 @@ class Ledger:
 
     def totals(self) -> dict[str, OpStats]:
         with self._lock:
+            self._fold_signed()
             return {op: OpStats(s.calls, s.payload_bytes, s.transport_bytes, s.wall_s,
                                 s.modelled_s, dict(s.methods))
                     for op, s in self._totals.items()}
 
     def records(self) -> list[CallRecord]:
         with self._lock:
-            return list(self._records)
+            return [r if isinstance(r, CallRecord) else _record_of(*r) for r in self._records]
 
     def clear(self) -> None:
         with self._lock:
+            for sig in self._signed:
+                sig.reset_totals()
+            self._signed.clear()
             self._records.clear()
             self._totals.clear()
+
+
+def _record_of(signature: "CallSignature", transport_bytes: int, wall_s: float,
+               modelled_s: float | None) -> CallRecord:
+    # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
+    # the instance dict at once is the same record, built faster
+    record = object.__new__(CallRecord)
+    fields_ = record.__dict__
+    fields_.update(signature.fields)
+    fields_.update(transport_bytes=transport_bytes, wall_s=wall_s, modelled_s=modelled_s)
+    return record
 
 
 def total(totals: dict[str, OpStats]) -> OpStats:

@@ -52,6 +52,19 @@ def local_groups(engine, group: CommGroup) -> tuple[tuple[tuple[int, ...], list[
     return found
 
 
+def sole_route(engine, group: CommGroup) -> tuple:
+    """On an instance with one replica: ``(members, instances, communicator)`` of its
+    group; the communicator is None for a group of one. Computed once per engine and group
+    (the path of every call of a one-replica instance)."""
+    route = engine.routes.get(group)
+    if route is None:
+        ((members, _),) = local_groups(engine, group)
+        instances = instances_of(engine, members)
+        comm = engine.communicator(instances) if len(members) > 1 else None
+        route = engine.routes[group] = (members, instances, comm)
+    return route
+
+
 def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
     """The instances that hold members of a group, increasing."""
     cache = engine.__dict__.setdefault("_instances_of", {})
@@ -270,6 +283,8 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
                    op: CollectiveOperator, group: CommGroup) -> list[np.ndarray]:
     """Replica at position p of a group of k gets elements ``[p*c, (p+1)*c)`` of the
     reduction of the group's rank-1 values zero-padded to ``k*c``, ``c = ceil(n/k)``."""
+    if engine.num_local_replicas == 1 and op is not CollectiveOperator.LOCAL:
+        return [_reduce_scatter_sole(engine, desc, values[0], op, group)]
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     n = values[0].shape[0]
@@ -304,6 +319,22 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
                 at = members.index(r) * c - bounds[instances.index(engine.process_index)]
                 results[r - offset] = region[at:at + c]  # new memory; disjoint slices
     return results
+
+
+def _reduce_scatter_sole(engine, desc: Descriptor, value: np.ndarray,
+                         op: CollectiveOperator, group: CommGroup) -> np.ndarray:
+    """:func:`reduce_scatter` on an instance with one replica: each member of the group is
+    on its own instance, so member j owns elements ``[j*c, (j+1)*c)`` of the padded input."""
+    members, instances, comm = sole_route(engine, group)
+    k = len(members)
+    c = -(-value.shape[0] // k)
+    partial = _padded(prepare(op, value), k * c)
+    if comm is None:
+        return finish(op, partial, 1) if partial is not value else value.copy()
+    (region,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
+                                bounds=[range(0, k * c + 1, c)], gather=False,
+                                scratch=engine.scratch)
+    return finish(op, region, k)
 
 
 def _padded(x: np.ndarray, length: int) -> np.ndarray:

@@ -68,9 +68,15 @@ class Descriptor:
                 out.append(f"{f.name} {a!r} vs {b!r}")
         return out
 
+    def encoded_once(self) -> "Descriptor":
+        """This descriptor, keeping its wire form (less the sequence number) for itself and
+        every :meth:`with_seq` copy: they encode without a look-up."""
+        self.__dict__["_body"] = self._body_bytes()
+        return self
+
     def with_seq(self, seq: int) -> "Descriptor":
         """This descriptor with sequence number ``seq`` (``dataclasses.replace``, faster:
-        it runs on every call)."""
+        it runs on every call; keeps the wire form of :meth:`encoded_once`)."""
         new = object.__new__(Descriptor)
         new.__dict__.update(self.__dict__)
         new.__dict__["seq"] = seq
@@ -79,6 +85,10 @@ class Descriptor:
     def encode(self) -> np.ndarray:
         """The descriptor as ``uint8[WIRE_BYTES]``: the sequence number as an int64, then the
         other fields as space-padded JSON (never pickled)."""
+        body = self.__dict__.get("_body") or self._body_bytes()
+        return np.frombuffer(_SEQ.pack(self.seq) + body, dtype=np.uint8)
+
+    def _body_bytes(self) -> bytes:
         key = (self.op, self.operator, self.dtype, self.shape, self.group, self.name,
                self.params, self.error)
         body = _bodies.get(key)
@@ -87,7 +97,7 @@ class Descriptor:
             if len(_bodies) >= _MAX_BODIES:
                 _bodies.clear()
             _bodies[key] = body
-        return np.frombuffer(_SEQ.pack(self.seq) + body, dtype=np.uint8)
+        return body
 
     def _encode_body(self) -> bytes:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seq"}

@@ -73,6 +73,18 @@ class _Text:
         return format(self._make(), spec)
 
 
+class _Transfer:
+    """Who a data wait waits for, for messages."""
+
+    __slots__ = ("instances",)
+
+    def __init__(self, instances: Sequence[int]):
+        self.instances = instances
+
+    def __call__(self) -> str:
+        return f"instances {list(self.instances)} to finish the transfer"
+
+
 def _other_instances() -> str:
     return "the other instances"
 
@@ -130,6 +142,8 @@ class CollectiveEngine:
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
         self._everyone = tuple(range(transport.process_count))
+        #: the algorithms' per-group plans (:func:`collectives.algorithms.sole_route`)
+        self.routes: dict = {}
         # descriptors travel with the first data of a call (collectives.handshake)
         self._fuses = transport.process_count > 1 and transport.fuses_descriptors
         self._handshake: Handshake | None = None  # the leader's call in flight
@@ -181,11 +195,12 @@ class CollectiveEngine:
     def _sole_replica_call(self, desc: Descriptor, value: Any, algorithm: Algorithm,
                            group: CommGroup | None) -> Any:
         """:meth:`replica_call` of an instance with one local replica: it leads at once
-        (no rendezvous, nobody to wait for)."""
-        with self._cond:
+        (no rendezvous, nobody to wait for; the replica's thread alone counts its calls,
+        so no lock)."""
+        if self._failure is not None:
             self._raise_if_failed()
-            seq = self._seq[0]
-            self._seq[0] = seq + 1
+        seq = self._seq[0]
+        self._seq[0] = seq + 1
         try:
             return self._execute((desc.with_seq(seq),), (value,), algorithm, group, 2 * seq)[0]
         except (CollectiveTimeoutError, TransportError) as exc:
@@ -240,7 +255,7 @@ class CollectiveEngine:
         desc = Descriptor(seq=calls, op=END_OF_PROGRAM, operator="", dtype="", shape=(),
                           group="")
         try:
-            self._check_instances(desc)
+            self.exchange_descriptors(desc)
         except CollectiveTimeoutError as exc:
             logger.warning("at the end of the program: %s", exc)
 
@@ -287,8 +302,7 @@ class CollectiveEngine:
         """The wait of a data exchange between ``instances``; it carries the call's pending
         descriptor handshake, if any (see :mod:`collectives.handshake`), so the data waits
         only once every instance has arrived and agreed."""
-        patience = Patience(_Text(desc.label), self.options,
-                            lambda: f"instances {list(instances)} to finish the transfer",
+        patience = Patience(_Text(desc.label), self.options, _Transfer(instances),
                             committed=True)
         patience.handshake = self._handshake
         return patience
@@ -359,7 +373,7 @@ class CollectiveEngine:
         on the local replicas waiting in ``slot``."""
         error: BaseException = CollectiveMismatchError(message)
         try:
-            self._check_instances(replace(desc, error=message))
+            self.exchange_descriptors(replace(desc, error=message))
         except BaseException as exc:  # the shared mismatch (or a timeout)
             error = exc
         slot.error = error
@@ -371,7 +385,7 @@ class CollectiveEngine:
     def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
                  algorithm: Algorithm, group: CommGroup | None, call_id: int) -> list:
         start = time.perf_counter()
-        desc = self._check_local(descs)
+        desc = descs[0] if len(descs) == 1 else self._check_local(descs)
         comms = self._comms.values()
         sent = 0
         for c in comms:
@@ -379,7 +393,7 @@ class CollectiveEngine:
         if self._fuses and not desc.error:
             results = self._run_fused(desc, values, algorithm, call_id)
         else:
-            desc = self._check_instances(desc)
+            desc = self.exchange_descriptors(desc)
             results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         for c in comms:  # (a view: includes communicators the algorithm created)
@@ -391,10 +405,7 @@ class CollectiveEngine:
                    call_id: int) -> list:
         """Run ``algorithm`` with the descriptor handshake left to the transport, which
         carries it with the call's first data; completed here when nothing carried it."""
-        handshake = self._handshake = Handshake(desc, self._everyone, call_id,
-                                                self._check_instances,
-                                                self._check_descriptors,
-                                                self._arrival_patience)
+        handshake = self._handshake = Handshake(desc, self._everyone, call_id, self)
         try:
             results = algorithm(self, desc, values)
         except BaseException as exc:
@@ -412,7 +423,7 @@ class CollectiveEngine:
         message = (f"{desc.label()} failed on {self._instance_name(self.process_index)}: "
                    f"{type(exc).__name__}: {exc}")
         try:
-            self._check_instances(replace(desc, error=message))
+            self.exchange_descriptors(replace(desc, error=message))
         except CollectiveError:
             pass  # the shared error, or a timeout: this instance raises its own
 
@@ -450,7 +461,7 @@ class CollectiveEngine:
             return f"instance {i} (replica {i})"
         return f"instance {i} (replicas {i * L}..{i * L + L - 1})"
 
-    def _check_instances(self, desc: Descriptor) -> Descriptor:
+    def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
         """Exchange the descriptors; raise on every instance if any differs or failed."""
         if self.transport.process_count == 1:
             if desc.error:
@@ -458,11 +469,11 @@ class CollectiveEngine:
             return desc
         comm = self.transport.communicator(self._everyone)
         mine = desc.encode()
-        gathered = comm.allgather(mine, self._arrival_patience(desc))
-        self._check_descriptors(desc, mine, gathered)
+        gathered = comm.allgather(mine, self.arrival_patience(desc))
+        self.check_descriptors(desc, mine, gathered)
         return desc
 
-    def _arrival_patience(self, desc: Descriptor) -> Patience:
+    def arrival_patience(self, desc: Descriptor) -> Patience:
         """The wait for the other instances' descriptors: names those not arrived."""
         return Patience(
             _Text(lambda: f"{desc.label()} on {self._instance_name(self.process_index)}"),
@@ -471,7 +482,7 @@ class CollectiveEngine:
     def _instance_names(self, instances: Sequence[int]) -> str:
         return ", ".join(self._instance_name(i) for i in instances)
 
-    def _check_descriptors(self, desc: Descriptor, mine: np.ndarray,
+    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
                            gathered: np.ndarray) -> None:
         """Raise ``CollectiveMismatchError`` unless every row of ``gathered`` (one encoded
         descriptor per instance) is ``mine``, naming the first difference."""

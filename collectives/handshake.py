@@ -23,12 +23,29 @@ completes a handshake nobody carried (a call whose groups never left the instanc
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 import numpy as np
 
 from collectives.descriptor import Descriptor
 from collectives.waiting import Patience
+
+
+class Checker(Protocol):
+    """What a handshake asks of the engine (:class:`~collectives.engine.CollectiveEngine`)."""
+
+    def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
+        """The handshake in a round of its own; raises ``CollectiveMismatchError`` when an
+        instance disagrees."""
+
+    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
+                           gathered: np.ndarray) -> None:
+        """Compare the gathered descriptors (``uint8[members, WIRE_BYTES]``, member order)
+        with ``mine``; raise ``CollectiveMismatchError`` when one differs or carries an
+        error."""
+
+    def arrival_patience(self, desc: Descriptor) -> Patience:
+        """The wait for the other instances' descriptors (names those not arrived)."""
 
 
 class Handshake:
@@ -40,32 +57,21 @@ class Handshake:
         call_id: a number of the call, the same on every instance whose descriptors agree
             and different for every call of an engine (transports derive message tags
             from it, so the data of a withdrawn call can never meet a later call).
-        exchange: ``exchange(desc)``: the handshake in a round of its own; raises
-            ``CollectiveMismatchError`` when an instance disagrees.
-        check: ``check(desc, mine, gathered)``: compares the gathered descriptors
-            (``uint8[len(members), WIRE_BYTES]``, member order) with ``mine``; raises
-            ``CollectiveMismatchError`` when one differs or carries an error.
-        arrival: ``arrival(desc)``: the :class:`Patience` of a wait for the other
-            instances' descriptors (names the instances that have not arrived).
+        checker: the engine, which exchanges, compares and waits (:class:`Checker`).
 
     Attributes:
         done: the descriptors were exchanged (and found equal, unless a check raised).
     """
 
-    __slots__ = ("desc", "members", "call_id", "done", "_exchange", "_check", "_arrival",
-                 "_mine")
+    __slots__ = ("desc", "members", "call_id", "done", "_checker", "_mine")
 
     def __init__(self, desc: Descriptor, members: tuple[int, ...], call_id: int,
-                 exchange: Callable[[Descriptor], object],
-                 check: Callable[[Descriptor, np.ndarray, np.ndarray], None],
-                 arrival: Callable[[Descriptor], Patience]):
+                 checker: Checker):
         self.desc = desc
         self.members = members
         self.call_id = call_id
         self.done = False
-        self._exchange = exchange
-        self._check = check
-        self._arrival = arrival
+        self._checker = checker
         self._mine: np.ndarray | None = None
 
     def encoded(self) -> np.ndarray:
@@ -76,7 +82,7 @@ class Handshake:
 
     def patience(self) -> Patience:
         """A new wait for the other instances' descriptors (they may still be computing)."""
-        return self._arrival(self.desc)
+        return self._checker.arrival_patience(self.desc)
 
     def complete(self) -> None:
         """The handshake in a round of its own, unless it is done already.
@@ -87,7 +93,7 @@ class Handshake:
         """
         if not self.done:
             self.done = True
-            self._exchange(self.desc)
+            self._checker.exchange_descriptors(self.desc)
 
     def verify(self, gathered: np.ndarray) -> None:
         """Check the descriptors that travelled with the data.
@@ -100,4 +106,4 @@ class Handshake:
                 withdraw the call's data requests.
         """
         self.done = True
-        self._check(self.desc, self.encoded(), gathered)
+        self._checker.check_descriptors(self.desc, self.encoded(), gathered)

@@ -13,7 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives.algorithms import give, instances_of, local_groups, local_members
+from collectives.algorithms import (give, instances_of, local_groups, local_members,
+                                    sole_route)
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 
@@ -75,15 +76,14 @@ def _all_gather_sole(engine, desc: Descriptor, value: np.ndarray,
                      group: CommGroup) -> np.ndarray:
     """:func:`all_gather` on an instance with one replica: each member of the group is on
     its own instance, in position order, so the gathered bytes are the result."""
-    ((members, _),) = local_groups(engine, group)
-    if len(members) == 1:
+    members, instances, comm = sole_route(engine, group)
+    if comm is None:
         return np.stack([value])
-    instances = instances_of(engine, members)
     out = np.empty((len(members), *value.shape), value.dtype)
     flat = out.reshape(-1).view(np.uint8)
     send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-    got = engine.communicator(instances).allgatherv_to(
-        send, flat, [value.nbytes] * len(members), engine.data_patience(desc, instances))
+    got = comm.allgatherv_to(send, flat, [value.nbytes] * len(members),
+                             engine.data_patience(desc, instances))
     return out if got is flat else got.view(value.dtype).reshape(out.shape)
 
 
@@ -167,15 +167,13 @@ def _all_to_all_sole(engine, desc: Descriptor, value: np.ndarray,
     """:func:`all_to_all` along dimension 0 on an instance with one replica: its value in
     memory order is its blocks in destination order, and the blocks arrive in sender order,
     already concatenated (each member on its own instance)."""
-    ((members, _),) = local_groups(engine, group)
-    if len(members) == 1:
+    members, instances, comm = sole_route(engine, group)
+    if comm is None:
         return value.copy()
-    instances = instances_of(engine, members)  # == members: one replica per instance
     send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     out = np.empty(value.shape, value.dtype)
     flat = out.reshape(-1).view(np.uint8)
-    got = engine.communicator(instances).alltoall_to(send, flat,
-                                                     engine.data_patience(desc, instances))
+    got = comm.alltoall_to(send, flat, engine.data_patience(desc, instances))
     return out if got is flat else got.view(value.dtype).reshape(value.shape)
 
 
@@ -225,11 +223,9 @@ def _broadcast_sole(engine, desc: Descriptor, value: np.ndarray, group: CommGrou
     """:func:`broadcast` on an instance with one replica (each member on its own
     instance): the root copies its value into its result while the others receive theirs
     straight into theirs."""
-    ((members, _),) = local_groups(engine, group)
-    if len(members) == 1:
+    members, instances, comm = sole_route(engine, group)
+    if comm is None:
         return value.copy()
-    instances = instances_of(engine, members)
-    comm = engine.communicator(instances)
     patience = engine.data_patience(desc, instances)
     if members[root] == engine.replica_index_offset:  # this instance is the root
         data = np.ascontiguousarray(value)

@@ -38,13 +38,15 @@ def parse_operator(op) -> CollectiveOperator:
     if isinstance(op, CollectiveOperator):
         return op
     if isinstance(op, str):
-        name = op.upper()
-        for member in CollectiveOperator:
-            if name in (member.value, member.name):
-                return member
+        member = _BY_NAME.get(op.upper())
+        if member is not None:
+            return member
     known = ", ".join(m.value for m in CollectiveOperator)
     raise ValueError(f"unknown collective operator {op!r}; known: {known}")
 
+
+#: every operator by its value and its short name (parsed on every call)
+_BY_NAME = {**{m.value: m for m in CollectiveOperator}, **{m.name: m for m in CollectiveOperator}}
 
 _UFUNC = {
     CollectiveOperator.ADD: np.add,

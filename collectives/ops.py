@@ -37,6 +37,7 @@ from collectives.runtime import get_engine
 #: dtypes the collectives accept; bool only with the logical operators (and LOCAL).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
                          ("float16", "float32", "float64", "int32", "int64", "bool"))
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # (a hash look-up: runs on every call)
 _BOOL_OK = (CollectiveOperator.LOGICAL_AND, CollectiveOperator.LOGICAL_OR,
             CollectiveOperator.LOCAL)
 
@@ -49,7 +50,7 @@ def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> n
             arithmetic operator.
     """
     arr = np.asarray(x)
-    if arr.dtype not in SUPPORTED_DTYPES:
+    if arr.dtype not in _SUPPORTED:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
                                   f"use one of {names}")
@@ -87,20 +88,21 @@ def _members(what: str, group: CommGroup, num_replicas: int):
         raise CollectiveArgumentError(f"{what}: {exc}") from None
 
 
-#: descriptors (sequence number 0) by call signature: built once, then ``with_seq``
+#: descriptors (sequence number 0) by call signature and replica count: built (and
+#: validated) once, then ``with_seq``
 _descriptors: dict[tuple, Descriptor] = {}
 
 
 def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
           operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
     ctx = require_replica_context(what)
-    _members(what, group, ctx.num_replicas)
-    key = (what, operator, arr.dtype, arr.shape, group, name, params)
+    key = (what, operator, arr.dtype, arr.shape, group, name, params, ctx.num_replicas)
     desc = _descriptors.get(key)
     if desc is None:
+        _members(what, group, ctx.num_replicas)  # (a signature seen before has passed)
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
                           shape=tuple(arr.shape), group=str(group), name=name or "",
-                          params=params)
+                          params=params).encoded_once()
         if len(_descriptors) >= 4096:
             _descriptors.clear()
         _descriptors[key] = desc

@@ -115,10 +115,11 @@ class IPUMultiReplicaStrategy:
             The first exception any replica raised; ValueError when a PerReplica does not
             have one value per local replica.
         """
-        kwargs = kwargs or {}
         n = self.num_local_replicas
-        per_args = [tuple(self._pick(a, i, n) for a in args) for i in range(n)]
-        per_kwargs = [{k: self._pick(v, i, n) for k, v in kwargs.items()} for i in range(n)]
+        per_args = ([tuple(self._pick(a, i, n) for a in args) for i in range(n)] if args
+                    else [()] * n)
+        per_kwargs = ([{k: self._pick(v, i, n) for k, v in kwargs.items()} for i in range(n)]
+                      if kwargs else [{}] * n)  # (one empty dict: ** never changes it)
         self._engine.run_started()
         return self._system.run_replicas(self._tracked(fn), per_args, per_kwargs)
 

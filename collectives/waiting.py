@@ -54,6 +54,10 @@ class Patience:
             wait (the transport carries or completes it before moving data), else None.
     """
 
+    # (one or two are made per collective call: slots make them cheaper)
+    __slots__ = ("what", "options", "missing", "name_absent", "committed", "absent",
+                 "handshake", "start", "_warned", "_sleep", "_polls", "_overlap")
+
     def __init__(self, what: str, options: CollectiveOptions, missing: Callable[[], str],
                  committed: bool = False,
                  name_absent: Callable[[Sequence[int]], str] | None = None):
@@ -64,14 +68,18 @@ class Patience:
         self.committed = committed
         self.absent: tuple[int, ...] | None = None
         self.handshake = None
-        self.start = time.monotonic()
+        self.start: float | None = None  # the first look at the clock (most waits never look)
         self._warned = False
         self._sleep = 0.00005
         self._polls = 0
         self._overlap: Callable[[], None] | None = None
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        """Seconds since the wait first looked at the clock (its first backoff)."""
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+        return now - self.start
 
     def waiting_for(self, members: Sequence[int]) -> None:
         """Called by a communicator: the members whose data has not arrived yet."""

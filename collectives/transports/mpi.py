@@ -161,7 +161,8 @@ class MPICommunicator(Communicator):
         requests = self._descriptor_requests
         recvs = requests[:len(self._others)]
         try:
-            self._await_members(recvs, [], handshake.patience())
+            if not MPI.Request.Testall(recvs):  # (a patience only for a wait)
+                self._await_members(recvs, [], handshake.patience())
             handshake.verify(self._descriptors)
         except BaseException:
             self._descriptor_requests = None  # new ones next time: these may be pending
