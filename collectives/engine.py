@@ -405,7 +405,9 @@ class CollectiveEngine:
                    call_id: int) -> list:
         """Run ``algorithm`` with the descriptor handshake left to the transport, which
         carries it with the call's first data; completed here when nothing carried it."""
-        handshake = self._handshake = Handshake(desc, self._everyone, call_id, self)
+        value = values[0]
+        nbytes = value.nbytes if isinstance(value, np.ndarray) else np.asarray(value).nbytes
+        handshake = self._handshake = Handshake(desc, self._everyone, call_id, self, nbytes)
         try:
             results = algorithm(self, desc, values)
         except BaseException as exc:

@@ -58,18 +58,21 @@ class Handshake:
             and different for every call of an engine (transports derive message tags
             from it, so the data of a withdrawn call can never meet a later call).
         checker: the engine, which exchanges, compares and waits (:class:`Checker`).
+        payload_bytes: the call's input bytes per replica (the same on every instance
+            whose descriptors agree: transports may choose how to carry by it).
 
     Attributes:
         done: the descriptors were exchanged (and found equal, unless a check raised).
     """
 
-    __slots__ = ("desc", "members", "call_id", "done", "_checker", "_mine")
+    __slots__ = ("desc", "members", "call_id", "payload_bytes", "done", "_checker", "_mine")
 
     def __init__(self, desc: Descriptor, members: tuple[int, ...], call_id: int,
-                 checker: Checker):
+                 checker: Checker, payload_bytes: int):
         self.desc = desc
         self.members = members
         self.call_id = call_id
+        self.payload_bytes = payload_bytes
         self.done = False
         self._checker = checker
         self._mine: np.ndarray | None = None

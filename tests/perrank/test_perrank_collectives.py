@@ -65,9 +65,11 @@ def test_mismatch_between_instances_raises_on_every_replica(strategy):
     assert out[0][0] == strategy.num_replicas_in_sync
 
 
-#: large enough that MPI moves it by rendezvous, not eagerly (the data of a call travels
-#: with its descriptor: a call that differs must withdraw data already on its way)
-_LARGE = 1 << 18
+#: float32 elements: large enough that MPI moves them by rendezvous, not eagerly. With
+#: the first the data travels with its descriptor (a call that differs must withdraw data
+#: already on its way); with the last descriptors are exchanged first; with the middle one
+#: (384 KiB), a replica that passes twice as much exchanges first while the others carry
+_SIZES = (1 << 15, 3 << 15, 1 << 18)
 
 _CALLS = {
     "cross_replica_sum": lambda x: C.cross_replica_sum(x),
@@ -78,14 +80,15 @@ _CALLS = {
 }
 
 
+@pytest.mark.parametrize("size", _SIZES)
 @pytest.mark.parametrize("op", sorted(_CALLS))
-def test_large_mismatch_withdraws_the_data_and_leaves_collectives_usable(strategy, op):
+def test_large_mismatch_withdraws_the_data_and_leaves_collectives_usable(strategy, op, size):
     last = strategy.num_replicas_in_sync - 1
     R = strategy.num_replicas_in_sync
 
     def step():
         r = int(C.replication_index())
-        n = _LARGE * (2 if r == last else 1) * R  # the last replica sends twice the bytes
+        n = size * (2 if r == last else 1)  # the last replica sends twice the bytes
         try:
             _CALLS[op](np.full(n, r, np.float32))
         except C.CollectiveMismatchError as exc:
@@ -95,19 +98,18 @@ def test_large_mismatch_withdraws_the_data_and_leaves_collectives_usable(strateg
     for message in strategy.run(step):
         assert op in message and "shape" in message, message
     # the next calls (same signature as the withdrawn one on most replicas) get their own data
-    x = np.arange(_LARGE * R, dtype=np.float32)
+    x = np.arange(size, dtype=np.float32)
     for result in strategy.run(lambda: C.all_gather(x + C.replication_index())):
         assert np.array_equal(result, x + np.arange(R, dtype=np.float32)[:, None])
     for result in strategy.run(lambda: C.cross_replica_sum(x)):
         assert np.array_equal(result, x * R)
 
 
-def test_different_ops_of_the_same_bytes_raise_and_stay_usable(strategy):
-    R = strategy.num_replicas_in_sync
-
+@pytest.mark.parametrize("size", _SIZES)
+def test_different_ops_of_the_same_bytes_raise_and_stay_usable(strategy, size):
     def step():
         r = int(C.replication_index())
-        x = np.ones(_LARGE * R, np.float32)
+        x = np.ones(size, np.float32)
         try:
             (C.all_to_all(x, 0, 0) if r % 2 else C.broadcast(x))
         except C.CollectiveMismatchError as exc:
