@@ -433,7 +433,10 @@ class CollectiveEngine:
                 sent: int, wall: float) -> None:
         value = values[0]
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
-        key = (desc.op, desc.operator, desc.dtype, desc.shape, desc.group, nbytes, group)
+        # the wire form of the signature (encoded once by ops, its hash kept) names the op,
+        # dtype, shape and group; otherwise the fields themselves
+        key = desc.__dict__.get("_body") or (desc.op, desc.operator, desc.dtype, desc.shape,
+                                             desc.group, nbytes)
         signature = self._signatures.get(key)
         if signature is None:
             groups = (group or CommGroup()).members(self.num_replicas)

@@ -131,11 +131,27 @@ class MPICommunicator(Communicator):
         handshake = patience.handshake
         if handshake is None or handshake.done:
             return None
-        if (can_carry and handshake.payload_bytes <= CARRY_MAX_BYTES
-                and handshake.members == self.members):
+        if handshake.members != self.members:
+            handshake.complete()
+        elif can_carry and handshake.payload_bytes <= CARRY_MAX_BYTES:
             return handshake
-        handshake.complete()
+        else:
+            self._exchange_first(handshake)
         return None
+
+    def _exchange_first(self, handshake) -> None:
+        """The handshake in a round of its own, over the persistent descriptor requests
+        (the same messages as when carried, so members that decide differently on a call
+        whose descriptors differ still pair up)."""
+        self._post_descriptor(handshake)
+        self._settle(handshake, [], [])
+        sends = self._descriptor_requests[len(self._others):]
+        if not MPI.Request.Testall(sends):
+            try:
+                self._wait_all(sends, handshake.patience())
+            except BaseException:
+                self._descriptor_requests = None  # new ones next time: these may be pending
+                raise
 
     def _post_descriptor(self, handshake) -> list:
         """Send this member's descriptor to the others and receive theirs (before the data,
