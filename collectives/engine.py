@@ -138,7 +138,7 @@ class CollectiveEngine:
         self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
         self._finished = False
         self._scratch = np.empty(0, np.uint8)
-        self._signatures: dict[tuple, dict] = {}  # call signature -> Ledger.signature
+        self._signatures: dict = {}  # call signature -> accounting.CallSignature
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
         self._everyone = tuple(range(transport.process_count))

@@ -3,7 +3,10 @@
 Only one thread of an instance calls MPI at a time (the engine's leader). Calls are
 nonblocking (``Iallgather``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``) and polled with
 :class:`~collectives.waiting.Patience`, which yields the CPU and turns a missing peer into a
-timeout instead of a hang.
+timeout instead of a hang. A call of at most :data:`CARRY_MAX_BYTES` sends its descriptor with
+its first data, point-to-point, and checks the descriptors before it uses any data
+(:mod:`collectives.handshake`); a larger one exchanges them first, over the same persistent
+requests.
 """
 
 from __future__ import annotations
@@ -44,11 +47,11 @@ _TAG_ALLTOALLV = 0x1A12
 #: ``_TAG_FUSED_BASE + call_id % span``: a message of a withdrawn call never meets a later one
 _TAG_FUSED_BASE = 0x10000
 #: calls whose input is at most this many bytes per replica carry the descriptor with
-#: their data; larger ones exchange it first. (The rule reads the descriptor's size only,
-#: so every member decides alike when the descriptors agree.) Measured between two ranks (2-core VM, medians of 300
-#: interleaved calls): carrying saves 1-3 us a call up to 256 KiB, is even at 1 MiB, and
-#: costs 5-15% from 4 MiB (the ranks start moving data out of step, and MPI's own
-#: collectives serve the large all-gathers, all-to-alls and broadcasts).
+#: their data; larger ones exchange it first. (The rule reads the call's size only, so
+#: every member decides alike when the descriptors agree.) Measured between two ranks
+#: (2-core VM, medians of 300 interleaved calls): carrying saves 1-3 us a call up to
+#: 256 KiB, is even at 1 MiB, and costs 5-15% from 4 MiB (the ranks start moving data out
+#: of step, and MPI's own collectives serve the large all-gathers, all-to-alls, broadcasts).
 CARRY_MAX_BYTES = 512 * 1024
 #: seconds a withdrawn receive may take to finish cancelling before it is abandoned
 _WITHDRAW_S = 1.0
@@ -153,7 +156,7 @@ class MPICommunicator(Communicator):
                 self._descriptor_requests = None  # new ones next time: these may be pending
                 raise
 
-    def _post_descriptor(self, handshake) -> list:
+    def _post_descriptor(self, handshake) -> None:
         """Send this member's descriptor to the others and receive theirs (before the data,
         which is looked at only once the descriptors agree): persistent requests on fixed
         buffers, started once per call (half the cost of new ones)."""
@@ -170,7 +173,6 @@ class MPICommunicator(Communicator):
         self._descriptors[self.rank] = mine
         self._descriptor_send[:] = mine
         MPI.Prequest.Startall(self._descriptor_requests)
-        return self._descriptor_requests
 
     def _fused_tag(self, handshake) -> int:
         return _TAG_FUSED_BASE + handshake.call_id % self._tag_span
@@ -344,7 +346,8 @@ class MPITransport(Transport):
     Descriptors travel with the first data of a call (:mod:`collectives.handshake`).
 
     Raises:
-        TransportError: the MPI world does not match the job (size or rank differ from ``process_count``/``process_index``).
+        TransportError: the MPI world does not match the job (size or rank differ from
+            ``process_count``/``process_index``).
     """
 
     def __init__(self, process_index: int, process_count: int):
