@@ -43,6 +43,7 @@ _TAG_ALLGATHER = 0x1A11
 #: a descriptor exchange that waits reports the members still missing every this many polls
 _ABSENT_EVERY = 64
 _TAG_ALLTOALLV = 0x1A12
+_TAG_BROADCAST = 0x1A13
 #: data sent with a call's descriptor (collectives.handshake) goes under tag
 #: ``_TAG_FUSED_BASE + call_id % span``: a message of a withdrawn call never meets a later one
 _TAG_FUSED_BASE = 0x10000
@@ -312,17 +313,25 @@ class MPICommunicator(Communicator):
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
         handshake = self._carried(patience)
-        if handshake is None:
+        if handshake is None and self.size > 2:
             self._wait(self._comm.Ibcast([data, MPI.BYTE], root), patience)
             return data
-        self._post_descriptor(handshake)
-        tag, comm = self._fused_tag(handshake), self._comm
+        # Point-to-point (with the descriptor, or between two members): the others read the
+        # root's bytes while the root does the caller's overlap work (its own copy of the
+        # value). MPI_Ibcast's schedule waits for the root between its steps, which that
+        # copy holds up: two ranks, interleaved medians, 1-16 MiB: 4-12% slower that way.
+        if handshake is not None:
+            self._post_descriptor(handshake)
+        tag = self._fused_tag(handshake) if handshake else _TAG_BROADCAST
         recvs, sends = [], []
         if self.rank == root:
-            sends = [comm.Isend([data, MPI.BYTE], j, tag) for j in self._others]
+            sends = [self._comm.Isend([data, MPI.BYTE], j, tag) for j in self._others]
         else:
-            recvs = [comm.Irecv([data, MPI.BYTE], root, tag)]
-        self._finish_carried(handshake, recvs, sends, patience)
+            recvs = [self._comm.Irecv([data, MPI.BYTE], root, tag)]
+        if handshake is not None:
+            self._finish_carried(handshake, recvs, sends, patience)
+        else:
+            self._complete(recvs + sends, patience)
         return data
 
 
