@@ -123,9 +123,6 @@ class Ledger:
     def __init__(self, keep: int = 10000, cost_model: CostModel | None = None):
         self.cost_model = cost_model
         self._lock = threading.Lock()
-        # modelled seconds by (model, signature), for models that say they read the call's
-        # signature only (``signature_only = True``): saves the estimate on every call
-        self._modelled: dict[tuple, float] = {}
         # CallRecords (add) and compact (signature, transport bytes, wall s, modelled s)
         # entries (add_signed), oldest first
         self._records: list = []
@@ -135,23 +132,9 @@ class Ledger:
 
     def add(self, record: CallRecord) -> CallRecord:
         model = _cost_model if _cost_model is not None else self.cost_model
-        if model is not None:
-            record = _with_modelled(record, self._modelled_s(model, record))
+        if model is not None:  # (the engine's calls go through add_signed, priced once)
+            record = _with_modelled(record, float(model(record)))
         return self._keep_record(record)
-
-    def _modelled_s(self, model: CostModel, record: CallRecord) -> float:
-        if not getattr(model, "signature_only", False):
-            return float(model(record))
-        key = (model, record.op, record.operator, record.method, record.dtype,
-               record.shape, record.nbytes, record.groups, record.ipus_per_replica)
-        seconds = self._modelled.get(key)
-        if seconds is None:
-            seconds = float(model(record))
-            with self._lock:
-                if len(self._modelled) >= 4096:
-                    self._modelled.clear()
-                self._modelled[key] = seconds
-        return seconds
 
     @staticmethod
     def signature(op: str, operator: str, method: str, dtype: str, shape: tuple[int, ...],

@@ -386,27 +386,27 @@ class CollectiveEngine:
                  algorithm: Algorithm, group: CommGroup | None, call_id: int) -> list:
         start = time.perf_counter()
         desc = descs[0] if len(descs) == 1 else self._check_local(descs)
+        value = values[0]  # (its size is the call's, on every replica)
+        nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         comms = self._comms.values()
         sent = 0
         for c in comms:
             sent -= c.bytes_sent
         if self._fuses and not desc.error:
-            results = self._run_fused(desc, values, algorithm, call_id)
+            results = self._run_fused(desc, values, algorithm, call_id, nbytes)
         else:
             desc = self.exchange_descriptors(desc)
             results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         for c in comms:  # (a view: includes communicators the algorithm created)
             sent += c.bytes_sent
-        self._record(desc, values, group, sent, wall)
+        self._record(desc, nbytes, group, sent, wall)
         return results
 
     def _run_fused(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm,
-                   call_id: int) -> list:
+                   call_id: int, nbytes: int) -> list:
         """Run ``algorithm`` with the descriptor handshake left to the transport, which
         carries it with the call's first data; completed here when nothing carried it."""
-        value = values[0]
-        nbytes = value.nbytes if isinstance(value, np.ndarray) else np.asarray(value).nbytes
         handshake = self._handshake = Handshake(desc, self._everyone, call_id, self, nbytes)
         try:
             results = algorithm(self, desc, values)
@@ -429,10 +429,8 @@ class CollectiveEngine:
         except CollectiveError:
             pass  # the shared error, or a timeout: this instance raises its own
 
-    def _record(self, desc: Descriptor, values: Sequence[Any], group: CommGroup | None,
+    def _record(self, desc: Descriptor, nbytes: int, group: CommGroup | None,
                 sent: int, wall: float) -> None:
-        value = values[0]
-        nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         # the wire form of the signature (encoded once by ops, its hash kept) names the op,
         # dtype, shape and group; otherwise the fields themselves
         key = desc.__dict__.get("_body") or (desc.op, desc.operator, desc.dtype, desc.shape,
