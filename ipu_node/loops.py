@@ -96,13 +96,15 @@ def frame(kind: str, iterations: int | None = 1) -> Iterator[LoopInfo]:
 
 def to_tensor(value: Any) -> np.ndarray:
     """A loop value as numpy: Python scalars typed as TF types them (float32, int32, bool)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value  # (np.float64 is a float subclass: keep its dtype)
     if isinstance(value, bool):
         return np.asarray(value, np.bool_)
     if isinstance(value, int):
         return np.asarray(value, np.int32)
     if isinstance(value, float):
         return np.asarray(value, np.float32)
-    return value if isinstance(value, (np.ndarray, np.generic)) else np.asarray(value)
+    return np.asarray(value)
 
 
 def _as_list(values: Any) -> list:
