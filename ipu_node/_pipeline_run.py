@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ipu_node import clock as _clock
+from ipu_node import loops
 from ipu_node._pipeline_check import PipelinePlan
 from ipu_node._pipeline_report import PipelineReport, StepRecord
 from ipu_node._pipeline_types import Stage
@@ -142,7 +143,7 @@ class _Run:
 
     # -- passes ----------------------------------------------------------------------------
 
-    def _stage0_inputs(self, m: int) -> tuple[tuple, dict]:
+    def _stage0_inputs(self, m: int) -> tuple[tuple, dict, int]:
         args, kwargs = self.plan.inputs, {}
         infeed_bytes = 0
         if self.plan.infeed_queue is not None:
@@ -179,6 +180,7 @@ class _Run:
             copies.append((plan.ipus[s + 1].id,
                            self.timing.copy_s(ipu, plan.ipus[s + 1].id, nbytes_of(outputs))))
         else:
+            self.frame.iteration = self.repeat * plan.g + m
             out_bytes = self.wu.last_stage(m, outputs, self.out_grads)
             copies.append((None, self.timing.copy_s(ipu, None, out_bytes)))
         compute = self.timing.compute_s(flops, dtype, plan.ipus[s].version)
@@ -220,10 +222,18 @@ class _Run:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        """The whole run inside a loop frame of its own (kind ``"pipeline"``, one iteration
+        per micro-batch), so that every micro-batch may enqueue the outfeed once."""
+        with loops.frame("pipeline", self.plan.repeat_count * self.plan.g) as frame:
+            self.frame = frame
+            self._run()
+
+    def _run(self) -> None:
         plan = self.plan
         steps = schedule_steps(plan.schedule, self.S, plan.g, plan.training)
         t = 0
         for repeat in range(plan.repeat_count):
+            self.repeat = repeat
             self.acts: dict = {}
             self.saved: dict = {}
             self.out_grads: dict = {}
