@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Callable
 
+from ipu_node.optimizers import Optimizer
+
 __all__ = ["RecomputationMode", "GradientAccumulationReductionMethod",
            "PipelineStageOptions", "OptimizerFunctionOutput", "Stage"]
 
@@ -54,8 +56,6 @@ class OptimizerFunctionOutput:
 
     def __init__(self, opt, loss, compute_gradients_args=None, compute_gradients_kwargs=None,
                  apply_gradients_args=None, apply_gradients_kwargs=None):
-        from ipu_node.optimizers import Optimizer
-
         if not isinstance(opt, Optimizer):
             raise TypeError("OptimizerFunctionOutput: opt must be an "
                             f"ipu_node.optimizers.Optimizer, not {type(opt).__name__}")

@@ -24,8 +24,7 @@ IPUConfig.execution.compute_efficiency)``.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -90,9 +89,8 @@ def compute_time_s(flops: float, dtype, version: str = "ipu2",
     return float(flops) / (peak_flops(version, dtype) * eff)
 
 
-@dataclass(frozen=True)
-class Event:
-    """One interval of an IPU's modelled timeline.
+class Event(NamedTuple):
+    """One interval of an IPU's modelled timeline (immutable; a named tuple, cheap to make).
 
     Attributes:
         start_s: modelled seconds since the system was configured.
@@ -118,7 +116,7 @@ class Event:
 
     def to_dict(self) -> dict:
         """The JSON form (plain types)."""
-        return asdict(self)
+        return self._asdict()
 
 
 class Timeline:
@@ -155,6 +153,15 @@ class Timeline:
             if event.end_s > self.now_s:
                 self.now_s = event.end_s
             return event
+
+    def extend(self, events: list[Event]) -> None:
+        """Append ready-made events (the caller checked kinds and durations); ``now_s``
+        moves to the latest end."""
+        with self._lock:
+            self._events.extend(events)
+            end = max(e.start_s + e.duration_s for e in events) if events else self.now_s
+            if end > self.now_s:
+                self.now_s = end
 
     def wait_until(self, t_s: float, label: str = "sync") -> None:
         """BSP synchronisation: a ``"sync"`` event from :attr:`now_s` to ``t_s`` (nothing if
