@@ -25,7 +25,7 @@ import numpy as np
 from ipu_node.errors import FailedPreconditionError
 from ipu_node.variables import Variable
 
-__all__ = ["Optimizer", "GradientDescentOptimizer", "MomentumOptimizer",
+__all__ = ["Optimizer", "OptimizerWrapper", "GradientDescentOptimizer", "MomentumOptimizer",
            "GradientAccumulationOptimizerV2", "MapGradientOptimizer",
            "check_grads_and_vars"]
 
@@ -272,7 +272,29 @@ class GradientAccumulationOptimizerV2(Optimizer):
         return super().variables() + self._opt.variables()
 
 
-class MapGradientOptimizer(Optimizer):
+class OptimizerWrapper(Optimizer):
+    """An optimizer that hands (changed) gradients to another one, ``wrapped_optimizer``;
+    its slots and Variables are the wrapped optimizer's."""
+
+    def __init__(self, wrapped_optimizer: Optimizer, name: str):
+        super().__init__(name)
+        if not isinstance(wrapped_optimizer, Optimizer):
+            raise TypeError(f"{name}: the wrapped optimizer must be an "
+                            "ipu_node.optimizers.Optimizer, not "
+                            f"{type(wrapped_optimizer).__name__}")
+        self._opt = wrapped_optimizer
+
+    def get_slot_names(self) -> list[str]:
+        return self._opt.get_slot_names()
+
+    def get_slot(self, var: Variable, name: str) -> Variable | None:
+        return self._opt.get_slot(var, name)
+
+    def variables(self) -> list[Variable]:
+        return self._opt.variables()
+
+
+class MapGradientOptimizer(OptimizerWrapper):
     """TF-IPU's ``MapGradientOptimizer``: applies ``gradient_mapping_function(grad, var)``
     to every gradient, then ``wrapped_optimizer.apply_gradients`` (e.g. a cast, or weight
     decay ``lambda g, v: g + 1e-4 * v.value``).
@@ -284,22 +306,12 @@ class MapGradientOptimizer(Optimizer):
     def __init__(self, wrapped_optimizer: Optimizer,
                  gradient_mapping_function: Callable[[np.ndarray, Variable], np.ndarray],
                  name: str = "MapGradientOptimizer"):
-        super().__init__(name)
+        super().__init__(wrapped_optimizer, name)
         if not callable(gradient_mapping_function):
             raise TypeError("gradient_mapping_function must be callable(grad, var)")
-        self._opt = wrapped_optimizer
         self._fn = gradient_mapping_function
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
         mapped = [(None if g is None else self._fn(g, v), v)
                   for g, v in check_grads_and_vars(grads_and_vars, self._name)]
         self._opt.apply_gradients(mapped, global_step, name)
-
-    def get_slot_names(self) -> list[str]:
-        return self._opt.get_slot_names()
-
-    def get_slot(self, var: Variable, name: str) -> Variable | None:
-        return self._opt.get_slot(var, name)
-
-    def variables(self) -> list[Variable]:
-        return self._opt.variables()

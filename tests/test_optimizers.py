@@ -97,16 +97,22 @@ def test_momentum_oracle_tf1_rule():
     assert len(opt.variables()) == 2 and opt.get_slot(Variable(W0), "momentum") is None
 
 
-def test_gradient_accumulation_v2_sums_and_applies_every_n(in_loop):
-    in_loop(6)
-    opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 3)
-    w, _ = _apply_all(opt)
+def _accumulated_sgd_oracle():
+    """W after SGD(0.1) on the sums of GRADS[:3] and GRADS[3:] (from zeros, in order)."""
     ew = W0.copy()
     for chunk in (GRADS[:3], GRADS[3:]):
         acc = np.zeros_like(W0)
         for gw, _ in chunk:
             acc = acc + gw
         ew = ew - np.float32(0.1) * acc
+    return ew
+
+
+def test_gradient_accumulation_v2_sums_and_applies_every_n(in_loop):
+    in_loop(6)
+    opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 3)
+    w, _ = _apply_all(opt)
+    ew = _accumulated_sgd_oracle()
     assert w.tobytes() == ew.tobytes()
 
 
@@ -244,12 +250,7 @@ def test_gradient_accumulation_v2_inside_loops_repeat(isolated):
             loops.repeat(4, lambda: opt.apply_gradients([(GRADS[0][0], w)]))
         return w.value
     got = in_replica(body)
-    ew = W0.copy()
-    for chunk in (GRADS[:3], GRADS[3:]):
-        acc = np.zeros_like(W0)
-        for gw, _ in chunk:
-            acc = acc + gw
-        ew = ew - np.float32(0.1) * acc
+    ew = _accumulated_sgd_oracle()
     assert got.tobytes() == ew.tobytes()
 
 
