@@ -5,8 +5,8 @@ selection orders, links, occupancy, memory), simulated IPUs and TF devices, repl
 and the executor that runs replica functions; the execution model's datasets, infeed and
 outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's module names:
 ``ipu_node.loops``, ``ipu_node.ipu_infeed_queue``, ...), ``Variable``, ``optimizers``,
-``pipelining_ops`` and each IPU's modelled timeline (``clock``). This package imports no other ipupod
-package.
+``pipelining_ops`` and each IPU's modelled timeline (``clock``). This package imports no
+other ipupod package.
 """
 
 from ipu_node.config import IPUConfig, SelectionOrder

@@ -91,7 +91,8 @@ class _Timing:
         return max(t.now_s for t in self.tl.values())
 
     def compute_s(self, flops: float, dtype, version: str) -> float:
-        """``flops / (peak(version, dtype) * efficiency)`` (:func:`ipu_node.clock.compute_time_s`)."""
+        """``flops / (peak(version, dtype) * efficiency)``, as
+        :func:`ipu_node.clock.compute_time_s`."""
         if not flops:
             return 0.0
         rate = self._rate.get((dtype, version))

@@ -103,5 +103,22 @@ class Stage:
         self.backward_flops = backward_flops
         self.name = name
 
+    @staticmethod
+    def autograd(fn: Callable, variables, flops=None, backward_flops=None,
+                 name: str | None = None) -> "Stage":
+        """A stage whose backward HIPS ``autograd`` derives (extra ``ipupod[autodiff]``):
+        ``fn(params, *inputs) -> outputs`` written with ``autograd.numpy``, ``params`` the
+        values of ``variables`` in order; float arrays are differentiated, other inputs and
+        outputs (integer labels) pass through with None gradients.
+
+        Raises:
+            ImportError: autograd is not installed.
+        """
+        from ipu_node._autograd_stage import autograd_passes
+
+        forward, backward = autograd_passes(fn, variables)
+        return Stage(forward, backward, flops=flops, backward_flops=backward_flops,
+                     name=name or getattr(fn, "__name__", None))
+
     def __repr__(self) -> str:
         return f"Stage({self.name or getattr(self.forward, '__name__', 'forward')})"

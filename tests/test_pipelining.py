@@ -9,7 +9,8 @@ from ipu_node.errors import FailedPreconditionError
 from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
                                  MomentumOptimizer)
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule,
-                                     RecomputationMode, Stage, last_report, pipeline)
+                                     PipelineStageOptions, RecomputationMode, Stage,
+                                     last_report, pipeline)
 from ipu_node.variables import Variable
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, grad_sums, grads_of,
@@ -201,6 +202,10 @@ def _body_with(**kw):
      "The last computational stage has tensor outputs: "),
     (dict(outfeed_mask=[False, True]), ValueError,
      "The last computational stage has 1 outputs, but the `outfeed_mask` has 2 elements."),
+    (dict(forward_propagation_stages_poplar_options=[PipelineStageOptions()]), ValueError,
+     "forward_propagation_stages_poplar_options must be a list of 2 PipelineStageOptions"),
+    (dict(weight_update_poplar_options={}), TypeError,
+     "weight_update_poplar_options must be a PipelineStageOptions"),
     (dict(gradient_accumulation_count=6), FailedPreconditionError,
      "The number of iterations of the pipeline must be a multiple of 4, but it is 6."),
     (dict(gradient_accumulation_count=0), FailedPreconditionError,
