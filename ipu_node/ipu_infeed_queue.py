@@ -60,6 +60,8 @@ def check_deprecated(cls_name: str, deprecated: dict, allowed: dict) -> None:
 
 
 def check_device_ordinal(device_ordinal: Any) -> int:
+    """``device_ordinal`` as an int; TypeError if not an integer (e.g. an old positional
+    ``feed_name``), ValueError if negative."""
     if isinstance(device_ordinal, bool) or not isinstance(device_ordinal, (int, np.integer)):
         raise TypeError(f"device_ordinal must be an integer, got {device_ordinal!r} (pass "
                         "deprecated arguments such as feed_name by keyword)")
