@@ -22,7 +22,6 @@ but it may be read only once, as in TF.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import warnings
 from typing import Any
@@ -37,8 +36,6 @@ from ipu_node.operation import Operation
 from ipu_node.replica import current_replica_context
 
 __all__ = ["IPUInfeedQueue"]
-
-logger = logging.getLogger(__name__)
 
 _DEPRECATED = {
     "feed_name": "No change needed. feed_name is now automatically generated.",

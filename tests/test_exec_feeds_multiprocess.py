@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ipu_node.system import reset_ipu_configuration
 from tests.procs import PYTHON, describe, poprun
 from tests.programs import infeed_layout
 
 
 def test_two_instances_feed_replicas_by_global_index(tmp_path):
     single = tmp_path / "1x4"
-    try:
-        infeed_layout.main(str(single))
-    finally:
-        reset_ipu_configuration()
-    job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m",
-                  "tests.programs.infeed_layout", str(tmp_path / "2x2")], timeout_s=120)
-    assert job.returncode == 0, describe(job)
+    for instances, out in (("1", single), ("2", tmp_path / "2x2")):
+        job = poprun(["-n", instances, "--num-replicas", "4", PYTHON, "-m",
+                      "tests.programs.infeed_layout", str(out)], timeout_s=120)
+        assert job.returncode == 0, describe(job)
 
     order = np.array([float(v) for v in infeed_layout.dataset()])
     expected = np.array([[order[i * 4 + r] for r in range(4)] for i in range(5)])

@@ -3,7 +3,7 @@ IPUInfeedQueue for 5 iterations, v = cross_replica_sum(v + x), values to an IPUO
 Each instance saves what its local replicas saw as OUTDIR/instance<i>.npz.
 
     poprun -n 2 --num-replicas 4 python -m tests.programs.infeed_layout OUTDIR
-    python -m tests.programs.infeed_layout OUTDIR          # alone: 1 instance x 4 replicas
+    poprun -n 1 --num-replicas 4 python -m tests.programs.infeed_layout OUTDIR
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ def dataset() -> Dataset:
 
 def main(outdir: str) -> int:
     cfg = IPUConfig()
-    if popdist.isPopdistEnvSet():
-        popdist.set_ipu_config(cfg)
-    else:
-        cfg.auto_select_ipus = NUM_REPLICAS
+    popdist.set_ipu_config(cfg)  # under poprun (1x4 or 2x2)
     cfg.configure_ipu_system()
     strategy = IPUMultiReplicaStrategy()
-    assert strategy.num_replicas_in_sync == NUM_REPLICAS
+    if strategy.num_replicas_in_sync != NUM_REPLICAS:
+        raise SystemExit(f"run with --num-replicas {NUM_REPLICAS}")
     infeed, outfeed = IPUInfeedQueue(dataset()), IPUOutfeedQueue()
 
     def body(v, x):
@@ -47,8 +45,7 @@ def main(outdir: str) -> int:
         ipu_compiler.compile(lambda: loops.repeat(ITERATIONS, body, [np.float64(0)], infeed))
     replicas, elements, sums = outfeed.dequeue()
     os.makedirs(outdir, exist_ok=True)
-    index = popdist.getInstanceIndex() if popdist.isPopdistEnvSet() else 0
-    np.savez(os.path.join(outdir, f"instance{index}.npz"), replicas=replicas,
+    np.savez(os.path.join(outdir, f"instance{popdist.getInstanceIndex()}.npz"), replicas=replicas,
              elements=elements, sums=sums)
     return 0
 
