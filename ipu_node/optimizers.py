@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ipu_node import loops
 from ipu_node.errors import FailedPreconditionError
 from ipu_node.variables import Variable
 
@@ -166,13 +167,12 @@ class MomentumOptimizer(Optimizer):
 
 
 def _current_loop_iterations() -> int | None:
-    """Iterations of the innermost ``loops.repeat`` running in this thread, or None."""
-    try:
-        from ipu_node import loops
-    except ImportError:  # (loops arrives with the feeds/loops work)
-        return None
+    """Iterations of the innermost loop running in this thread (``loops.repeat``'s ``n``;
+    -1 for a ``while_loop`` without ``maximum_iterations``), or None outside loops."""
     loop = loops.current_loop()
-    return None if loop is None else int(loop.iterations)
+    if loop is None:
+        return None
+    return -1 if loop.iterations is None else int(loop.iterations)
 
 
 class GradientAccumulationOptimizerV2(Optimizer):
@@ -219,6 +219,12 @@ class GradientAccumulationOptimizerV2(Optimizer):
             raise FailedPreconditionError(
                 f"Detected a gradient accumulation operation with {self.num_mini_batches} "
                 "number of mini batches which is not inside a training loop.")
+        if n < 0:
+            raise FailedPreconditionError(
+                f"Detected a gradient accumulation operation with {self.num_mini_batches} "
+                "number of mini batches inside a loop with an unknown number of iterations. "
+                "It is required that the number of mini batches to accumulate evenly divides "
+                "the number of loop iterations.")
         if n % self.num_mini_batches:
             raise FailedPreconditionError(
                 f"Detected a gradient accumulation operation with {self.num_mini_batches} "

@@ -264,3 +264,20 @@ def test_variable_follows_the_ipu_shard_scope(isolated):
             v = Variable(np.zeros(4))
         return v.ipu_id, v.shard
     assert in_replica(body) == (system.devices[0].ipus[1].id, 1)
+
+
+def test_gradient_accumulation_v2_in_an_unbounded_while_loop(isolated):
+    from ipu_node import loops
+
+    configure(ipus_per_replica=1)
+
+    def body():
+        w = Variable(W0)
+        opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 2)
+
+        def step(i):
+            opt.apply_gradients([(GRADS[0][0], w)])
+            return i + 1
+        loops.while_loop(lambda i: i < 2, step, [0])
+    with pytest.raises(FailedPreconditionError, match="unknown number of iterations"):
+        in_replica(body)
