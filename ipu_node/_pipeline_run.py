@@ -246,7 +246,11 @@ class _Run:
         per micro-batch), so that every micro-batch may enqueue the outfeed once."""
         with loops.frame("pipeline", self.plan.repeat_count * self.plan.g) as frame:
             self.frame = frame
-            self._run()
+            try:
+                self._run()
+            finally:  # a stage that raised leaves no stash accounted on the IPUs
+                for (s, _), (_, _, _, name) in getattr(self, "saved", {}).items():
+                    self.memory[self.plan.ipus[s].id].free(name)
 
     def _run(self) -> None:
         plan = self.plan

@@ -358,3 +358,23 @@ def test_outfeed_shapes_through_an_ipu_outfeed_queue(isolated):
     assert isinstance(masked, list) and np.array_equal(np.asarray(masked), np.full((1, 8), 4))
     np.testing.assert_array_equal(run(outfeed_loss=True, accumulate_outfeed=True), [8.0])
     np.testing.assert_array_equal(run(outfeed_loss=True), np.ones(8))
+
+
+def test_a_stage_that_raises_leaves_no_stash_on_the_ipus(isolated):
+    system = configure(ipus_per_replica=2)
+    weights, elements = init_weights(1, sizes=(8, 16, 3)), make_elements(2, 4)
+
+    def body():
+        vs = [Variable(w) for w in weights]
+        stages = mlp_stages(vs)
+
+        def failing(saved, d):
+            raise RuntimeError("stage 1 backward failed")
+        stages[1] = Stage(stages[1].forward, failing)
+        pipeline(stages, 4, infeed_queue=ListInfeed(elements), outfeed_queue=ListOutfeed(),
+                 optimizer_function=lambda loss: OptimizerFunctionOutput(
+                     GradientDescentOptimizer(0.1), loss))
+    with pytest.raises(RuntimeError, match="stage 1 backward failed"):
+        in_replica(body)
+    for ipu in system.devices[0].ipus:
+        assert not [n for n in system.memory[ipu.id].tensors() if "/stash/" in n]
