@@ -24,7 +24,7 @@ from ipu_node.env import system_name
 from ipu_node.errors import IPUBusyError, IPUError
 from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
-from ipu_node.systems import SystemModel, get_system_model
+from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
 from launch.errors import InstanceFailedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ipus-per-replica", type=_count, default=1, metavar="K",
                         help="IPUs per replica (default: 1)")
     parser.add_argument("--system", default=None, metavar="NAME",
-                        help="the emulated system: C2-16, POD4, POD16, POD64, POD128, POD256 "
+                        help=f"the emulated system: {', '.join(SYSTEM_NAMES)} "
                              "(default: $IPUPOD_SYSTEM, else POD16)")
     parser.add_argument("--print-topology", nargs="?", const="yes", default="no",
                         choices=_YES_NO, metavar="yes|no",

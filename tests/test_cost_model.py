@@ -57,14 +57,16 @@ def test_crossing_gw_links_costs_more_than_staying_in_a_domain():
     for method in RINGS:
         inside = pod64.estimate("cross_replica_sum", 100e6, method=method)
         across = pod128.estimate("cross_replica_sum", 100e6, method=method)
-        assert across > 1.5 * inside, method
+        # a flat ring across POD64s is limited by its GW-Link hop (12.5 GB/s) instead of an
+        # IPU-Link (16 GB/s per direction)
+        assert across > inside * IPU_LINK_BYTES_PER_S / GW_LINK_BYTES_PER_S, method
     # the same 2 replicas: neighbours in one domain vs one per POD64 of a POD128
     cost = model_of("POD128", 128)
     near = cost.estimate("cross_replica_sum", 64 * MiB, groups=[(0, 1)],
                          method="clockwise_ring")
     far = cost.estimate("cross_replica_sum", 64 * MiB, groups=[(0, 64)],
                         method="clockwise_ring")
-    assert far > 2 * near
+    assert far > near * IPU_LINK_BYTES_PER_S / GW_LINK_BYTES_PER_S
     # limited by the GW-Link hop: one GW-Link per flow (anchors §2.5)
     assert far > 64 * MiB / 2 / GW_LINK_BYTES_PER_S
 
