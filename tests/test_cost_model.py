@@ -104,14 +104,17 @@ def test_broadcast_method_wins_small_and_loses_large():
                 2 * cost.estimate("cross_replica_sum", big, method="clockwise_ring")
 
 
-def test_auto_follows_max_broadcast_size():
+def test_auto_is_the_cheapest_schedule_whatever_max_broadcast_size():
     cost = model_of("POD16", 16)
-    assert cost.estimate("cross_replica_sum", 128) == \
-        cost.estimate("cross_replica_sum", 128, method="broadcast")
-    assert cost.estimate("cross_replica_sum", 129) == \
-        cost.estimate("cross_replica_sum", 129, method="bidirectional_ring_pair")
-    assert cost.estimate("cross_replica_sum", 129, max_broadcast_size=4096) == \
-        cost.estimate("cross_replica_sum", 129, method="broadcast")
+    for size in (128, 129, 4096, 64 * MiB):
+        flat = min(cost.estimate("cross_replica_sum", size, method=m) for m in RINGS + (
+            "broadcast",))
+        t, name = cost.choose("cross_replica_sum", size)
+        assert t <= flat and t == cost.estimate("cross_replica_sum", size), size
+        assert name != "auto"
+    # small: every member sends to every other at once; large: the torus' two dimensions
+    assert cost.choose("cross_replica_sum", 129)[1] == "broadcast"
+    assert cost.choose("cross_replica_sum", 64 * MiB)[1].startswith("hierarchical[machine]")
 
 
 def test_concurrent_groups_take_the_slowest_and_share_links():
@@ -122,11 +125,17 @@ def test_concurrent_groups_take_the_slowest_and_share_links():
                          groups=[tuple(range(s, s + 4)) for s in range(0, 16, 4)],
                          method="clockwise_ring")
     assert rows >= one
-    # ORTHOGONAL(4) groups {0,4,8,12}... sit on IPUs far apart along the snake
+    # ORTHOGONAL(4) groups {0,4,8,12}... are the torus' columns: rings of neighbours too
     strided = cost.estimate("cross_replica_sum", MiB,
                             groups=[tuple(range(g, 16, 4)) for g in range(4)],
                             method="clockwise_ring")
-    assert strided > one
+    assert strided == pytest.approx(one)
+    # ORTHOGONAL(2) pairs {g, g+8} are two machines apart and share the column links
+    near = cost.estimate("cross_replica_sum", MiB, groups=[(2 * g, 2 * g + 1) for g in range(8)],
+                         method="clockwise_ring")
+    far = cost.estimate("cross_replica_sum", MiB, groups=[(g, g + 8) for g in range(8)],
+                        method="clockwise_ring")
+    assert far > near
 
 
 def test_every_op_has_a_time_and_single_replica_groups_cost_nothing():
