@@ -163,10 +163,11 @@ def step_profile(model: SystemModel, flows: Sequence[tuple[int, int]],
     """
     load: dict[tuple[Link, object], int] = {}
     paths = []
-    fan_out: dict[int, int] = {}
     everything = list(flows) + list(extra)
-    for src, _ in everything:
-        fan_out[src] = fan_out.get(src, 0) + 1
+    dests: dict[int, set] = {}
+    for src, dst in everything:
+        dests.setdefault(src, set()).add(dst)
+    fan_out = {src: len(d) for src, d in dests.items()}  # distinct destinations
     for index, (src, dst) in enumerate(everything):
         if src == dst:
             continue

@@ -50,7 +50,7 @@ import numpy as np
 from ipu_node.chips import Chip, chip_of_system
 from ipu_node.systems import canonical_system_name, get_system_model
 
-from collectives.cost_model import HardwareCostModel
+from collectives.cost_model import ALL_REDUCE_OPS, HardwareCostModel
 
 __all__ = ["ModelCard", "StepConfig", "StepEstimate", "predict", "what_if",
            "DEFAULT_EFFICIENCY", "WEIGHT_UPDATE_FLOPS_PER_PARAM", "TERMS"]
@@ -153,22 +153,18 @@ class ModelCard:
         return tuple(s / total for s in shares)
 
     @classmethod
-    def from_run(cls, records: Sequence | None = None, *, flops_per_item: float,
-                 steps: int = 1, items_per_step: int = 1, **fields) -> "ModelCard":
-        """A card from a run's collectives ledger (:func:`collectives.call_records` of this
-        instance by default): ``params`` and ``grad_dtype`` from the all-reduces of one
+    def from_run(cls, records: Sequence, *, flops_per_item: float, steps: int = 1,
+                 **fields) -> "ModelCard":
+        """A card from a run's collectives ledger (``records``: the run's
+        :class:`~collectives.accounting.CallRecord` list, :func:`collectives.call_records`
+        of this instance): ``params`` and ``grad_dtype`` from the all-reduces of one
         step (the bytes of every ``cross_replica_*`` call over ``steps`` steps, divided by
         ``steps``), ``flops_per_item`` as declared, other fields as given.
 
         Raises:
             ValueError: no all-reduce in the records, or ``steps < 1``.
         """
-        from collectives.cost_model import ALL_REDUCE_OPS
-        from collectives.runtime import call_records
-
         _positive("steps", steps, integer=True)
-        del items_per_step
-        records = call_records() if records is None else records
         reduces = [r for r in records if r.op in ALL_REDUCE_OPS]
         if not reduces:
             raise ValueError("the run's ledger holds no cross_replica_* call: no gradients "

@@ -62,10 +62,10 @@ def test_what_if_reprices_without_running_and_instances_change_nothing():
     base = predict(R50, cfg)
     assert what_if(R50, cfg) == base
     assert what_if(R50, cfg, instances=1).step_s == base.step_s
-    big = what_if(R50, cfg, system="POD256", replicas=256, gradient_accumulation=2,
-                  instances=128)
-    assert big == predict(R50, StepConfig("POD256", 256, micro_batch=20,
-                                          gradient_accumulation=2, instances=128))
+    big = what_if(R50, cfg, system="POD128", replicas=128, gradient_accumulation=2,
+                  instances=64)
+    assert big == predict(R50, StepConfig("POD128", 128, micro_batch=20,
+                                          gradient_accumulation=2, instances=64))
     assert big.samples_per_s > 5 * base.samples_per_s
     assert big.breakdown["allreduce"] > base.breakdown["allreduce"]
     bow = what_if(R50, cfg, system="BOW-POD16")
@@ -101,7 +101,7 @@ def test_toy_run_on_pod16_card_predict_and_what_if_agree(local_system):
     steps = 3
     for _ in range(steps):
         strategy.run(lambda: C.cross_replica_sum(grads))
-    card = ModelCard.from_run(flops_per_item=1e9, steps=steps)
+    card = ModelCard.from_run(C.call_records(), flops_per_item=1e9, steps=steps)
     assert card.params == 10_000 and card.grad_dtype == "float16"
     cfg = StepConfig("POD16", 4, micro_batch=8)
     est = predict(card, cfg)
@@ -111,4 +111,4 @@ def test_toy_run_on_pod16_card_predict_and_what_if_agree(local_system):
     assert what_if(card, StepConfig("POD16", 2, micro_batch=8), replicas=4) == est
     C.reset_stats()
     with pytest.raises(ValueError, match="no cross_replica"):
-        ModelCard.from_run(flops_per_item=1e9)
+        ModelCard.from_run(C.call_records(), flops_per_item=1e9)
