@@ -22,11 +22,14 @@ prints the summary and draws the step breakdown and a what_if scaling plot.
 **The trace** follows the Trace Event Format that chrome://tracing and ui.perfetto.dev read:
 ``M`` metadata events name the processes (``IPUs``, ``links``) and their threads (one per
 IPU, tid = IPU id + 1, one per link class: IPU-Link, GW-Link, host network), and ``X`` complete events carry
-``ts``/``dur`` in microseconds of modelled time. A collective is a BSP ``sync`` (one IPU-Link
-latency, an ipupod assumption: no source gives the sync time) then an ``exchange`` on every IPU
-of the instance, and the same interval on each link class it crosses; the clock's compute
-events are ``compute`` slices. Slices of one track never overlap: collectives without a clock
-are laid end to end in call order.
+``ts``/``dur`` in microseconds of modelled time. With the modelled clock
+(:mod:`ipu_node.clock`) the IPU tracks are its events: ``compute``, ``sync`` (a BSP wait),
+``exchange`` (copies, collectives), host I/O on the host network track, copies on the
+IPU-Link (or GW-Link) track, overlapping transfers of several IPUs merged into one slice.
+A collective is a BSP ``sync`` (one IPU-Link latency, an ipupod assumption: no source gives
+the sync time) then an ``exchange`` on every IPU of the instance, and the same interval on
+each link class it crosses. Without a clock the collectives are laid end to end in call
+order. Slices of one track never overlap.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 from ipu_node.chips import chip_of_system
 from ipu_node.links import IPU_LINK_LATENCY_S
+from ipu_node.systems import get_system_model
 
 from collectives.accounting import CallRecord
 
@@ -169,11 +173,31 @@ def trace_events(report: dict) -> list[dict]:
 
     timeline = report.get("timeline") or {}
     if timeline:
+        links: dict[str, list[tuple[float, float, str]]] = {c: [] for c in LINK_CLASSES}
+        model = get_system_model(report["system"]) if report.get("system") else None
         for ipu, evs in timeline.items():
+            track = []
             for e in evs:
+                start, end = e["start_s"], e["start_s"] + e["duration_s"]
+                if e["kind"] == "host_io":
+                    links["host network"].append((start, end, e["label"]))
+                    continue
                 phase = {"compute": "compute", "sync": "sync"}.get(e["kind"], "exchange")
-                slice_(IPU_PID, int(ipu) + 1, e["label"], phase, e["start_s"], e["duration_s"],
-                       {"kind": e["kind"]})
+                if e["kind"] == "collective" and end > start:  # BSP: sync, then exchange
+                    sync_end = min(end, start + IPU_LINK_LATENCY_S)
+                    track.append((start, sync_end, "sync", "sync", "collective"))
+                    start = sync_end
+                track.append((start, end, e["label"], phase, e["kind"]))
+                if e["kind"] == "copy" and e.get("peer") is not None and model is not None:
+                    cross = model.domain_of(int(ipu)) != model.domain_of(int(e["peer"]))
+                    links["GW-Link" if cross else "IPU-Link"].append((start, end, e["label"]))
+                elif e["kind"] == "collective":
+                    links["IPU-Link"].append((start, end, e["label"]))
+            for start, end, label, phase, kind in _end_to_end(track):
+                slice_(IPU_PID, int(ipu) + 1, label, phase, start, end - start, {"kind": kind})
+        for t_id, name in enumerate(LINK_CLASSES):
+            for start, end, label in _merged(links[name]):
+                slice_(LINK_PID, t_id + 1, label, "exchange", start, end - start)
         return events
     t = 0.0
     for call in report["calls"]:
@@ -194,6 +218,30 @@ def trace_events(report: dict) -> list[dict]:
                    total - sync, {"method": call["method"]})
         t += total
     return events
+
+
+def _end_to_end(track: list[tuple]) -> list[tuple]:
+    """An IPU's events in start order, each starting no earlier than the previous ends (the
+    clock keeps them apart; this guards a track against rounding)."""
+    out, last = [], 0.0
+    for start, end, *rest in sorted(track, key=lambda e: e[0]):
+        start = max(start, last)
+        end = max(end, start)
+        out.append((start, end, *rest))
+        last = end
+    return out
+
+
+def _merged(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Overlapping intervals of one link class (transfers of several IPUs at once) as one
+    slice each: the first one's label and the union's extent."""
+    out: list[list] = []
+    for start, end, label in sorted(intervals):
+        if out and start < out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end, label])
+    return [tuple(x) for x in out]
 
 
 def summary(report: dict) -> str:
