@@ -153,27 +153,67 @@ class ModelCard:
         return tuple(s / total for s in shares)
 
     @classmethod
-    def from_run(cls, records: Sequence, *, flops_per_item: float, steps: int = 1,
+    def from_run(cls, records: Sequence = (), *, pipeline=None, micro_batch: int = 1,
+                 flops_per_item: float | None = None, steps: int = 1,
                  **fields) -> "ModelCard":
-        """A card from a run's collectives ledger (``records``: the run's
-        :class:`~collectives.accounting.CallRecord` list, :func:`collectives.call_records`
-        of this instance): ``params`` and ``grad_dtype`` from the all-reduces of one
-        step (the bytes of every ``cross_replica_*`` call over ``steps`` steps, divided by
-        ``steps``), ``flops_per_item`` as declared, other fields as given.
+        """A card from a run, without re-running it.
+
+        * ``params`` and ``grad_dtype`` from the run's collectives ledger (``records``: its
+          :class:`~collectives.accounting.CallRecord` list, :func:`collectives.call_records`
+          of this instance): the bytes of every ``cross_replica_*`` call over ``steps``
+          steps, divided by ``steps`` (or ``params=`` given);
+        * ``flops_per_item`` as given, or from ``pipeline``, the run's
+          :class:`ipu_node.pipelining_ops.PipelineReport` (``last_report()``): the modelled
+          compute seconds of its forward and backward passes (from the FLOPs its
+          ``Stage(flops=...)`` declared) times the peak of the configured system's chip in
+          ``grad_dtype`` and the clock's ``compute_efficiency``, over the items of its
+          ``gradient_accumulation_count * repeat_count`` micro-batches of ``micro_batch``
+          items; ``stage_shares`` from each stage's share of that compute;
+        * other fields as given (``input_bytes_per_item``, optimizer state, ...).
 
         Raises:
-            ValueError: no all-reduce in the records, or ``steps < 1``.
+            ValueError: neither all-reduces in ``records`` nor ``params``; neither
+                ``flops_per_item`` nor ``pipeline``; ``steps`` or ``micro_batch`` < 1.
         """
         _positive("steps", steps, integer=True)
+        _positive("micro_batch", micro_batch, integer=True)
         reduces = [r for r in records if r.op in ALL_REDUCE_OPS]
-        if not reduces:
+        if reduces and "params" not in fields:
+            nbytes = sum(r.nbytes for r in reduces) / steps
+            dtype = max((r.dtype for r in reduces), key=lambda d: np.dtype(d).itemsize)
+            dtype = fields.setdefault(
+                "grad_dtype", dtype if dtype in ("float16", "float32") else "float32")
+            fields["params"] = max(1, round(nbytes / np.dtype(dtype).itemsize))
+        if "params" not in fields:
             raise ValueError("the run's ledger holds no cross_replica_* call: no gradients "
-                             "to size the card from")
-        nbytes = sum(r.nbytes for r in reduces) / steps
-        dtype = max((r.dtype for r in reduces), key=lambda d: np.dtype(d).itemsize)
-        dtype = dtype if dtype in ("float16", "float32") else "float32"
-        params = max(1, round(nbytes / np.dtype(dtype).itemsize))
-        return cls(params=params, flops_per_item=flops_per_item, grad_dtype=dtype, **fields)
+                             "to size the card from (give params=)")
+        if flops_per_item is None:
+            if pipeline is None:
+                raise ValueError("ModelCard.from_run needs flops_per_item or the run's "
+                                 "pipeline report (pipelining_ops.last_report())")
+            flops_per_item, shares = _flops_of_pipeline(
+                pipeline, micro_batch, fields.get("grad_dtype", "float16"))
+            fields.setdefault("stage_shares", shares)
+        return cls(flops_per_item=flops_per_item, **fields)
+
+
+def _flops_of_pipeline(report, micro_batch: int, dtype: str) -> tuple[float, tuple]:
+    """(FLOPs per item, stage shares) of a pipeline report's forward and backward passes."""
+    from ipu_node import clock
+
+    per_stage: dict[int, float] = {}
+    for r in report.steps:
+        if r.kind in ("F", "B"):
+            per_stage[r.stage] = per_stage.get(r.stage, 0.0) + r.compute_s
+    total_s = sum(per_stage.values())
+    if not total_s:
+        raise ValueError("the pipeline report has no modelled compute: declare FLOPs with "
+                         "Stage(flops=...)")
+    items = (micro_batch * report.gradient_accumulation_count
+             * max(report.repeat_count, 1))
+    flops = total_s * clock.peak_flops("ipu2", dtype) * clock.compute_efficiency() / items
+    shares = tuple(per_stage[s] / total_s for s in sorted(per_stage))
+    return flops, shares
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import collectives as C
+from tests.hw_fixtures import isolated  # noqa: F401
 from collectives.cost_model import HardwareCostModel
 from collectives.step_model import (DEFAULT_EFFICIENCY, TERMS, ModelCard, StepConfig, predict,
                                     what_if)
@@ -112,3 +113,37 @@ def test_toy_run_on_pod16_card_predict_and_what_if_agree(local_system):
     C.reset_stats()
     with pytest.raises(ValueError, match="no cross_replica"):
         ModelCard.from_run(C.call_records(), flops_per_item=1e9)
+
+
+def test_card_from_a_pipelined_run_declares_its_flops(isolated):
+    """Stage(flops=...) of a 2-stage pipeline on POD16: the card from its report has the
+    declared FLOPs per item and equal stage shares, and predict's compute + bubble is the
+    pipeline's modelled compute phase (Grouped, uniform stages)."""
+    from ipu_node import clock
+    from ipu_node.optimizers import GradientDescentOptimizer
+    from ipu_node.pipelining_ops import OptimizerFunctionOutput, Stage, last_report, pipeline
+    from tests.pipeline_models import ListOutfeed, configure, in_replica
+
+    configure(2)
+    f, b, g = 1e9, 2e9, 8
+
+    def body():
+        opt = GradientDescentOptimizer(0.1)
+        stages = [Stage(lambda x: ((x,), None), lambda saved, d: ({}, (d[0],)),
+                        flops=f, backward_flops=b) for _ in range(2)]
+        pipeline(stages, g, inputs=[np.zeros(0, np.float32)], outfeed_queue=ListOutfeed(),
+                 outfeed_mask=[True],
+                 optimizer_function=lambda x: OptimizerFunctionOutput(opt, x))
+        return last_report()
+
+    report = in_replica(body)
+    card = ModelCard.from_run(pipeline=report, micro_batch=4, params=1000,
+                              grad_dtype="float32")
+    assert card.flops_per_item == pytest.approx(2 * (f + b) / 4)
+    assert card.stage_shares == pytest.approx((0.5, 0.5))
+    est = predict(card, StepConfig("POD16", 1, ipus_per_replica=2, micro_batch=4,
+                                   gradient_accumulation=g), clock.compute_efficiency())
+    assert est.breakdown["compute"] + est.breakdown["bubble"] == pytest.approx(
+        report.compute_phase_s / max(report.repeat_count, 1))
+    with pytest.raises(ValueError, match="flops_per_item or the run's pipeline report"):
+        ModelCard.from_run(params=10)
