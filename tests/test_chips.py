@@ -68,3 +68,10 @@ def test_every_number_has_a_source(chip):
         assert chip.source(name), name
     with pytest.raises(ValueError, match="no source recorded for 'nonsense'"):
         chip.source("nonsense")
+
+
+def test_gc_info_shows_the_chip_clock():
+    from ipu_node.tools.gc_info import clock_mhz
+    assert clock_mhz(get_system_model("POD16")) == 1330       # gc-monitor, seed 000:453
+    assert clock_mhz(get_system_model("BOW-POD16")) == 1850
+    assert clock_mhz(get_system_model("C2-16")) == 1300
