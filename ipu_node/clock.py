@@ -28,6 +28,8 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from ipu_node import chips as _chips
+
 from ipu_node import system as _system_mod
 from ipu_node.config import ExecutionConfig
 
@@ -37,16 +39,9 @@ __all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_t
 #: The kinds of event a timeline holds.
 EVENT_KINDS = ("compute", "copy", "host_io", "sync", "collective")
 
-#: Peak FLOP/s of one IPU by version and dtype. ipu2 (GC200): 250 TFLOPS fp16 (anchors.md
-#: §2.5, GC200 product page) and the POD64 datasheet's 3.994 PFLOPS fp32 over 64 IPUs =
-#: 62.4 TFLOPS fp32 (anchors.md §2.5, "Pods"). ipu1 (GC2): ipupod assumption, half of the
-#: GC200's figures (no GC2 number in the seeds or anchors).
-_PEAK_FLOPS = {
-    ("ipu2", "float16"): 250e12,
-    ("ipu2", "float32"): 3.994e15 / 64,
-    ("ipu1", "float16"): 125e12,
-    ("ipu1", "float32"): 3.994e15 / 128,
-}
+#: The chip of each IPU version (ipu_node.chips, every number with its source); a configured
+#: Bow POD (``BOW-POD*``) prices its ipu2 IPUs as Bow.
+_CHIP_OF_VERSION = {"ipu2": _chips.GC200, "ipu1": _chips.GC2}
 
 
 def peak_flops(version: str, dtype) -> float:
@@ -54,16 +49,23 @@ def peak_flops(version: str, dtype) -> float:
 
     float16 and float32 have their own peaks; every other dtype (float64, integers) is priced
     at the float32 peak (ipupod assumption: the IPU has no float64 units, and numpy programs
-    in float64 still get a time). This is the one place to switch to a chip catalogue.
+    in float64 still get a time). The figures are :mod:`ipu_node.chips`' (GC200: the
+    IPU-POD64 datasheet's 15.978 PFLOPS FP16.16 and 3.994 PFLOPS FP32 over 64 IPUs; Bow:
+    1.4 PFLOPS per Bow-2000 of 4; GC2: an ipupod assumption); an ipu2 of a configured Bow POD
+    is a Bow.
 
     Raises:
         ValueError: unknown ``version``.
     """
     name = np.dtype(dtype).name if dtype is not None else "float32"
-    key = (version, name if name in ("float16", "float32") else "float32")
-    if key not in _PEAK_FLOPS:
+    chip = _CHIP_OF_VERSION.get(version)
+    if chip is None:
         raise ValueError(f"no peak FLOP/s for IPU version {version!r}; known: ipu1, ipu2")
-    return _PEAK_FLOPS[key]
+    system = _system_mod._system
+    model = getattr(system, "model", None) if system is not None else None
+    if version == "ipu2" and model is not None and model.chip == _chips.BOW.name:
+        chip = _chips.BOW
+    return chip.peak_flops(name if name in ("float16", "float32") else "float32")
 
 
 def compute_efficiency() -> float:

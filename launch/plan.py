@@ -45,6 +45,8 @@ class LaunchPlan:
         job_token: the secret every gRPC call of the job carries, else "".
         system: the emulated POD the instances model (``"POD16"``); "" lets them choose.
         partition_ipus: the IPU ids reserved for the job (empty: none reserved).
+        report_dir: where every instance writes its run report (``IPUPOD_REPORT_DIR``,
+            :mod:`collectives.run_report`); "" for none.
     """
 
     command: tuple[str, ...]
@@ -59,6 +61,7 @@ class LaunchPlan:
     job_token: str = field(default="", repr=False)
     system: str = ""
     partition_ipus: tuple[int, ...] = ()
+    report_dir: str = ""
 
 
 def _positive(name: str, value: int) -> None:

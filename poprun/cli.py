@@ -14,6 +14,7 @@ when the MPICH mpirun is installed, else local with gRPC; ``-v`` says which and 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 import logging
 import secrets
@@ -24,7 +25,7 @@ from ipu_node.env import system_name
 from ipu_node.errors import IPUBusyError, IPUError
 from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
-from ipu_node.systems import SystemModel, get_system_model
+from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
 from launch.errors import InstanceFailedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
@@ -63,8 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ipus-per-replica", type=_count, default=1, metavar="K",
                         help="IPUs per replica (default: 1)")
     parser.add_argument("--system", default=None, metavar="NAME",
-                        help="the emulated system: C2-16, POD4, POD16, POD64, POD128, POD256 "
+                        help=f"the emulated system: {', '.join(SYSTEM_NAMES)} "
                              "(default: $IPUPOD_SYSTEM, else POD16)")
+    parser.add_argument("--report-dir", default=None, metavar="DIR",
+                        help="every instance writes its run report (JSON, Chrome trace) "
+                             "into DIR at exit; read it with ipupod-report "
+                             "(sets IPUPOD_REPORT_DIR)")
     parser.add_argument("--print-topology", nargs="?", const="yes", default="no",
                         choices=_YES_NO, metavar="yes|no",
                         help="print the table of hosts, instances, replicas and IPUs first")
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                          job_id=uuid.uuid4().hex[:12], launcher=launcher,
                          job_token=secrets.token_hex(16) if transport == "grpc" else "",
                          system=system_name(args.system))
+        if args.report_dir:
+            plan = replace(plan, report_dir=os.path.abspath(args.report_dir))
         model = get_system_model(plan.system)
         _topology(model, plan)  # a job that does not fit the system starts nothing
     except (ValueError, IPUError) as exc:
