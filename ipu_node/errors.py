@@ -58,3 +58,8 @@ class IPUOutOfMemoryError(IPUError, MemoryError):
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
         self.largest = largest
+
+
+class OccupancyDirError(IPUError, OSError):
+    """The directory of the IPU lock files cannot be used safely: it cannot be created, is
+    not a directory, belongs to another user or is open to others (names it and why)."""
