@@ -14,7 +14,7 @@ import atexit
 import os
 
 from launch import env as names
-from launch.tf_config import TFConfig, parse_tf_config
+from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cluster_token
 
 #: seconds instance 0 of a TF_CONFIG cluster keeps its coordinator up at exit, waiting for
 #: the other instances to leave
@@ -204,7 +204,7 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
     mrd.process_count = tf.num_instances
     mrd.process_index = tf.instance_index
     mrd.transport = "grpc"
-    mrd.job_token = os.environ.get(names.JOB_TOKEN) or tf.default_token()
+    mrd.job_token = os.environ.get(names.JOB_TOKEN) or _shared_token(tf)
     mrd.coordinator_address = tf.coordinator_address
     own = tf.addresses[tf.instance_index]
     if tf.instance_index == 0:
@@ -216,6 +216,14 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
             atexit.register(_stop_hosted_coordinator)
     else:
         mrd.listen_address = own
+
+
+def _shared_token(tf: TFConfig) -> str:
+    """Instance 0 makes the cluster's secret, the others read it (launch.tf_config)."""
+    token = cluster_token(tf)
+    if tf.instance_index == 0:
+        atexit.register(remove_cluster_token, tf)
+    return token
 
 
 def _stop_hosted_coordinator() -> None:

@@ -275,3 +275,45 @@ def test_a_config_group_cannot_be_replaced_by_something_else():
     with pytest.raises(TypeError, match="ExperimentalConfig.multi_replica_distribution"):
         cfg.experimental.multi_replica_distribution = "grpc"
     cfg.experimental = type(cfg.experimental)()   # a group of the same kind is fine
+
+
+# -- no way in for another user: the occupancy directory ---------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory owned by "
+                                              "another user (chown)")
+def test_an_occupancy_directory_owned_by_another_user_is_refused(tmp_path, capsys,
+                                                                 monkeypatch):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o755)
+    os.chown(foreign, 65534, 65534)   # nobody
+    monkeypatch.setenv("IPUPOD_OCCUPANCY_DIR", str(foreign))
+    code = poprun_main(["-n", "1", "true"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == (f"poprun: error: the IPU lock directory {foreign} belongs to uid 65534, not "
+                   f"to this user (uid 0); refusing to use it (set IPUPOD_OCCUPANCY_DIR to a "
+                   "directory of your own)\n")
+    assert os.listdir(foreign) == []
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    from ipu_node.errors import OccupancyDirError
+    from ipu_node.occupancy import Occupancy
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    occupancy = Occupancy("POD16", "machine", str(tmp_path / "occ"))
+    occupancy.make_dirs()
+    os.symlink(victim, os.path.join(occupancy.dir, "ipu-0.lock"))
+    with pytest.raises(OccupancyDirError, match="ipu-0.lock is a symlink; refusing"):
+        occupancy.acquire([0])
+    assert victim.read_text() == "precious"
+
+
+def test_occupancy_directories_are_private(tmp_path):
+    import stat as stat_
+    from ipu_node.occupancy import Occupancy
+    occupancy = Occupancy("POD16", "machine", str(tmp_path / "occ"))
+    occupancy.acquire([3]).release()
+    for path in (tmp_path / "occ", tmp_path / "occ" / "POD16", Path(occupancy.dir)):
+        assert stat_.S_IMODE(path.stat().st_mode) == 0o700, path
+    assert stat_.S_IMODE(os.stat(os.path.join(occupancy.dir, "ipu-3.lock")).st_mode) == 0o600
