@@ -44,36 +44,39 @@ from ipu_node.errors import IPUBusyError, OccupancyDirError
 MACHINE_SCOPE = "machine"
 #: what a launcher writes as the ``device`` of the IPUs it reserves for job ``{job}``
 PARTITION_DEVICE = "partition of job {job}"
+_VARIABLE = {"IPU lock directory": " (IPUPOD_OCCUPANCY_DIR)"}
 
 
-def private_dir(path: str) -> str:
+def private_dir(path: str, what: str = "IPU lock directory") -> str:
     """Create ``path`` and its missing parents with mode 0700, or check the existing
     directory: not a symlink, owned by this user, not writable by group or others (an
     existing directory readable by others, e.g. one made by an older ipupod or a test's
     temporary directory, is accepted: the lock files in it are 0600 and O_NOFOLLOW).
 
     Raises:
-        OccupancyDirError: it cannot be created or fails a check (names it and why).
+        OccupancyDirError: it cannot be created or fails a check (names ``what``, the
+            path and why).
     """
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise OccupancyDirError(f"cannot create the IPU lock directory {path} "
-                                f"(IPUPOD_OCCUPANCY_DIR): {exc.strerror}") from None
+        raise OccupancyDirError(f"cannot create the {what} {path}"
+                                f"{_VARIABLE.get(what, '')}: {exc.strerror}") from None
     try:
         st = os.lstat(path)
     except OSError as exc:
-        raise OccupancyDirError(f"cannot use the IPU lock directory {path}: "
+        raise OccupancyDirError(f"cannot use the {what} {path}: "
                                 f"{exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise OccupancyDirError(f"the IPU lock directory {path} is not a directory (a "
+        raise OccupancyDirError(f"the {what} {path} is not a directory (a "
                                 "symlink or file is in its place); refusing to use it")
     if st.st_uid != os.getuid():
-        raise OccupancyDirError(f"the IPU lock directory {path} belongs to uid {st.st_uid}, "
-                                f"not to this user (uid {os.getuid()}); refusing to use it "
-                                "(set IPUPOD_OCCUPANCY_DIR to a directory of your own)")
+        hint = " (set IPUPOD_OCCUPANCY_DIR to a directory of your own)" \
+            if what in _VARIABLE else ""
+        raise OccupancyDirError(f"the {what} {path} belongs to uid {st.st_uid}, not to this "
+                                f"user (uid {os.getuid()}); refusing to use it{hint}")
     if st.st_mode & 0o022:
-        raise OccupancyDirError(f"the IPU lock directory {path} is writable by other users "
+        raise OccupancyDirError(f"the {what} {path} is writable by other users "
                                 f"(mode {stat.S_IMODE(st.st_mode):o}); use a 0700 directory")
     return path
 

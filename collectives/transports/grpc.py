@@ -202,7 +202,8 @@ class _PeerService:
                     if offered or tensors or assembly is not None:
                         raise WireError("a ring offer must be the stream's first message")
                     offered = True
-                    ring = RingReader.attach(offer, self.host) if self.host else None
+                    ring = RingReader.attach(offer, self.host, self.token) if self.host \
+                        else None
                     continue
                 if assembly is None:
                     assembly = Assembly.start(header, self.num_instances,
@@ -583,7 +584,7 @@ class GrpcTransport(Transport):
         if (self.options.grpc_shm and self.host_id
                 and self.peer_host_ids[member] == self.host_id):
             try:
-                ring = RingWriter()
+                ring = RingWriter(token=self._metadata[0][1])
             except OSError as exc:
                 logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
         outbox = self._outboxes[member] = _Outbox(self._exchanges[member], self._metadata,
