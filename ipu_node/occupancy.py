@@ -4,7 +4,9 @@ A process attaches IPU ``i`` by holding an exclusive ``fcntl.flock`` on
 ``<root>/<system>/<scope>/ipu-<i>.lock`` and writes who it is into the file (pid, command line,
 user, time, job, device) for ``gc-monitor``. The kernel drops the lock when the process ends in
 any way, SIGKILL included, so a killed process frees its IPUs; a clean release empties the file
-first. Nothing is ever unlinked (unlinking lock files races with new holders).
+first and unlinks it while still holding the lock; a new holder checks, once it holds the
+lock, that the path still names the file it locked (else it retries), so an unlink never
+races with a new holder and nothing is left behind.
 
 ``<root>`` is :func:`ipu_node.env.occupancy_dir` (``IPUPOD_OCCUPANCY_DIR`` overrides it).
 Every directory on the way is created 0700 and checked (a real directory, owned by this
@@ -175,6 +177,15 @@ def _read_holder(path: str, ipu_id: int, scope: str,
                   str(data.get("device", "")))
 
 
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` names the file open as ``fd`` (not unlinked or replaced)."""
+    try:
+        st, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
 def _holds_lock(directory: str, held: set[tuple[int, int]]) -> bool:
     """Whether some process holds an flock on a file in ``directory``."""
     try:
@@ -226,17 +237,20 @@ def _command_line() -> str:
 class Lease:
     """IPUs held by this process; :meth:`release` gives them back (idempotent)."""
 
-    def __init__(self, fds: dict[int, int]):
+    def __init__(self, fds: dict[int, int], paths: dict[int, str] | None = None):
         self._fds = dict(fds)
+        self._paths = dict(paths or {})
 
     @classmethod
     def combine(cls, leases: Iterable["Lease"]) -> "Lease":
         """One lease holding the IPUs of ``leases`` (which are left empty)."""
         fds: dict[int, int] = {}
+        paths: dict[int, str] = {}
         for lease in leases:
             fds.update(lease._fds)
-            lease._fds = {}
-        return cls(fds)
+            paths.update(lease._paths)
+            lease._fds, lease._paths = {}, {}
+        return cls(fds, paths)
 
     @property
     def ipus(self) -> tuple[int, ...]:
@@ -250,9 +264,12 @@ class Lease:
 
     def release(self) -> None:
         fds, self._fds = self._fds, {}
-        for fd in fds.values():
+        paths, self._paths = self._paths, {}
+        for ipu_id, fd in fds.items():
             try:
                 os.ftruncate(fd, 0)
+                if ipu_id in paths and _names(paths[ipu_id], fd):
+                    os.unlink(paths[ipu_id])   # still locked: no new holder can have it
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
@@ -284,24 +301,36 @@ class Occupancy:
         """
         self.make_dirs()
         fds: dict[int, int] = {}
+        paths = {ipu_id: self._path(ipu_id) for ipu_id in set(ipus)}
         try:
-            for ipu_id in sorted(set(ipus)):  # one global order: no lock-order inversions
-                fd = _open_lock_file(self._path(ipu_id))
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    os.close(fd)
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                        raise
-                    holder = _read_holder(self._path(ipu_id), ipu_id, self.scope)
-                    who = holder.describe() if holder else "another process"
-                    raise IPUBusyError(
-                        f"IPU {ipu_id} is attached by {who}; it is not free") from None
-                fds[ipu_id] = fd
+            for ipu_id in sorted(paths):  # one global order: no lock-order inversions
+                fds[ipu_id] = self._lock(ipu_id, paths[ipu_id])
         except BaseException:
-            Lease(fds).release()
+            Lease(fds, paths).release()
             raise
-        return Lease(fds)
+        return Lease(fds, paths)
+
+    def _lock(self, ipu_id: int, path: str) -> int:
+        """An fd of ``path`` holding its exclusive lock, on the file the path names now.
+
+        Raises:
+            IPUBusyError: another process holds it (names the holder).
+        """
+        while True:
+            fd = _open_lock_file(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                holder = _read_holder(path, ipu_id, self.scope)
+                who = holder.describe() if holder else "another process"
+                raise IPUBusyError(f"IPU {ipu_id} is attached by {who}; it is not free") \
+                    from None
+            if _names(path, fd):
+                return fd
+            os.close(fd)   # its holder unlinked it while releasing: lock the new one
 
     def make_dirs(self) -> None:
         """Create (0700) and check the root, system and partition directories.

@@ -69,6 +69,7 @@ def job(tmp_path):
     assert wait_no_processes(marker, 10) == [], "processes of the job were left behind"
     assert _unmapped_new_segments(segments) == set(), "MPICH segments were left in /dev/shm"
     assert _partition_dirs(occupancy) == [], "partition directories were left behind"
+    assert sorted(occupancy.rglob("*.lock")) == [], "lock files were left behind"
     assert _workdirs() - workdirs == set(), "working directories were left behind"
 
 
