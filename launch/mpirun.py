@@ -118,7 +118,8 @@ def remove_leftover_segments(before: set[str]) -> list[str]:
         The names removed.
     """
     removed = []
-    for name in sorted(_mpich_segments() - before - _mapped_segments()):
+    new = _mpich_segments() - before
+    for name in sorted(new - _mapped_segments() if new else ()):
         try:
             os.unlink(os.path.join(_SHM_DIR, name))
             removed.append(name)

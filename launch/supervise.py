@@ -165,21 +165,12 @@ def reclaim_workdirs(root: str) -> list[str]:
     removed = []
     for name in os.listdir(root):
         pid = name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
-        if not name.startswith(_WORKDIR_PREFIX) or not pid.isdigit() or _alive(int(pid)):
+        if not name.startswith(_WORKDIR_PREFIX) or not pid.isdigit() \
+                or os.path.exists(f"/proc/{pid}"):   # its launcher still runs
             continue
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_program(command: Sequence[str]) -> None:

@@ -103,24 +103,16 @@ def test_a_python_instance_that_raises_before_its_first_collective_ends_the_job(
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_an_instance_without_python_that_exits_3_ends_the_job_with_3(job, launcher):
-    script = (f'[ "$IPUPOD_INSTANCE_INDEX" = 1 ] && exit 3; '
+@pytest.mark.parametrize("action, code, how", [("exit 3", 3, "exit code 3"),
+                                               ("kill -9 $$", 137, "killed by SIGKILL")])
+def test_an_instance_without_python_that_fails_ends_the_job_with_its_status(job, launcher,
+                                                                          action, code, how):
+    script = (f'[ "$IPUPOD_INSTANCE_INDEX" = 1 ] && {action}; '
               f'exec python3 -c "import time; time.sleep(300)" {job.marker}')
     result = job.run(launcher, "sh", "-c", script, "sh")
-    assert result.returncode == 3, describe(result)
+    assert result.returncode == code, describe(result)
     assert result.stderr.strip().splitlines()[-1] == (
-        "poprun: instance 1 failed (exit code 3); the other instances were stopped"), \
-        describe(result)
-
-
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_an_instance_without_python_killed_by_sigkill_ends_the_job_with_137(job, launcher):
-    script = (f'[ "$IPUPOD_INSTANCE_INDEX" = 1 ] && kill -9 $$; '
-              f'exec python3 -c "import time; time.sleep(300)" {job.marker}')
-    result = job.run(launcher, "sh", "-c", script, "sh")
-    assert result.returncode == 137, describe(result)
-    assert result.stderr.strip().splitlines()[-1] == (
-        "poprun: instance 1 failed (killed by SIGKILL); the other instances were stopped"), \
+        f"poprun: instance 1 failed ({how}); the other instances were stopped"), \
         describe(result)
 
 
@@ -314,7 +306,9 @@ def test_occupancy_directories_are_private(tmp_path):
     import stat as stat_
     from ipu_node.occupancy import Occupancy
     occupancy = Occupancy("POD16", "machine", str(tmp_path / "occ"))
-    occupancy.acquire([3]).release()
+    lease = occupancy.acquire([3])
     for path in (tmp_path / "occ", tmp_path / "occ" / "POD16", Path(occupancy.dir)):
         assert stat_.S_IMODE(path.stat().st_mode) == 0o700, path
     assert stat_.S_IMODE(os.stat(os.path.join(occupancy.dir, "ipu-3.lock")).st_mode) == 0o600
+    lease.release()
+    assert os.listdir(occupancy.dir) == []   # released: the lock file is gone
