@@ -276,9 +276,15 @@ def test_a_config_group_cannot_be_replaced_by_something_else():
                                               "another user (chown)")
 def test_an_occupancy_directory_owned_by_another_user_is_refused(tmp_path, capsys,
                                                                  monkeypatch):
+    """The audit's reproducer: another user creates the directory first and plants a
+    symlink to a file of the victim's where a lock file will be opened."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
     foreign = tmp_path / "foreign"
-    foreign.mkdir(mode=0o755)
-    os.chown(foreign, 65534, 65534)   # nobody
+    (foreign / "POD16" / "machine").mkdir(parents=True, mode=0o755)
+    os.symlink(victim, foreign / "POD16" / "machine" / "ipu-0.lock")
+    for path in (foreign, foreign / "POD16", foreign / "POD16" / "machine"):
+        os.chown(path, 65534, 65534)   # nobody
     monkeypatch.setenv("IPUPOD_OCCUPANCY_DIR", str(foreign))
     code = poprun_main(["-n", "1", "true"])
     err = capsys.readouterr().err
@@ -286,7 +292,7 @@ def test_an_occupancy_directory_owned_by_another_user_is_refused(tmp_path, capsy
     assert err == (f"poprun: error: the IPU lock directory {foreign} belongs to uid 65534, not "
                    f"to this user (uid 0); refusing to use it (set IPUPOD_OCCUPANCY_DIR to a "
                    "directory of your own)\n")
-    assert os.listdir(foreign) == []
+    assert victim.read_text() == "precious"
 
 
 def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
