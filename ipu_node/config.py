@@ -37,6 +37,12 @@ class _ConfigGroup:
             valid = ", ".join(sorted(self._fields))
             raise AttributeError(
                 f"{type(self).__name__} has no option {name!r}; valid options: {valid}")
+        default = self._fields[name]
+        if isinstance(default, type) and issubclass(default, _ConfigGroup) \
+                and not isinstance(value, default):   # a group is replaced by a group only
+            raise TypeError(f"{type(self).__name__}.{name} is a group of options "
+                            f"({default.__name__}); it cannot be set to "
+                            f"{type(value).__name__} {value!r}")
         check = getattr(self, f"_check_{name}", None)
         object.__setattr__(self, name, check(value) if check else value)
         self.__dict__.setdefault("_explicit", set()).add(name)

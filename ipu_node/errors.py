@@ -79,3 +79,8 @@ class OutOfRangeError(IPUError, RuntimeError):
 class NotPlacedOnIPUError(IPUError, RuntimeError):
     """``ipu_compiler.compile`` called outside ``ipu_scope('/device:IPU:0')`` and outside a
     strategy's scope: the computation would not run on an IPU [004:39-41]."""
+
+
+class OccupancyDirError(IPUError, OSError):
+    """The directory of the IPU lock files cannot be used safely: it cannot be created, is
+    not a directory, belongs to another user or is open to others (names it and why)."""

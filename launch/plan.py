@@ -64,9 +64,19 @@ class LaunchPlan:
     report_dir: str = ""
 
 
+#: the largest instance, replica or IPU count a plan accepts. ipupod assumption: the largest
+#: modelled system (POD256) has 256 IPUs, so no real job comes near; the bound is checked
+#: before anything that grows with a count is allocated (``-n 100000000000`` is refused at
+#: once, not after filling memory).
+MAX_COUNT = 1 << 16
+
+
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} {value} is more than any system can run (at most "
+                         f"{MAX_COUNT}; the largest modelled system, POD256, has 256 IPUs)")
 
 
 def plan_replicas(num_instances: int, num_replicas: int,

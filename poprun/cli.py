@@ -22,12 +22,12 @@ import sys
 import uuid
 
 from ipu_node.env import system_name
-from ipu_node.errors import IPUBusyError, IPUError
+from ipu_node.errors import IPUError
 from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
 from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
-from launch.errors import InstanceFailedError, LaunchError
+from launch.errors import InstanceFailedError, JobInterruptedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
 from launch.plan import LAUNCHERS, TRANSPORTS, LaunchPlan, make_plan
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
                                       job=plan.job_id)
-    except IPUBusyError as exc:
+    except IPUError as exc:  # busy, or an unusable lock directory
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 1
     with partition:
@@ -211,6 +211,9 @@ def _run(plan: LaunchPlan) -> int:
     """Run ``plan``; the exit code, with failures reported on stderr."""
     try:
         return run_plan(plan)
+    except JobInterruptedError as exc:   # 130 for SIGINT, 143 for SIGTERM
+        sys.stderr.write(f"poprun: {exc}\n")
+        return exc.exit_code
     except LaunchError as exc:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 1

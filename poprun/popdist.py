@@ -14,7 +14,7 @@ import atexit
 import os
 
 from launch import env as names
-from launch.tf_config import TFConfig, parse_tf_config
+from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cluster_token
 
 #: seconds instance 0 of a TF_CONFIG cluster keeps its coordinator up at exit, waiting for
 #: the other instances to leave
@@ -115,6 +115,38 @@ def getLocalInstanceIndex() -> int:
     return _first(names.MPI_LOCAL_RANK_VARS) or 0
 
 
+def check_popdist_env() -> None:
+    """Check that the ``POPDIST_*``/``IPUPOD_*`` values poprun set agree with each other
+    (a job script that edits one of them gets told, instead of a hang or wrong shards).
+
+    Raises:
+        ValueError: one line naming the variables, their values and the rule broken.
+    """
+    if not isPopdistEnvSet():
+        return
+    total, local = getNumTotalReplicas(), getNumLocalReplicas()
+    offset, ipus = getReplicaIndexOffset(), getNumIpusPerReplica()
+    where = "in the environment poprun gave this instance"
+    for name, value in ((names.NUM_TOTAL_REPLICAS, total), (names.NUM_LOCAL_REPLICAS, local),
+                        (names.NUM_IPUS_PER_REPLICA, ipus)):
+        if value < 1:
+            raise ValueError(f"{name}={value} {where}: must be >= 1")
+    if total % local:
+        raise ValueError(f"{names.NUM_TOTAL_REPLICAS}={total} is not a multiple of "
+                         f"{names.NUM_LOCAL_REPLICAS}={local} {where}")
+    if offset < 0 or offset % local or offset >= total:
+        raise ValueError(f"{names.REPLICA_INDEX_OFFSET}={offset} {where}: must be a multiple "
+                         f"of {names.NUM_LOCAL_REPLICAS}={local} in [0, "
+                         f"{names.NUM_TOTAL_REPLICAS}={total})")
+    for name, value in ((names.NUM_INSTANCES, getNumInstances()),
+                        (names.INSTANCE_INDEX, getInstanceIndex())):
+        given = _int(name)
+        if given is not None and given != value:
+            raise ValueError(f"{name}={given} {where} disagrees with the POPDIST_* values "
+                             f"({names.NUM_TOTAL_REPLICAS}={total}, {names.NUM_LOCAL_REPLICAS}"
+                             f"={local}, {names.REPLICA_INDEX_OFFSET}={offset} give {value})")
+
+
 def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
     """True when ``ipus_per_replica`` matches what poprun was told (or poprun is not used)."""
     return not isPopdistEnvSet() or ipus_per_replica == getNumIpusPerReplica()
@@ -135,7 +167,14 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
         ValueError: ``ipus_per_replica`` differs from poprun's ``--ipus-per-replica``.
         TFConfigError: TF_CONFIG is malformed.
         LaunchError: instance 0 of a TF_CONFIG cluster cannot listen at its address.
+        TypeError: ``config`` is not an ``ipu_node.IPUConfig``.
+        ValueError: the ``POPDIST_*`` values disagree (:func:`check_popdist_env`).
     """
+    from ipu_node import IPUConfig
+    if not isinstance(config, IPUConfig):
+        raise TypeError(f"popdist.set_ipu_config(config=...) needs an ipu_node.IPUConfig, "
+                        f"got {type(config).__name__} {config!r}")
+    check_popdist_env()
     if not checkNumIpusPerReplica(ipus_per_replica):
         raise ValueError(f"set_ipu_config(ipus_per_replica={ipus_per_replica}) but poprun was "
                          f"started with --ipus-per-replica {getNumIpusPerReplica()}")
@@ -165,7 +204,7 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
     mrd.process_count = tf.num_instances
     mrd.process_index = tf.instance_index
     mrd.transport = "grpc"
-    mrd.job_token = os.environ.get(names.JOB_TOKEN) or tf.default_token()
+    mrd.job_token = os.environ.get(names.JOB_TOKEN) or _shared_token(tf)
     mrd.coordinator_address = tf.coordinator_address
     own = tf.addresses[tf.instance_index]
     if tf.instance_index == 0:
@@ -177,6 +216,14 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
             atexit.register(_stop_hosted_coordinator)
     else:
         mrd.listen_address = own
+
+
+def _shared_token(tf: TFConfig) -> str:
+    """Instance 0 makes the cluster's secret, the others read it (launch.tf_config)."""
+    token = cluster_token(tf)
+    if tf.instance_index == 0:
+        atexit.register(remove_cluster_token, tf)
+    return token
 
 
 def _stop_hosted_coordinator() -> None:
