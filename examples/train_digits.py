@@ -160,7 +160,8 @@ def save_checkpoint(directory: str, instance: int, arrays: dict) -> str:
             f.write(_npz_bytes(arrays))
             f.flush()
             os.fsync(f.fileno())
-        if os.environ.get(KILL_DURING_WRITE_ENV) == str(int(arrays["epoch"])):
+        kill_at = os.environ.get(KILL_DURING_WRITE_ENV)
+        if kill_at is not None and "epoch" in arrays and kill_at == str(int(arrays["epoch"])):
             os.kill(os.getpid(), signal.SIGKILL)
         os.replace(tmp, path)
     except BaseException:
