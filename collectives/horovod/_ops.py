@@ -358,8 +358,8 @@ def broadcast_parameters(params, root_rank: int = 0,
         if not isinstance(p, np.ndarray) or not p.flags.writeable:
             raise TypeError(f"broadcast_parameters: {key!r} is not a writeable numpy array")
     flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
-    joined = broadcast(np.concatenate(flat) if len(flat) > 1 else flat[0], root_rank,
-                       name="broadcast_parameters", process_set=process_set)
+    joined = broadcast_array(np.concatenate(flat) if len(flat) > 1 else flat[0].copy(), root_rank,
+                             "broadcast_parameters", process_set)
     pos = 0
     for a in arrays:
         a[...] = np.frombuffer(joined[pos:pos + a.nbytes], a.dtype).reshape(a.shape)
