@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from ipu_node.clock import charge_collective
 
 from collectives.accounting import CallRecord, CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
@@ -444,7 +445,10 @@ class CollectiveEngine:
             signature = self._signatures[key] = self.ledger.signature(
                 desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes, desc.group,
                 groups, self.ipus_per_replica)
-        self.ledger.add_signed(signature, sent, wall)
+        modelled = self.ledger.add_signed(signature, sent, wall)
+        if modelled is not None and not desc.op.startswith("host "):
+            # every local replica waits in this call: their IPUs' modelled clocks pay it
+            charge_collective(modelled, desc.op)
 
     def _check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
         first = descs[0]

@@ -146,6 +146,27 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
         return value
 
 
+class ExecutionConfig(_ConfigGroup):
+    """``IPUConfig.execution`` (ipupod's own group): how the modelled clock prices compute.
+
+    ``compute_efficiency``: the fraction of the IPU's peak FLOP/s a stage pass sustains, in
+    (0, 1]; a pass of ``flops`` operations takes ``flops / (peak * compute_efficiency)``
+    modelled seconds (:mod:`ipu_node.clock`). Default 0.5: ipupod assumption, no measured
+    figure in the seeds or anchors; large dense matmuls run near peak, whole models with
+    normalisation, element-wise ops and exchange well below it, and half of peak sits between
+    the two. Set it from a profile of the real model when one exists.
+    """
+
+    _fields = {"compute_efficiency": 0.5}
+
+    def _check_compute_efficiency(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 < value <= 1:
+            raise ValueError(f"execution.compute_efficiency must be a number in (0, 1], "
+                             f"got {value!r}")
+        return float(value)
+
+
 class ExperimentalConfig(_ConfigGroup):
     """``IPUConfig.experimental``."""
 
@@ -169,6 +190,11 @@ class IPUConfig(_ConfigGroup):
     ``system`` is ipupod's own option too: the emulated system (``"POD16"``, ``"C2-16"``, ...,
     see :mod:`ipu_node.systems`); ``""`` (the default) means ``$IPUPOD_SYSTEM``, else POD16.
 
+    ``allow_recompute`` (TF-IPU's option, reference execution-model.md §1.9): pipelines
+    recompute each stage's forward before its backward (the numbers do not change; the
+    modelled time pays the extra forward and the stash holds only stage inputs).
+    ``execution`` is ipupod's group for the modelled clock (:class:`ExecutionConfig`).
+
     ``auto_select_ipus`` is an int (one TF device) or a list of ints, entry ``N`` being the
     number of IPUs of ``/device:IPU:N`` (seed 004:1496-1514); devices are named, not listed,
     so strings such as ``"/device:IPU:0"`` are rejected. ``select_ipus`` takes ``gc-info``
@@ -188,6 +214,8 @@ class IPUConfig(_ConfigGroup):
         "system": "",
         "ipu_model": IPUModelConfig,
         "experimental": ExperimentalConfig,
+        "execution": ExecutionConfig,
+        "allow_recompute": False,
     }
 
     def _check_auto_select_ipus(self, value: Any) -> int | list[int]:
@@ -205,6 +233,11 @@ class IPUConfig(_ConfigGroup):
         if not isinstance(value, dict):
             raise TypeError(f"gcl_poplar_options must be a dict, not {type(value).__name__}")
         return dict(value)
+
+    def _check_allow_recompute(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"allow_recompute must be a bool, not {type(value).__name__}")
+        return value
 
     def _check_system(self, value: Any) -> str:
         if value == "":

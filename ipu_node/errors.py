@@ -58,3 +58,8 @@ class IPUOutOfMemoryError(IPUError, MemoryError):
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
         self.largest = largest
+
+
+class FailedPreconditionError(IPUError, RuntimeError):
+    """An operation run in a state that does not allow it (TF's ``FailedPreconditionError``),
+    e.g. the last value of an outfeed taken before anything was enqueued."""
