@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from ipu_node import current_replica_context, get_system
+from ipu_node.replica import set_active_runner
 
 from collectives import algorithms, movement, nest
 from collectives.descriptor import Descriptor
@@ -86,13 +87,16 @@ class IPUMultiReplicaStrategy:
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["IPUMultiReplicaStrategy"]:
-        """Make this the current strategy in this thread (``get_strategy()``)."""
+        """Make this the current strategy in this thread (``get_strategy()``); inside,
+        ``ipu_compiler.compile`` runs on every local replica (through ``self.run``)."""
         previous = get_strategy()
+        previous_runner = set_active_runner(self.run)
         _scope.strategy = self
         try:
             yield self
         finally:
             _scope.strategy = previous
+            set_active_runner(previous_runner)
 
     def experimental_distribute_values_from_function(
             self, value_fn: Callable[[ValueContext], Any]) -> PerReplica:

@@ -60,6 +60,22 @@ class IPUOutOfMemoryError(IPUError, MemoryError):
         self.largest = largest
 
 
+class InvalidArgumentError(IPUError, ValueError):
+    """A tensor the device cannot take (TF's ``InvalidArgumentError``), e.g. a feed element
+    with a dimension of size 0."""
+
+
 class FailedPreconditionError(IPUError, RuntimeError):
     """An operation run in a state that does not allow it (TF's ``FailedPreconditionError``),
     e.g. the last value of an outfeed taken before anything was enqueued."""
+
+
+class OutOfRangeError(IPUError, RuntimeError):
+    """A feed asked for more elements than its dataset has left (TF's ``OutOfRangeError``;
+    on the hardware a fatal error [004:2552]). The message names the feed, the replica and the
+    iteration."""
+
+
+class NotPlacedOnIPUError(IPUError, RuntimeError):
+    """``ipu_compiler.compile`` called outside ``ipu_scope('/device:IPU:0')`` and outside a
+    strategy's scope: the computation would not run on an IPU [004:39-41]."""
