@@ -30,7 +30,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from ipu_node import current_replica_context
+from ipu_node import current_replica_context, get_system
 from ipu_node.variables import Variable
 
 __all__ = ["VariableSynchronization", "VariableAggregation", "MirroredVariable",
@@ -70,6 +70,9 @@ class _PerReplica(Variable):
     def __init__(self, initial_value: Any, name: str | None, trainable: bool,
                  num_local_replicas: int):
         super().__init__(initial_value, name, trainable)
+        if self.ipu_id is not None:  # made in a replica function: the subclass places it
+            _free_all([get_system().memory[self.ipu_id]], self._tensor_name)
+            self.ipu_id = self.shard = None
         self._copies = [self._value.copy() for _ in range(num_local_replicas)]
         self._lock = threading.Lock()
 
@@ -127,11 +130,18 @@ class MirroredVariable(_PerReplica):
         super().__init__(initial_value, name, trainable, num_local_replicas)
         self.aggregation = aggregation
         self.on_host = not memories
+        self._memories = list(memories)
         for memory in memories:
             memory.allocate(self._tensor_name, self.nbytes)
         if memories:
             self.ipu_id = memories[0].ipu_id
             weakref.finalize(self, _free_all, list(memories), self._tensor_name)
+
+    def make_slot(self, name: str) -> "MirroredVariable":
+        """An optimizer's slot for this Variable (zeros, mirrored alike, kept where this
+        Variable is kept: in host memory when it is on the host)."""
+        return MirroredVariable(np.zeros_like(self._copies[0]), name, False, self._memories,
+                                VariableAggregation.NONE, len(self._copies))
 
     def __repr__(self) -> str:
         where = "host" if self.on_host else "every replica's IPU"

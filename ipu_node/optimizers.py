@@ -133,8 +133,12 @@ class Optimizer(abc.ABC):
         slots = self._slots.setdefault(name, {})
         slot = slots.get(var)
         if slot is None:
-            slot = slots[var] = Variable(np.zeros_like(var.value), f"{var.name}/{name}",
-                                         trainable=False, shard=var.shard)
+            # a distributed Variable (collectives.strategies) makes slots of its own kind
+            make = getattr(var, "make_slot", None)
+            new = (make(f"{var.name}/{name}") if make is not None else
+                   Variable(np.zeros_like(var.value), f"{var.name}/{name}", trainable=False,
+                            shard=var.shard))
+            slot = slots.setdefault(var, new)  # (replicas may race: one slot wins)
         return slot
 
 
