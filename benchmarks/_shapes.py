@@ -1,4 +1,4 @@
-"""Shapes shared by the benchmarks (benchmarks/collectives.py, benchmarks/horovod.py)."""
+"""Shapes and sizes shared by the benchmarks (benchmarks/collectives.py, benchmarks/horovod.py)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
             cin = 4 * width
     shapes.extend([(1000, 2048), (1000,)])
     return shapes
+
+
+def sizes(max_size: int) -> list[int]:
+    """Buffer sizes in bytes: 4 KiB, 16 KiB, ... (x4) up to ``max_size``."""
+    out, s = [], 4 << 10
+    while s <= max_size:
+        out.append(s)
+        s *= 4
+    return out

@@ -33,15 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._shapes import resnet50_gradient_shapes  # noqa: E402
-
-
-def sizes(max_size: int) -> list[int]:
-    out, s = [], 4 << 10
-    while s <= max_size:
-        out.append(s)
-        s *= 4
-    return out
+from benchmarks._shapes import resnet50_gradient_shapes, sizes  # noqa: E402
 
 
 def _reps(nbytes: int, quick: bool) -> int:

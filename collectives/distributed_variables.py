@@ -33,6 +33,8 @@ import numpy as np
 from ipu_node import current_replica_context, get_system
 from ipu_node.variables import Variable
 
+from collectives._fusion import fused_per_dtype
+
 __all__ = ["VariableSynchronization", "VariableAggregation", "MirroredVariable",
            "SyncOnReadVariable", "aggregate_gradients"]
 
@@ -190,27 +192,12 @@ def aggregate_gradients(pairs: list, host_sum, charge_host) -> list:
         return pairs
     grads = [np.asarray(pairs[i][0]) for i in idx]
     if current_replica_context() is not None:
-        summed = _fused(grads, cross_replica_sum)
+        summed = fused_per_dtype(grads, lambda flat, dtype: cross_replica_sum(
+            flat, name=f"apply_gradients:{dtype.name}"))
     else:
         summed = host_sum(grads)
         charge_host(sum(g.nbytes for g in grads) + sum(pairs[i][1].nbytes for i in idx))
     out = list(pairs)
     for i, s in zip(idx, summed):
         out[i] = (s, pairs[i][1])
-    return out
-
-
-def _fused(grads: list[np.ndarray], reduce) -> list[np.ndarray]:
-    """``reduce`` applied once per dtype to the concatenated gradients, split back."""
-    out: list = [None] * len(grads)
-    by_dtype: dict = {}
-    for i, g in enumerate(grads):
-        by_dtype.setdefault(g.dtype, []).append(i)
-    for dtype, idx in by_dtype.items():
-        flat = np.concatenate([grads[i].ravel() for i in idx])
-        total = reduce(flat, name=f"apply_gradients:{dtype.name}")
-        pos = 0
-        for i in idx:
-            out[i] = total[pos:pos + grads[i].size].reshape(grads[i].shape)
-            pos += grads[i].size
     return out

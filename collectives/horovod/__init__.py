@@ -26,11 +26,11 @@ import numpy as np
 
 from collectives.horovod import _objects
 from collectives.horovod._ops import allgather_array, broadcast_array
+from collectives.horovod._exchange import alltoall, grouped_reducescatter, reducescatter
 from collectives.horovod._ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
-                                      allreduce, allreduce_, alltoall, barrier, broadcast,
-                                      broadcast_, broadcast_parameters, grouped_allgather,
-                                      grouped_allreduce, grouped_allreduce_,
-                                      grouped_reducescatter, join, reducescatter)
+                                      allreduce, allreduce_, barrier, broadcast, broadcast_,
+                                      broadcast_parameters, grouped_allgather,
+                                      grouped_allreduce, grouped_allreduce_, join)
 from collectives.horovod._state import (HorovodNotInitializedError, ProcessSet,
                                         add_process_set, cross_rank, cross_size,
                                         global_process_set, init, is_initialized, local_rank,
