@@ -101,3 +101,21 @@ def test_ipu_strategy_mirrored_and_sync_on_read_in_one_instance(two_replicas):
         strategy.Variable(0.0, synchronization=VariableSynchronization.ON_READ)
     with pytest.raises(ValueError, match="host code"):
         strategy.run(lambda: strategy.Variable(0.0))
+
+
+def test_update_ipu_config_and_variables_on_host_in_one_instance(two_replicas):
+    import ipu_node
+    from collectives.strategies import IPUStrategy, PopDistStrategy
+    strategy = PopDistStrategy(variables_on_host=True)
+    cfg = strategy.update_ipu_config(ipu_node.IPUConfig())
+    mrd = cfg.experimental.multi_replica_distribution
+    assert (mrd.process_count, mrd.process_index) == (0, 0)
+    system = ipu_node.get_system()
+    before = sum(m.in_use_bytes for m in system.memory.values())
+    with strategy.scope():
+        strategy.Variable(np.ones(1000, np.float32), name="big")
+    assert sum(m.in_use_bytes for m in system.memory.values()) == before  # on the host
+    with IPUStrategy().scope() as s:
+        v = s.Variable(np.ones(1000, np.float32), name="big")  # on both replicas' IPUs
+        assert sum(m.in_use_bytes for m in system.memory.values()) == before + 8000
+        assert "MirroredVariable 'big'" in repr(v)

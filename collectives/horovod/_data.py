@@ -73,12 +73,12 @@ def allreduce_flat(engine, comm, members: Sequence[int], flat: np.ndarray, op: s
     recv = comm.alltoallv(flat.view(np.uint8), [c * item for c in counts], [mine * item] * P,
                           patience_for(engine, "hvd.allreduce", members, True))
     pieces = list(np.frombuffer(recv[:mine * item * P], flat.dtype).reshape(P, mine))
-    reduced = tree_reduce(pieces, _combiner(op)) if mine else np.zeros(0, flat.dtype)
-    reduced = np.ascontiguousarray(reduced, flat.dtype)
     out = np.empty(flat.size, flat.dtype)
-    got = comm.allgatherv_to(reduced.view(np.uint8), out.view(np.uint8),
-                             [c * item for c in counts],
-                             patience_for(engine, "hvd.allreduce", members, True))
+    lo = sum(counts[:me])
+    if mine:  # this member's chunk, reduced straight into its place in the result
+        tree_reduce(pieces, _combiner(op), out=out[lo:lo + mine])
+    got = comm.allgatherv_into(out.view(np.uint8), [c * item for c in counts],
+                               patience_for(engine, "hvd.allreduce", members, True))
     if not np.shares_memory(got, out):  # (a transport that returned a new buffer)
         out[...] = np.frombuffer(np.asarray(got, np.uint8)[:flat.nbytes], flat.dtype)
     return out
