@@ -236,13 +236,8 @@ class Ledger:
 
 def _record_of(signature: "CallSignature", transport_bytes: int, wall_s: float,
                modelled_s: float | None) -> CallRecord:
-    # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
-    # the instance dict at once is the same record, built faster
-    record = object.__new__(CallRecord)
-    fields_ = record.__dict__
-    fields_.update(signature.fields)
-    fields_.update(transport_bytes=transport_bytes, wall_s=wall_s, modelled_s=modelled_s)
-    return record
+    return CallRecord(**signature.fields, transport_bytes=transport_bytes, wall_s=wall_s,
+                      modelled_s=modelled_s)
 
 
 def total(totals: dict[str, OpStats]) -> OpStats:

@@ -102,7 +102,7 @@ def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algori
         _members(what, group, ctx.num_replicas)  # (a signature seen before has passed)
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
                           shape=tuple(arr.shape), group=str(group), name=name or "",
-                          params=params).encoded_once()
+                          params=params)
         if len(_descriptors) >= 4096:
             _descriptors.clear()
         _descriptors[key] = desc
