@@ -2,14 +2,14 @@
 
 :class:`CallRecorder` counts the bytes the engine's communicators send during a call
 (:meth:`CallRecorder.bytes_sent`, read before and after) and adds one entry per call to the
-:class:`~collectives.accounting.Ledger`, through a
-:class:`~collectives.accounting.CallSignature` made once per call signature (the fields of a
+:class:`~collectives._accounting.Ledger`, through a
+:class:`~collectives._accounting.CallSignature` made once per call signature (the fields of a
 record fixed by the op, dtype, shape, size and group, and the GCL method charged).
 """
 
 from __future__ import annotations
 
-from collectives.accounting import CallSignature, CountingCommunicator, Ledger
+from collectives._accounting import CallSignature, CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup

@@ -27,12 +27,12 @@ from functools import partial
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import algorithms, movement
+from collectives import _algorithms as algorithms, _movement as movement
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator, parse_operator
-from collectives.runtime import get_engine
+from collectives._runtime import get_engine
 
 #: dtypes the collectives accept; bool only with the logical operators (and LOCAL).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in

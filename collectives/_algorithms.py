@@ -1,6 +1,6 @@
 """Reduction algorithms: combine local replicas in shared memory, then exchange over the
 transport. Each takes ``(engine, descriptor, values, ...)`` with one value per local replica
-and returns one result per local replica (see :mod:`collectives.engine`).
+and returns one result per local replica (see :mod:`collectives._engine`).
 
 Reductions keep the canonical tree order (:mod:`collectives.tree`): an instance reduces its
 own replicas of a group to one partial (the replicas of a group on one instance always hold

@@ -6,7 +6,7 @@ last local replica's arrival to the results); modelled time is what the POD woul
 
 Modelled time comes from a **cost model**, a callable ``cost_model(record) -> seconds``.
 Every engine has one by default (``Ledger.cost_model``, set by
-:func:`collectives.runtime.get_engine` to a
+:func:`collectives._runtime.get_engine` to a
 :class:`~collectives.cost_model.HardwareCostModel` of the configured POD: the algorithm
 ``record.method``, the IPUs of ``record.groups``, the IPU-Links and GW-Links crossed);
 :func:`set_cost_model` installs one that overrides it in every engine. Without either,

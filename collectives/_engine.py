@@ -35,7 +35,7 @@ import numpy as np
 from collectives._agreement import END_OF_PROGRAM, Agreement, Text
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
-from collectives.accounting import CountingCommunicator, Ledger
+from collectives._accounting import CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                 TransportError)
@@ -84,7 +84,7 @@ class CollectiveEngine:
     Attributes:
         ledger: the records of this engine's calls.
         agreement: the descriptor checks (the handshakes' checker).
-        routes: the algorithms' per-group plans (:func:`collectives.algorithms.sole_route`).
+        routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
     """
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
