@@ -30,7 +30,7 @@ from ipu_node import clock, current_replica_context, get_system, host_transfer_t
 from ipu_node.optimizers import set_gradient_aggregator
 from ipu_node.replica import set_active_runner
 
-from collectives import algorithms, movement, nest
+from collectives import _algorithms as algorithms, _movement as movement, _nest as nest
 from collectives import horovod as hvd
 from collectives.descriptor import Descriptor
 from collectives.distributed_variables import (MirroredVariable, SyncOnReadVariable,
@@ -39,7 +39,7 @@ from collectives.distributed_variables import (MirroredVariable, SyncOnReadVaria
 from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator
 from collectives.ops import as_collective_array
-from collectives.runtime import get_engine
+from collectives._runtime import get_engine
 
 __all__ = ["IPUStrategyBase", "IPUStrategy", "IPUMultiReplicaStrategy", "PopDistStrategy",
            "IPUMultiWorkerStrategy", "IPUHorovodStrategy", "ReduceOp", "PerReplica",

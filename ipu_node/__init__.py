@@ -24,7 +24,8 @@ from ipu_node.ipu_infeed_queue import IPUInfeedQueue
 from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 from ipu_node.operation import Operation
 from ipu_node.links import Link, LinkKind
-from ipu_node.memory import IPUMemory, MemoryUsage, free, memory_usage, place
+from ipu_node.memory import IPUMemory, MemoryUsage
+from ipu_node.placement import free, memory_usage, place
 from ipu_node.replica import ReplicaContext, current_replica_context, require_replica_context
 from ipu_node.routing import host_transfer_time_s, hops, route, transfer_time_s
 from ipu_node.selection import assign_instance_ipus, order_ipus

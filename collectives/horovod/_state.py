@@ -3,7 +3,7 @@
 One Horovod process is one ipupod instance (one launched process): ``rank()`` is the
 instance index the launcher gave (mpirun's rank, poprun's instance index, the TF_CONFIG
 task), ``size()`` the number of instances. Collectives between them go over the transport
-of the configured IPU system (:func:`collectives.runtime.get_engine`).
+of the configured IPU system (:func:`collectives._runtime.get_engine`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from ipu_node import IPUConfig, get_system
 from ipu_node.errors import NotConfiguredError
 
-from collectives.runtime import get_engine
+from collectives._runtime import get_engine
 
 #: names of the environment variables a plain ``mpirun`` gives each rank (anchors §1.2):
 #: Open MPI's, then MPICH Hydra's
