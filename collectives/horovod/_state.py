@@ -151,7 +151,9 @@ def init() -> None:
 
     Uses the configured IPU system's instances and transport; without one, configures one
     IPU per process (plain ``mpirun``: the MPI ranks; alone: rank 0 of 1). Collective over
-    every process (each tells the others its host, for :func:`local_rank`).
+    every process (each tells the others its host, for :func:`local_rank`). Configuring
+    another IPU system later (``configure_ipu_system``, ``reset_ipu_configuration``) shuts
+    Horovod down with the old system's transport: call :func:`init` again.
 
     Raises:
         NotConfiguredError: started by poprun/TF_CONFIG without a configured IPU system.
