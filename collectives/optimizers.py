@@ -23,8 +23,7 @@ from typing import Iterable
 
 import numpy as np
 from ipu_node.optimizers import (GradientAccumulationOptimizerV2, Optimizer,
-                                 check_grads_and_vars)
-from ipu_node.variables import Variable
+                                 OptimizerWrapper, check_grads_and_vars)
 
 from collectives.ops import cross_replica_mean
 
@@ -59,7 +58,7 @@ def fused_cross_replica_mean(grads: list[np.ndarray], name: str = "gradients"
     return out
 
 
-class CrossReplicaOptimizer(Optimizer):
+class CrossReplicaOptimizer(OptimizerWrapper):
     """Averages the gradients over all replicas, then applies them with ``opt``.
 
     Args:
@@ -72,26 +71,13 @@ class CrossReplicaOptimizer(Optimizer):
     """
 
     def __init__(self, opt: Optimizer, name: str = "CrossReplicaOptimizer"):
-        super().__init__(name)
-        if not isinstance(opt, Optimizer):
-            raise TypeError(f"{name}: opt must be an ipu_node.optimizers.Optimizer, not "
-                            f"{type(opt).__name__}")
-        self._opt = opt
+        super().__init__(opt, name)
 
     def apply_gradients(self, grads_and_vars: Iterable, global_step=None, name=None) -> None:
         pairs = [(g, v) for g, v in check_grads_and_vars(grads_and_vars, self._name)
                  if g is not None]
         means = fused_cross_replica_mean([g for g, _ in pairs], name=self._name)
         self._opt.apply_gradients(list(zip(means, (v for _, v in pairs))), global_step, name)
-
-    def get_slot_names(self) -> list[str]:
-        return self._opt.get_slot_names()
-
-    def get_slot(self, var: Variable, name: str) -> Variable | None:
-        return self._opt.get_slot(var, name)
-
-    def variables(self) -> list[Variable]:
-        return self._opt.variables()
 
 
 class CrossReplicaGradientAccumulationOptimizerV2(GradientAccumulationOptimizerV2):

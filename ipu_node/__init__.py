@@ -4,8 +4,9 @@ Configuration (:class:`IPUConfig`), the modelled POD hardware (systems, gc-info 
 selection orders, links, occupancy, memory), simulated IPUs and TF devices, replica contexts
 and the executor that runs replica functions; the execution model's datasets, infeed and
 outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's module names:
-``ipu_node.loops``, ``ipu_node.ipu_infeed_queue``, ...). This package imports no other ipupod
-package.
+``ipu_node.loops``, ``ipu_node.ipu_infeed_queue``, ...), ``Variable``, ``optimizers``,
+``pipelining_ops`` and each IPU's modelled timeline (``clock``). This package imports no
+other ipupod package.
 """
 
 from ipu_node.config import IPUConfig, SelectionOrder
@@ -23,6 +24,8 @@ from ipu_node.data import Dataset
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue
 from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 from ipu_node.operation import Operation
+from ipu_node import clock, optimizers, pipelining_ops
+from ipu_node.variables import Variable
 from ipu_node.links import Link, LinkKind
 from ipu_node.memory import IPUMemory, MemoryUsage
 from ipu_node.placement import free, memory_usage, place
@@ -48,4 +51,6 @@ __all__ = [
     "data", "ipu_compiler", "ipu_infeed_queue", "ipu_outfeed_queue", "loops", "scopes",
     "Dataset", "IPUInfeedQueue", "IPUOutfeedQueue", "IPUOutfeedMode", "Operation",
     "InvalidArgumentError", "FailedPreconditionError", "OutOfRangeError", "NotPlacedOnIPUError",
+    # execution model (Variables, optimizers, pipelining, the modelled clock)
+    "Variable", "optimizers", "pipelining_ops", "clock",
 ]

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ipu_node._pipeline_types import RecomputationMode, Stage
+from ipu_node._pipeline_types import PipelineStageOptions, RecomputationMode, Stage
 from ipu_node._schedules import PipelineSchedule, overlap_length
 from ipu_node.device import IPU
 from ipu_node.errors import FailedPreconditionError
@@ -129,6 +129,24 @@ def _check_stages(stages: Any, training: bool) -> list:
     return list(stages)
 
 
+def _check_stage_options(kw: dict, num_stages: int) -> None:
+    """The ``*_poplar_options`` arguments (seed 004:4007 parameters): a list of one
+    :class:`PipelineStageOptions` per stage, or one for the weight update."""
+    for what in ("forward_propagation_stages_poplar_options",
+                 "backward_propagation_stages_poplar_options"):
+        value = kw[what]
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or len(value) != num_stages or not all(
+                isinstance(o, PipelineStageOptions) for o in value):
+            raise ValueError(f"{what} must be a list of {num_stages} PipelineStageOptions "
+                             f"(one per computational stage), got {value!r:.200}")
+    wu = kw["weight_update_poplar_options"]
+    if wu is not None and not isinstance(wu, PipelineStageOptions):
+        raise TypeError("weight_update_poplar_options must be a PipelineStageOptions, not "
+                        f"{type(wu).__name__}")
+
+
 def _check_reduction(value: Any) -> str:
     value = getattr(value, "value", value)
     if value not in ("SUM", "MEAN", "RUNNING_MEAN"):
@@ -185,6 +203,7 @@ def check_pipeline(kw: dict) -> PipelinePlan:
             "pipeline stages on the same device for training graphs. Please use a different "
             "pipeline schedule.")
     _check_outfeed_options(kw)
+    _check_stage_options(kw, len(stages))
     mask = kw["outfeed_mask"]
     if mask is not None:
         if not isinstance(mask, (list, tuple)) or not all(isinstance(m, bool) for m in mask):

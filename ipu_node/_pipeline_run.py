@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 
 from ipu_node import clock as _clock
+from ipu_node import loops, routing
 from ipu_node._pipeline_check import PipelinePlan
 from ipu_node._pipeline_report import PipelineReport, StepRecord
 from ipu_node._pipeline_types import Stage
 from ipu_node._pipeline_wu import WeightUpdate, nbytes_of
 from ipu_node._schedules import schedule_steps, stash_depths
-from ipu_node.routing import host_transfer_time_s, transfer_time_s
+from ipu_node.clock import Event
 from ipu_node.system import get_system
 
 __all__ = ["run_pipeline"]
@@ -65,7 +66,8 @@ def _dequeue(infeed, what: str):
 
 
 class _Timing:
-    """The modelled clock of one run: BSP steps over the pipeline's IPUs."""
+    """The modelled clock of one run: BSP steps over the pipeline's IPUs. Link and peak
+    figures are looked up once per pair of IPUs and per dtype, then reused."""
 
     def __init__(self, plan: PipelinePlan):
         system = get_system()
@@ -77,6 +79,8 @@ class _Timing:
         self._sync(self.start_s)
         self.compute_phase_s = 0.0
         self.busy = dict.fromkeys(self.ids, 0.0)
+        self._rate: dict = {}   # (dtype, version) -> FLOP/s sustained
+        self._links: dict = {}  # (src, dst or None) -> (latency s, bytes/s)
 
     def _sync(self, t_s: float) -> None:
         for t in self.tl.values():
@@ -87,24 +91,40 @@ class _Timing:
         return max(t.now_s for t in self.tl.values())
 
     def compute_s(self, flops: float, dtype, version: str) -> float:
-        return _clock.compute_time_s(flops, dtype, version, self.efficiency)
+        """``flops / (peak(version, dtype) * efficiency)``, as
+        :func:`ipu_node.clock.compute_time_s`."""
+        if not flops:
+            return 0.0
+        rate = self._rate.get((dtype, version))
+        if rate is None:
+            rate = self._rate[(dtype, version)] = (
+                _clock.peak_flops(version, dtype) * self.efficiency)
+        if flops < 0:
+            raise ValueError(f"a stage's flops must be >= 0, got {flops!r}")
+        return flops / rate
 
     def copy_s(self, src: int, dst: int | None, nbytes: int) -> float:
-        if self.model is None or not nbytes:
+        """Seconds to move ``nbytes`` from IPU ``src`` to IPU ``dst`` (None: the host), as
+        :func:`ipu_node.routing.transfer_time_s` / ``host_transfer_time_s`` price it."""
+        if self.model is None or not nbytes or dst == src:
             return 0.0
-        if dst is None:
-            return host_transfer_time_s(self.model, src, nbytes)
-        return transfer_time_s(self.model, src, dst, nbytes) if dst != src else 0.0
+        link = self._links.get((src, dst))
+        if link is None:
+            links = ([self.model.host_link(src)] if dst is None
+                     else routing.route(self.model, src, dst))
+            link = self._links[(src, dst)] = (
+                sum(l.latency_s for l in links), min(l.bandwidth_bytes_per_s for l in links))
+        return link[0] + nbytes / link[1]
 
     def step(self, passes: list) -> None:
         """``passes``: ``(ipu, compute_s, label, stage, m, copies)`` with copies
-        ``[(dst or None, seconds)]``; lays the step out: compute, then exchange."""
+        ``[(dst or None, seconds)]``; lays the step out: compute, then exchange (BSP)."""
         start = self.now_s
         cursor = dict.fromkeys(self.ids, start)
+        events = {i: [] for i in self.ids}
         for ipu, compute_s, label, stage, m, _ in passes:
             if compute_s:
-                self.tl[ipu].add("compute", compute_s, label, start_s=cursor[ipu],
-                                 stage=stage, micro_batch=m)
+                events[ipu].append(Event(cursor[ipu], compute_s, "compute", label, stage, m))
                 cursor[ipu] += compute_s
                 self.busy[ipu] += compute_s
         exchange = max(cursor.values())
@@ -113,10 +133,11 @@ class _Timing:
         for ipu, _, label, stage, m, copies in passes:
             for dst, seconds in copies:
                 if seconds:
-                    self.tl[ipu].add("copy" if dst is not None else "host_io", seconds,
-                                     label, start_s=exchange, stage=stage, micro_batch=m,
-                                     peer=dst)
+                    events[ipu].append(Event(exchange, seconds, "copy" if dst is not None
+                                             else "host_io", label, stage, m, dst))
                     end = max(end, exchange + seconds)
+        for ipu, evs in events.items():
+            self.tl[ipu].extend(evs)
         self._sync(end)
 
     def weight_update(self, apply) -> dict[int, float]:
@@ -142,7 +163,7 @@ class _Run:
 
     # -- passes ----------------------------------------------------------------------------
 
-    def _stage0_inputs(self, m: int) -> tuple[tuple, dict]:
+    def _stage0_inputs(self, m: int) -> tuple[tuple, dict, int]:
         args, kwargs = self.plan.inputs, {}
         infeed_bytes = 0
         if self.plan.infeed_queue is not None:
@@ -179,6 +200,7 @@ class _Run:
             copies.append((plan.ipus[s + 1].id,
                            self.timing.copy_s(ipu, plan.ipus[s + 1].id, nbytes_of(outputs))))
         else:
+            self.frame.iteration = self.repeat * plan.g + m
             out_bytes = self.wu.last_stage(m, outputs, self.out_grads)
             copies.append((None, self.timing.copy_s(ipu, None, out_bytes)))
         compute = self.timing.compute_s(flops, dtype, plan.ipus[s].version)
@@ -220,10 +242,22 @@ class _Run:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        """The whole run inside a loop frame of its own (kind ``"pipeline"``, one iteration
+        per micro-batch), so that every micro-batch may enqueue the outfeed once."""
+        with loops.frame("pipeline", self.plan.repeat_count * self.plan.g) as frame:
+            self.frame = frame
+            try:
+                self._run()
+            finally:  # a stage that raised leaves no stash accounted on the IPUs
+                for (s, _), (_, _, _, name) in getattr(self, "saved", {}).items():
+                    self.memory[self.plan.ipus[s].id].free(name)
+
+    def _run(self) -> None:
         plan = self.plan
         steps = schedule_steps(plan.schedule, self.S, plan.g, plan.training)
         t = 0
         for repeat in range(plan.repeat_count):
+            self.repeat = repeat
             self.acts: dict = {}
             self.saved: dict = {}
             self.out_grads: dict = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Callable
 
+from ipu_node.optimizers import Optimizer
+
 __all__ = ["RecomputationMode", "GradientAccumulationReductionMethod",
            "PipelineStageOptions", "OptimizerFunctionOutput", "Stage"]
 
@@ -54,8 +56,6 @@ class OptimizerFunctionOutput:
 
     def __init__(self, opt, loss, compute_gradients_args=None, compute_gradients_kwargs=None,
                  apply_gradients_args=None, apply_gradients_kwargs=None):
-        from ipu_node.optimizers import Optimizer
-
         if not isinstance(opt, Optimizer):
             raise TypeError("OptimizerFunctionOutput: opt must be an "
                             f"ipu_node.optimizers.Optimizer, not {type(opt).__name__}")
@@ -102,6 +102,23 @@ class Stage:
         self.flops = flops
         self.backward_flops = backward_flops
         self.name = name
+
+    @staticmethod
+    def autograd(fn: Callable, variables, flops=None, backward_flops=None,
+                 name: str | None = None) -> "Stage":
+        """A stage whose backward HIPS ``autograd`` derives (extra ``ipupod[autodiff]``):
+        ``fn(params, *inputs) -> outputs`` written with ``autograd.numpy``, ``params`` the
+        values of ``variables`` in order; float arrays are differentiated, other inputs and
+        outputs (integer labels) pass through with None gradients.
+
+        Raises:
+            ImportError: autograd is not installed.
+        """
+        from ipu_node._autograd_stage import autograd_passes
+
+        forward, backward = autograd_passes(fn, variables)
+        return Stage(forward, backward, flops=flops, backward_flops=backward_flops,
+                     name=name or getattr(fn, "__name__", None))
 
     def __repr__(self) -> str:
         return f"Stage({self.name or getattr(self.forward, '__name__', 'forward')})"

@@ -17,7 +17,9 @@ __all__ = ["WeightUpdate", "nbytes_of"]
 def nbytes_of(value: Any) -> int:
     """Bytes of a nested structure of arrays and numbers (Variables and other objects: 0)."""
     if isinstance(value, (np.ndarray, np.generic)):
-        return int(value.nbytes)
+        return value.nbytes
+    if isinstance(value, tuple):
+        return sum([nbytes_of(v) for v in value])
     if isinstance(value, dict):
         return sum(nbytes_of(v) for v in value.values())
     if isinstance(value, (list, tuple)):

@@ -86,7 +86,8 @@ def schedule_steps(schedule: PipelineSchedule, num_stages: int, g: int,
         num_steps(schedule, num_stages, g, training))]
     for k in range(k_total):
         for m in range(g):
-            steps[_step_of(schedule, k, m, k_total, training)].append((k, _pass_of(k, num_stages, m)))
+            t = _step_of(schedule, k, m, k_total, training)
+            steps[t].append((k, _pass_of(k, num_stages, m)))
     backward_first = schedule is PipelineSchedule.Grouped and training
     out = []
     for step in steps:

@@ -24,10 +24,12 @@ IPUConfig.execution.compute_efficiency)``.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
+
+from ipu_node import system as _system_mod
+from ipu_node.config import ExecutionConfig
 
 __all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_timelines",
            "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency"]
@@ -67,12 +69,10 @@ def peak_flops(version: str, dtype) -> float:
 def compute_efficiency() -> float:
     """``IPUConfig.execution.compute_efficiency`` of the configured system (the default if
     none is configured)."""
-    from ipu_node.config import ExecutionConfig
-    from ipu_node.system import _system
-
-    if _system is None:
+    system = _system_mod._system
+    if system is None:
         return ExecutionConfig._fields["compute_efficiency"]
-    return _system.config.execution.compute_efficiency
+    return system.config.execution.compute_efficiency
 
 
 def compute_time_s(flops: float, dtype, version: str = "ipu2",
@@ -90,9 +90,8 @@ def compute_time_s(flops: float, dtype, version: str = "ipu2",
     return float(flops) / (peak_flops(version, dtype) * eff)
 
 
-@dataclass(frozen=True)
-class Event:
-    """One interval of an IPU's modelled timeline.
+class Event(NamedTuple):
+    """One interval of an IPU's modelled timeline (immutable; a named tuple, cheap to make).
 
     Attributes:
         start_s: modelled seconds since the system was configured.
@@ -118,7 +117,7 @@ class Event:
 
     def to_dict(self) -> dict:
         """The JSON form (plain types)."""
-        return asdict(self)
+        return self._asdict()
 
 
 class Timeline:
@@ -156,6 +155,15 @@ class Timeline:
                 self.now_s = event.end_s
             return event
 
+    def extend(self, events: list[Event]) -> None:
+        """Append ready-made events (the caller checked kinds and durations); ``now_s``
+        moves to the latest end."""
+        with self._lock:
+            self._events.extend(events)
+            end = max(e.start_s + e.duration_s for e in events) if events else self.now_s
+            if end > self.now_s:
+                self.now_s = end
+
     def wait_until(self, t_s: float, label: str = "sync") -> None:
         """BSP synchronisation: a ``"sync"`` event from :attr:`now_s` to ``t_s`` (nothing if
         the IPU is there already)."""
@@ -180,6 +188,7 @@ class Timeline:
 _lock = threading.Lock()
 _owner: object | None = None  # the IPUSystem the timelines belong to
 _timelines: dict[int, Timeline] = {}
+_local: list[Timeline] = []   # the timelines of the local replicas' IPUs
 
 
 def _forget(system: object) -> None:
@@ -188,19 +197,21 @@ def _forget(system: object) -> None:
         if _owner is system:
             _owner = None
             _timelines.clear()
+            _local.clear()
 
 
 def _current() -> dict[int, Timeline]:
     """The timelines of the configured system (made on first use)."""
     global _owner
-    from ipu_node.system import get_system
-
-    system = get_system()
+    system = _system_mod.get_system()
     if _owner is not system:
         with _lock:
             if _owner is not system:
                 _timelines.clear()
                 _timelines.update({ipu_id: Timeline(ipu_id) for ipu_id in system.memory})
+                ipus = system.devices[0].ipus[:system.num_local_replicas *
+                                              system.ipus_per_replica]
+                _local[:] = [_timelines[ipu.id] for ipu in ipus]
                 _owner = system
                 system.add_closer(lambda: _forget(system))
     return _timelines
@@ -231,8 +242,10 @@ def timelines() -> dict[int, Timeline]:
 def reset_timelines() -> None:
     """Start every timeline again from zero (e.g. between two measured phases)."""
     with _lock:
-        for ipu_id in list(_timelines):
-            _timelines[ipu_id] = Timeline(ipu_id)
+        for t in _timelines.values():
+            with t._lock:
+                t._events.clear()
+                t.now_s = 0.0
 
 
 def charge_collective(modelled_s: float, label: str) -> None:
@@ -240,19 +253,24 @@ def charge_collective(modelled_s: float, label: str) -> None:
     while every local replica waits in the call): every IPU of every local replica first
     waits for the latest of them (BSP sync), then spends ``modelled_s`` in a
     ``"collective"`` event. Replicas of other instances are charged by their own instance.
-    Does nothing when no IPU system is configured.
+    Does nothing when no IPU system is configured. (On every collective's path: kept to a
+    few microseconds.)
     """
-    from ipu_node.system import _system
-
-    if _system is None:
+    system = _system_mod._system
+    if system is None:
         return
-    tls = _current()
-    ipr = _system.ipus_per_replica
-    ids = [ipu.id for ipu in _system.devices[0].ipus[:_system.num_local_replicas * ipr]]
-    mine = [tls[i] for i in ids if i in tls]
+    if _owner is not system:
+        _current()
+    mine = _local
     if not mine:
         return
-    start = max(t.now_s for t in mine)
+    start = max([t.now_s for t in mine])
+    event = Event(start, float(modelled_s), "collective", label)
+    end = event.end_s
     for t in mine:
-        t.wait_until(start)
-        t.add("collective", float(modelled_s), label)
+        with t._lock:
+            if start > t.now_s:
+                t._events.append(Event(t.now_s, start - t.now_s, "sync", "sync"))
+            t._events.append(event)
+            if end > t.now_s:
+                t.now_s = end

@@ -268,7 +268,12 @@ class Dataset:
 
         def spec():
             in_spec = parent.element_spec
-            first = next(iter(parent), None)
+            previous = getattr(_probe, "active", False)
+            _probe.active = True  # a shuffle below does not count this pass as an epoch
+            try:
+                first = next(iter(parent), None)
+            finally:
+                _probe.active = previous
             if first is None:
                 raise ValueError("cannot tell the element spec of map() over an empty dataset")
             out = _spec_of(apply(first))
@@ -293,7 +298,8 @@ class Dataset:
         parent = self
 
         def make_iter():
-            epoch = next(epochs) if reshuffle_each_iteration else 0
+            probing = getattr(_probe, "active", False)
+            epoch = next(epochs) if reshuffle_each_iteration and not probing else 0
             rng = np.random.default_rng([base, epoch])
             it = iter(parent)
             buf = list(itertools.islice(it, size))
@@ -360,6 +366,7 @@ class Dataset:
 
 
 _END = object()
+_probe = threading.local()  # set while map() reads a first element for its spec
 
 
 def _positive_int(value: Any, name: str) -> int:

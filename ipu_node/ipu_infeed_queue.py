@@ -22,7 +22,6 @@ but it may be read only once, as in TF.
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import warnings
 from typing import Any
@@ -37,8 +36,6 @@ from ipu_node.operation import Operation
 from ipu_node.replica import current_replica_context
 
 __all__ = ["IPUInfeedQueue"]
-
-logger = logging.getLogger(__name__)
 
 _DEPRECATED = {
     "feed_name": "No change needed. feed_name is now automatically generated.",
@@ -60,6 +57,8 @@ def check_deprecated(cls_name: str, deprecated: dict, allowed: dict) -> None:
 
 
 def check_device_ordinal(device_ordinal: Any) -> int:
+    """``device_ordinal`` as an int; TypeError if not an integer (e.g. an old positional
+    ``feed_name``), ValueError if negative."""
     if isinstance(device_ordinal, bool) or not isinstance(device_ordinal, (int, np.integer)):
         raise TypeError(f"device_ordinal must be an integer, got {device_ordinal!r} (pass "
                         "deprecated arguments such as feed_name by keyword)")

@@ -106,10 +106,12 @@ class IPUOutfeedQueue:
 
     @property
     def outfeed_mode(self) -> IPUOutfeedMode:
+        """ALL or LAST."""
         return self._mode
 
     @property
     def feed_name(self) -> str:
+        """The name in error messages: ``feed_name`` if given, else ``outfeed<N>``."""
         return self._feed_name
 
     @property

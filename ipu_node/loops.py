@@ -41,7 +41,8 @@ class LoopInfo:
     """A loop (or a compiled computation) running in this thread.
 
     Attributes:
-        kind: ``"repeat"``, ``"while_loop"`` or ``"compile"``.
+        kind: ``"repeat"``, ``"while_loop"``, ``"compile"``, or another runtime loop's name
+            (:func:`frame` takes any; every kind but ``"compile"`` counts as a loop).
         iterations: the loop's iteration count: ``n`` of ``repeat``, ``maximum_iterations`` of
             ``while_loop`` (None when unbounded), 1 for ``compile``.
         iteration: the iteration running now, from 0.

@@ -24,10 +24,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ipu_node import loops
 from ipu_node.errors import FailedPreconditionError
 from ipu_node.variables import Variable
 
-__all__ = ["Optimizer", "GradientDescentOptimizer", "MomentumOptimizer",
+__all__ = ["Optimizer", "OptimizerWrapper", "GradientDescentOptimizer", "MomentumOptimizer",
            "GradientAccumulationOptimizerV2", "MapGradientOptimizer",
            "check_grads_and_vars", "set_gradient_aggregator"]
 
@@ -211,13 +212,12 @@ class MomentumOptimizer(Optimizer):
 
 
 def _current_loop_iterations() -> int | None:
-    """Iterations of the innermost ``loops.repeat`` running in this thread, or None."""
-    try:
-        from ipu_node import loops
-    except ImportError:  # (loops arrives with the feeds/loops work)
-        return None
+    """Iterations of the innermost loop running in this thread (``loops.repeat``'s ``n``;
+    -1 for a ``while_loop`` without ``maximum_iterations``), or None outside loops."""
     loop = loops.current_loop()
-    return None if loop is None else int(loop.iterations)
+    if loop is None:
+        return None
+    return -1 if loop.iterations is None else int(loop.iterations)
 
 
 class GradientAccumulationOptimizerV2(Optimizer):
@@ -264,6 +264,12 @@ class GradientAccumulationOptimizerV2(Optimizer):
             raise FailedPreconditionError(
                 f"Detected a gradient accumulation operation with {self.num_mini_batches} "
                 "number of mini batches which is not inside a training loop.")
+        if n < 0:
+            raise FailedPreconditionError(
+                f"Detected a gradient accumulation operation with {self.num_mini_batches} "
+                "number of mini batches inside a loop with an unknown number of iterations. "
+                "It is required that the number of mini batches to accumulate evenly divides "
+                "the number of loop iterations.")
         if n % self.num_mini_batches:
             raise FailedPreconditionError(
                 f"Detected a gradient accumulation operation with {self.num_mini_batches} "
@@ -317,7 +323,29 @@ class GradientAccumulationOptimizerV2(Optimizer):
         return super().variables() + self._opt.variables()
 
 
-class MapGradientOptimizer(Optimizer):
+class OptimizerWrapper(Optimizer):
+    """An optimizer that hands (changed) gradients to another one, ``wrapped_optimizer``;
+    its slots and Variables are the wrapped optimizer's."""
+
+    def __init__(self, wrapped_optimizer: Optimizer, name: str):
+        super().__init__(name)
+        if not isinstance(wrapped_optimizer, Optimizer):
+            raise TypeError(f"{name}: the wrapped optimizer must be an "
+                            "ipu_node.optimizers.Optimizer, not "
+                            f"{type(wrapped_optimizer).__name__}")
+        self._opt = wrapped_optimizer
+
+    def get_slot_names(self) -> list[str]:
+        return self._opt.get_slot_names()
+
+    def get_slot(self, var: Variable, name: str) -> Variable | None:
+        return self._opt.get_slot(var, name)
+
+    def variables(self) -> list[Variable]:
+        return self._opt.variables()
+
+
+class MapGradientOptimizer(OptimizerWrapper):
     """TF-IPU's ``MapGradientOptimizer``: applies ``gradient_mapping_function(grad, var)``
     to every gradient, then ``wrapped_optimizer.apply_gradients`` (e.g. a cast, or weight
     decay ``lambda g, v: g + 1e-4 * v.value``).
@@ -329,22 +357,12 @@ class MapGradientOptimizer(Optimizer):
     def __init__(self, wrapped_optimizer: Optimizer,
                  gradient_mapping_function: Callable[[np.ndarray, Variable], np.ndarray],
                  name: str = "MapGradientOptimizer"):
-        super().__init__(name)
+        super().__init__(wrapped_optimizer, name)
         if not callable(gradient_mapping_function):
             raise TypeError("gradient_mapping_function must be callable(grad, var)")
-        self._opt = wrapped_optimizer
         self._fn = gradient_mapping_function
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
         mapped = [(None if g is None else self._fn(g, v), v)
                   for g, v in check_grads_and_vars(grads_and_vars, self._name)]
         self._opt.apply_gradients(mapped, global_step, name)
-
-    def get_slot_names(self) -> list[str]:
-        return self._opt.get_slot_names()
-
-    def get_slot(self, var: Variable, name: str) -> Variable | None:
-        return self._opt.get_slot(var, name)
-
-    def variables(self) -> list[Variable]:
-        return self._opt.variables()

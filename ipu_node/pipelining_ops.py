@@ -56,29 +56,34 @@ def recomputation_checkpoint(tensors, name: str | None = None):
     return tensors
 
 
-_last = threading.local()
-_last_by_replica: dict[int, PipelineReport] = {}
 _last_lock = threading.Lock()
+_last_by_replica: dict[int, PipelineReport] = {}
+_last_owner: list = [None]  # the IPUSystem the reports belong to
 
 
 def last_report() -> PipelineReport | None:
-    """The report of the last :func:`pipeline` run: inside a replica function, that
-    replica's last run; outside, local replica 0's (the lowest local index that ran one).
-    None before any run."""
-    report = getattr(_last, "report", None)
-    if report is not None:
-        return report
+    """The report of the last :func:`pipeline` run of the configured system: inside a
+    replica function, that replica's last run; outside, local replica 0's (the lowest local
+    index that ran one). None before any run."""
     from ipu_node.replica import current_replica_context
+    from ipu_node.system import _system
 
-    if current_replica_context() is not None:
-        return None
+    ctx = current_replica_context()
     with _last_lock:
-        return _last_by_replica[min(_last_by_replica)] if _last_by_replica else None
+        if _last_owner[0] is not _system or not _last_by_replica:
+            return None
+        if ctx is not None:
+            return _last_by_replica.get(ctx.local_index)
+        return _last_by_replica[min(_last_by_replica)]
 
 
 def _store_report(report: PipelineReport, local_index: int) -> None:
-    _last.report = report
+    from ipu_node.system import _system
+
     with _last_lock:
+        if _last_owner[0] is not _system:
+            _last_by_replica.clear()
+            _last_owner[0] = _system
         _last_by_replica[local_index] = report
 
 

@@ -103,6 +103,13 @@ def test_shuffle_is_deterministic_with_a_seed_and_a_permutation():
         Dataset.range(3).shuffle(0)
 
 
+def test_map_reading_its_spec_does_not_change_a_shuffled_order():
+    plain = [int(v) for v in Dataset.range(20).shuffle(8, seed=2)]
+    mapped = Dataset.range(20).shuffle(8, seed=2).map(lambda v: v * 10)
+    assert mapped.element_spec == TensorSpec((), np.dtype(np.int64))  # reads one element
+    assert [int(v) // 10 for v in mapped] == plain
+
+
 def test_shard():
     assert [int(v) for v in Dataset.range(10).shard(3, 1)] == [1, 4, 7]
     assert Dataset.range(10).shard(3, 1).cardinality() == 3

@@ -97,16 +97,22 @@ def test_momentum_oracle_tf1_rule():
     assert len(opt.variables()) == 2 and opt.get_slot(Variable(W0), "momentum") is None
 
 
-def test_gradient_accumulation_v2_sums_and_applies_every_n(in_loop):
-    in_loop(6)
-    opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 3)
-    w, _ = _apply_all(opt)
+def _accumulated_sgd_oracle():
+    """W after SGD(0.1) on the sums of GRADS[:3] and GRADS[3:] (from zeros, in order)."""
     ew = W0.copy()
     for chunk in (GRADS[:3], GRADS[3:]):
         acc = np.zeros_like(W0)
         for gw, _ in chunk:
             acc = acc + gw
         ew = ew - np.float32(0.1) * acc
+    return ew
+
+
+def test_gradient_accumulation_v2_sums_and_applies_every_n(in_loop):
+    in_loop(6)
+    opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 3)
+    w, _ = _apply_all(opt)
+    ew = _accumulated_sgd_oracle()
     assert w.tobytes() == ew.tobytes()
 
 
@@ -224,3 +230,54 @@ def test_cross_replica_accumulation_exchanges_once_per_n(isolated, in_loop):
         ew = ew - np.float32(0.1) * ((acc0 + acc1) / np.float32(2))
     for r in results:
         assert r.tobytes() == ew.tobytes()
+
+
+def test_gradient_accumulation_v2_inside_loops_repeat(isolated):
+    """The loop rule against the real ``loops.repeat`` (reference §1.8)."""
+    from ipu_node import loops
+
+    configure(ipus_per_replica=1)
+
+    def body():
+        w = Variable(W0)
+        opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 3)
+        grads = iter(GRADS)
+
+        def step():
+            opt.apply_gradients([(next(grads)[0], w)])
+        loops.repeat(6, step)
+        with pytest.raises(FailedPreconditionError, match="inside a loop with 4 iterations"):
+            loops.repeat(4, lambda: opt.apply_gradients([(GRADS[0][0], w)]))
+        return w.value
+    got = in_replica(body)
+    ew = _accumulated_sgd_oracle()
+    assert got.tobytes() == ew.tobytes()
+
+
+def test_variable_follows_the_ipu_shard_scope(isolated):
+    from ipu_node.scopes import ipu_shard
+
+    system = configure(ipus_per_replica=2)
+
+    def body():
+        with ipu_shard(1):
+            v = Variable(np.zeros(4))
+        return v.ipu_id, v.shard
+    assert in_replica(body) == (system.devices[0].ipus[1].id, 1)
+
+
+def test_gradient_accumulation_v2_in_an_unbounded_while_loop(isolated):
+    from ipu_node import loops
+
+    configure(ipus_per_replica=1)
+
+    def body():
+        w = Variable(W0)
+        opt = GradientAccumulationOptimizerV2(GradientDescentOptimizer(0.1), 2)
+
+        def step(i):
+            opt.apply_gradients([(GRADS[0][0], w)])
+            return i + 1
+        loops.while_loop(lambda i: i < 2, step, [0])
+    with pytest.raises(FailedPreconditionError, match="unknown number of iterations"):
+        in_replica(body)

@@ -170,3 +170,7 @@ def test_collectives_charge_every_local_replica_ipu(isolated):
         assert kinds == ["collective"]
         assert t.events()[0].duration_s > 0
     assert len({t.now_s for t in tls.values()}) == 1
+    clock.reset_timelines()
+    assert all(not t.events() and t.now_s == 0 for t in clock.timelines().values())
+    strategy.run(lambda: cross_replica_sum(np.ones(1024, np.float32)))
+    assert all(len(t.events()) == 1 for t in clock.timelines().values())

@@ -9,10 +9,11 @@ from ipu_node.errors import FailedPreconditionError
 from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
                                  MomentumOptimizer)
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule,
-                                     RecomputationMode, Stage, last_report, pipeline)
+                                     PipelineStageOptions, RecomputationMode, Stage,
+                                     last_report, pipeline)
 from ipu_node.variables import Variable
 from tests.hw_fixtures import isolated  # noqa: F401
-from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, grad_sums,
+from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, grad_sums, grads_of,
                                    in_replica, init_weights, make_elements, mlp_stages,
                                    oracle)
 
@@ -201,6 +202,10 @@ def _body_with(**kw):
      "The last computational stage has tensor outputs: "),
     (dict(outfeed_mask=[False, True]), ValueError,
      "The last computational stage has 1 outputs, but the `outfeed_mask` has 2 elements."),
+    (dict(forward_propagation_stages_poplar_options=[PipelineStageOptions()]), ValueError,
+     "forward_propagation_stages_poplar_options must be a list of 2 PipelineStageOptions"),
+    (dict(weight_update_poplar_options={}), TypeError,
+     "weight_update_poplar_options must be a PipelineStageOptions"),
     (dict(gradient_accumulation_count=6), FailedPreconditionError,
      "The number of iterations of the pipeline must be a multiple of 4, but it is 6."),
     (dict(gradient_accumulation_count=0), FailedPreconditionError,
@@ -260,3 +265,116 @@ def test_pipeline_outside_a_replica_function_is_refused(isolated):
     configure(ipus_per_replica=2)
     with pytest.raises(ipu_node.NotInReplicaError, match="pipelining_ops.pipeline"):
         pipeline([lambda x: x, lambda x: x], 2, inputs=[1.0], outfeed_queue=ListOutfeed())
+
+
+def _tree_mean(rows):
+    def tree(rs):
+        if len(rs) == 1:
+            return rs[0]
+        p = 1 << ((len(rs) - 1).bit_length() - 1)
+        return tree(rs[:p]) + tree(rs[p:])
+    return tree(rows) / rows[0].dtype.type(len(rows))
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_o1_replicated_with_real_feeds_and_cross_replica_optimizer(isolated, replicas):
+    """W = opt(W, mean_r acc_r) with acc_r over elements (rep*G + m)*R + r (reference §3 O1,
+    §1.6); the losses come back from an IPUOutfeedQueue as [repeat*G, R] (a list of one)."""
+    from collectives.optimizers import CrossReplicaOptimizer
+    from collectives.strategies import IPUMultiReplicaStrategy
+    from ipu_node.data import Dataset
+    from ipu_node.ipu_compiler import compile as ipu_compile
+    from ipu_node.ipu_infeed_queue import IPUInfeedQueue
+    from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue
+
+    configure(ipus_per_replica=2, replicas=replicas)
+    g, repeats = 4, 2
+    weights = init_weights(5, sizes=(8, 16, 3))
+    elements = make_elements(6, g * repeats * replicas)
+    xs = np.stack([x for x, _ in elements])
+    ys = np.stack([y for _, y in elements])
+    infeed = IPUInfeedQueue(Dataset.from_tensor_slices((xs, ys)))
+    outfeed = IPUOutfeedQueue()
+    strategy = IPUMultiReplicaStrategy()
+    holder = {}
+
+    def body():
+        variables = [Variable(w, f"W{i}") for i, w in enumerate(weights)]
+        opt = CrossReplicaOptimizer(GradientDescentOptimizer(LR))
+        pipeline(mlp_stages(variables), g, repeat_count=repeats, infeed_queue=infeed,
+                 outfeed_queue=outfeed,
+                 optimizer_function=lambda loss: OptimizerFunctionOutput(opt, loss))
+        holder[int(__import__("collectives").replication_index())] = [v.value for v in variables]
+    with strategy.scope():
+        ipu_compile(body)
+    losses = outfeed.dequeue()
+    assert isinstance(losses, list) and losses[0].shape == (repeats * g, replicas)
+    w = [x.copy() for x in weights]
+    for rep in range(repeats):
+        accs = []
+        for r in range(replicas):
+            mine = [elements[(rep * g + m) * replicas + r] for m in range(g)]
+            for m, (x, y) in enumerate(mine):
+                assert losses[0][rep * g + m, r] == grads_of(w, x, y)[0]
+            accs.append(grad_sums(w, mine))
+        w = [wi - np.float32(LR) * _tree_mean([a[i] for a in accs]) for i, wi in enumerate(w)]
+    for r in range(replicas):
+        for got, want in zip(holder[r], w):
+            assert got.tobytes() == want.tobytes()
+    report = last_report()
+    wu = [s for s in report.steps if s.kind == "WU"]
+    assert len(wu) == 2 * repeats and all(s.copy_s > 0 for s in wu)  # the all-reduce's time
+
+
+def test_outfeed_shapes_through_an_ipu_outfeed_queue(isolated):
+    """PT rows of reference §1.5 through the real queue: mask -> [[4]*8] (a list of one);
+    accumulate_outfeed with outfeed_loss -> [8]."""
+    from ipu_node.ipu_compiler import compile as ipu_compile
+    from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue
+    from ipu_node.scopes import ipu_scope
+
+    configure(ipus_per_replica=2)
+
+    def run(**kw):
+        out = IPUOutfeedQueue()
+
+        def body():
+            w = Variable(np.float32(1.0), "w")
+
+            def s0(x):
+                return (w.value * x,), None
+
+            def last(x):
+                return (x + np.float32(1.0), np.float32(4.0)), None
+            stages = [Stage(s0, lambda s, d: ({w: np.float32(0)}, None)),
+                      Stage(last, lambda s, d: ({}, (d[0],)))]
+            pipeline(stages, 8, inputs=[np.float32(0.0)], outfeed_queue=out,
+                     optimizer_function=lambda loss, x2: OptimizerFunctionOutput(
+                         GradientDescentOptimizer(0.1), loss), **kw)
+        with ipu_scope("/device:IPU:0"):
+            ipu_compile(body)
+        return out.dequeue()
+    masked = run(outfeed_mask=[True, False])
+    assert isinstance(masked, list) and np.array_equal(np.asarray(masked), np.full((1, 8), 4))
+    np.testing.assert_array_equal(run(outfeed_loss=True, accumulate_outfeed=True), [8.0])
+    np.testing.assert_array_equal(run(outfeed_loss=True), np.ones(8))
+
+
+def test_a_stage_that_raises_leaves_no_stash_on_the_ipus(isolated):
+    system = configure(ipus_per_replica=2)
+    weights, elements = init_weights(1, sizes=(8, 16, 3)), make_elements(2, 4)
+
+    def body():
+        vs = [Variable(w) for w in weights]
+        stages = mlp_stages(vs)
+
+        def failing(saved, d):
+            raise RuntimeError("stage 1 backward failed")
+        stages[1] = Stage(stages[1].forward, failing)
+        pipeline(stages, 4, infeed_queue=ListInfeed(elements), outfeed_queue=ListOutfeed(),
+                 optimizer_function=lambda loss: OptimizerFunctionOutput(
+                     GradientDescentOptimizer(0.1), loss))
+    with pytest.raises(RuntimeError, match="stage 1 backward failed"):
+        in_replica(body)
+    for ipu in system.devices[0].ipus:
+        assert not [n for n in system.memory[ipu.id].tensors() if "/stash/" in n]
