@@ -6,7 +6,6 @@ its whole process group. Plus the single-process API (rank 0 of 1) in this proce
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +17,22 @@ MPIRUN = str(Path(PYTHON).parent / "mpirun")
 SUITE = [PYTHON, "-m", "pytest", "tests/perrank_horovod", "-q", "-p", "no:cacheprovider"]
 
 
-def _check(job, ranks: int) -> None:
+def _run_suite(cmd: list[str], ranks: int, directory: Path) -> None:
+    """Every rank ran the whole suite and passed it (each leaves a file: see
+    tests/perrank_horovod/conftest.py)."""
+    job = run([*cmd, *SUITE], timeout_s=150,
+              env=child_env(IPUPOD_HVD_PERRANK="1", HVD_RESULTS_DIR=str(directory)), cwd=ROOT)
     assert job.returncode == 0, job.stdout + job.stderr
-    counts = re.findall(r"(\d+) passed in ", job.stdout)
-    assert len(counts) == ranks and len(set(counts)) == 1 and int(counts[0]) >= 50, job.stdout
+    results = {p.name: p.read_text().split() for p in directory.glob("rank_*.txt")}
+    assert sorted(results) == [f"rank_{r}.txt" for r in range(ranks)], job.stdout
+    counts = {r[0] for r in results.values()}
+    assert all(r[1:] == ["0", "0"] for r in results.values()), results
+    assert len(counts) == 1 and int(counts.pop()) >= 50, results
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_suite_under_plain_mpirun(ranks):
-    job = run([MPIRUN, "-n", str(ranks), *SUITE], timeout_s=150,
-              env=child_env(IPUPOD_HVD_PERRANK="1"), cwd=ROOT)
-    _check(job, ranks)
+def test_suite_under_plain_mpirun(ranks, tmp_path):
+    _run_suite([MPIRUN, "-n", str(ranks)], ranks, tmp_path)
 
 
 @pytest.mark.parametrize("launcher", [
@@ -36,10 +40,8 @@ def test_suite_under_plain_mpirun(ranks):
     ["-m", "poprun", "-n", "2", "--num-replicas", "2", "--transport", "grpc"],
     ["-m", "launch.multiworker", "-n", "2"],
 ], ids=["poprun-mpi", "poprun-grpc", "multiworker"])
-def test_suite_under_poprun_and_multiworker(launcher):
-    job = run([PYTHON, *launcher, *SUITE], timeout_s=150,
-              env=child_env(IPUPOD_HVD_PERRANK="1"), cwd=ROOT)
-    _check(job, 2)
+def test_suite_under_poprun_and_multiworker(launcher, tmp_path):
+    _run_suite([PYTHON, *launcher], 2, tmp_path)
 
 
 @pytest.fixture

@@ -1,12 +1,11 @@
 """The seeds' strategies and their variable semantics (seed 004:1962-1977): in this process
 (IPUStrategy, several local replicas) and across instances under each launcher
-(tests/programs/strategy_semantics.py prints one line of evidence per instance).
+(tests/programs/strategy_semantics.py writes one JSON file of evidence per instance).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,12 @@ PROG = str(PROGRAMS / "strategy_semantics.py")
 MPIRUN = str(Path(PYTHON).parent / "mpirun")
 
 
-def evidence(job) -> list[dict]:
+def evidence(cmd: list[str], directory: Path) -> list[dict]:
+    job = run(cmd, timeout_s=120, env=child_env(STRATEGY_EVIDENCE_DIR=str(directory)),
+              cwd=ROOT)
     assert job.returncode == 0, job.stdout + job.stderr
-    found = [json.loads(m) for m in re.findall(r"EVIDENCE (\{.*\})", job.stdout)]
-    assert sorted(e["instance"] for e in found) == [0, 1], job.stdout
+    found = [json.loads(p.read_text()) for p in sorted(directory.glob("instance_*.json"))]
+    assert [e["instance"] for e in found] == [0, 1], job.stdout + job.stderr
     return found
 
 
@@ -36,16 +37,15 @@ def check_common(found: list[dict], replicas: int) -> None:
         assert e["after_error"] == replicas  # usable afterwards
 
 
-def test_multiworker_strategy_over_grpc_from_tf_config():
-    found = evidence(run([PYTHON, "-m", "launch.multiworker", "-n", "2", PROG, "multiworker"],
-                         timeout_s=120, env=child_env(), cwd=ROOT))
+def test_multiworker_strategy_over_grpc_from_tf_config(tmp_path):
+    found = evidence([PYTHON, "-m", "launch.multiworker", "-n", "2", PROG, "multiworker"],
+                     tmp_path)
     check_common(found, 2)
     assert all(e["sram"] == 12 and e["loss"] == 3.0 for e in found)  # 3 float32 on the IPU
 
 
-def test_horovod_strategy_under_mpirun_with_variables_on_host():
-    found = evidence(run([MPIRUN, "-n", "2", PYTHON, PROG, "horovod", "--on-host"],
-                         timeout_s=120, env=child_env(), cwd=ROOT))
+def test_horovod_strategy_under_mpirun_with_variables_on_host(tmp_path):
+    found = evidence([MPIRUN, "-n", "2", PYTHON, PROG, "horovod", "--on-host"], tmp_path)
     check_common(found, 2)
     for e in found:
         assert e["sram"] == 0  # on the host: nothing in IPU SRAM
@@ -53,9 +53,9 @@ def test_horovod_strategy_under_mpirun_with_variables_on_host():
         assert e["host_io"] >= 1  # modelled host transfers charged
 
 
-def test_popdist_strategy_under_poprun_with_two_replicas_per_instance():
-    found = evidence(run([PYTHON, "-m", "poprun", "-n", "2", "--num-replicas", "4", PYTHON,
-                          PROG, "popdist"], timeout_s=120, env=child_env(), cwd=ROOT))
+def test_popdist_strategy_under_poprun_with_two_replicas_per_instance(tmp_path):
+    found = evidence([PYTHON, "-m", "poprun", "-n", "2", "--num-replicas", "4", PYTHON, PROG,
+                      "popdist"], tmp_path)
     check_common(found, 4)
     assert all(e["sram"] == 24 and e["loss"] == 6.0 for e in found)
 

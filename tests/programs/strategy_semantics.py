@@ -1,4 +1,5 @@
-"""Every instance runs this under a launcher; it prints one JSON line of evidence.
+"""Every instance runs this under a launcher; it writes its evidence as JSON to
+``$STRATEGY_EVIDENCE_DIR/instance_<i>.json`` (plain mpirun may interleave the ranks' stdout).
 
     python -m launch.multiworker -n 2 tests/programs/strategy_semantics.py multiworker
     mpirun -n 2 python tests/programs/strategy_semantics.py horovod
@@ -8,7 +9,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -77,4 +80,6 @@ def main(kind: str, on_host: bool) -> dict:
 
 
 if __name__ == "__main__":
-    print("EVIDENCE " + json.dumps(main(sys.argv[1], "--on-host" in sys.argv)), flush=True)
+    evidence = main(sys.argv[1], "--on-host" in sys.argv)
+    out = Path(os.environ["STRATEGY_EVIDENCE_DIR"]) / f"instance_{evidence['instance']}.json"
+    out.write_text(json.dumps(evidence))
