@@ -2,7 +2,7 @@
 
 Set ``IPUPOD_REPORT_DIR`` (or ``poprun --report-dir DIR``) and every instance of a run writes,
 at interpreter exit, ``DIR/report-<instance>.json``, ``DIR/trace-<instance>.json`` and prints
-a short summary (:func:`enable_at_exit`, installed by :func:`collectives.runtime.get_engine`).
+a short summary (:func:`enable_at_exit`, installed by :func:`collectives._runtime.get_engine`).
 :func:`write_report` does the same on demand. ``ipupod-report REPORT.json`` (:mod:`collectives.report_cli`)
 prints the summary and draws the step breakdown and a what_if scaling plot.
 
@@ -44,7 +44,7 @@ from ipu_node.chips import chip_of_system
 from ipu_node.links import IPU_LINK_LATENCY_S
 from ipu_node.systems import get_system_model
 
-from collectives.accounting import CallRecord
+from collectives._accounting import CallRecord
 
 __all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
            "enable_at_exit", "use_model_card"]
@@ -84,7 +84,7 @@ def _schedule(cost, record: CallRecord) -> str:
 
 def build_report(system, ledger) -> dict:
     """The JSON report (module docstring) of ``system``'s run from ``ledger`` (its engine's
-    :class:`~collectives.accounting.Ledger`: ``collectives.runtime.get_engine().ledger``)."""
+    :class:`~collectives._accounting.Ledger`: ``collectives._runtime.get_engine().ledger``)."""
     import ipu_node
 
     cost, records = ledger.cost_model, ledger.records()

@@ -159,7 +159,7 @@ class ModelCard:
         """A card from a run, without re-running it.
 
         * ``params`` and ``grad_dtype`` from the run's collectives ledger (``records``: its
-          :class:`~collectives.accounting.CallRecord` list, :func:`collectives.call_records`
+          :class:`~collectives._accounting.CallRecord` list, :func:`collectives.call_records`
           of this instance): the bytes of every ``cross_replica_*`` call over ``steps``
           steps, divided by ``steps`` (or ``params=`` given);
         * ``flops_per_item`` as given, or from ``pipeline``, the run's

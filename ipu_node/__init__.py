@@ -27,7 +27,8 @@ from ipu_node.operation import Operation
 from ipu_node import clock, optimizers, pipelining_ops
 from ipu_node.variables import Variable
 from ipu_node.links import Link, LinkKind
-from ipu_node.memory import IPUMemory, MemoryUsage, free, memory_usage, place
+from ipu_node.memory import IPUMemory, MemoryUsage
+from ipu_node.placement import free, memory_usage, place
 from ipu_node.replica import ReplicaContext, current_replica_context, require_replica_context
 from ipu_node.routing import host_transfer_time_s, hops, route, transfer_time_s
 from ipu_node.selection import assign_instance_ipus, order_ipus

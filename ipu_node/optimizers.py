@@ -18,6 +18,8 @@ float32. ``None`` gradients are skipped, as in TF.
 from __future__ import annotations
 
 import abc
+import functools
+import threading
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -28,7 +30,40 @@ from ipu_node.variables import Variable
 
 __all__ = ["Optimizer", "OptimizerWrapper", "GradientDescentOptimizer", "MomentumOptimizer",
            "GradientAccumulationOptimizerV2", "MapGradientOptimizer",
-           "check_grads_and_vars"]
+           "check_grads_and_vars", "set_gradient_aggregator"]
+
+# A distribution strategy's scope (collectives.strategies) installs the cross-worker
+# aggregation of gradients that TF-IPU's strategies put in apply_gradients (seed
+# 004:1979-1981): the outermost apply_gradients call of a thread passes its gradients
+# through it once (wrappers such as MapGradientOptimizer do not aggregate again).
+_aggregator: "Callable[[list], list] | None" = None
+_depth = threading.local()
+
+
+def set_gradient_aggregator(aggregator: "Callable[[list], list] | None"):
+    """Install ``aggregator(grads_and_vars) -> grads_and_vars`` for every optimizer's
+    outermost ``apply_gradients`` (None removes it); returns the previous one. Set by
+    ``collectives.strategies`` scopes (``ipu_node`` imports no collectives)."""
+    global _aggregator
+    previous, _aggregator = _aggregator, aggregator
+    return previous
+
+
+def _aggregating(apply):
+    @functools.wraps(apply)
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        aggregator = _aggregator
+        if aggregator is None or getattr(_depth, "n", 0):
+            return apply(self, grads_and_vars, global_step, name)
+        _depth.n = 1
+        try:
+            pairs = check_grads_and_vars(grads_and_vars, self._name)
+            return apply(self, aggregator(pairs), global_step, name)
+        finally:
+            _depth.n = 0
+
+    apply_gradients.aggregating = True
+    return apply_gradients
 
 
 def check_grads_and_vars(grads_and_vars: Iterable, what: str) -> list[tuple[Any, Variable]]:
@@ -65,6 +100,12 @@ class Optimizer(abc.ABC):
         self._name = name
         self._slots: dict[str, dict[Variable, Variable]] = {}
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        apply = cls.__dict__.get("apply_gradients")
+        if apply is not None and not getattr(apply, "aggregating", False):
+            cls.apply_gradients = _aggregating(apply)
+
     def get_name(self) -> str:
         return self._name
 
@@ -93,8 +134,12 @@ class Optimizer(abc.ABC):
         slots = self._slots.setdefault(name, {})
         slot = slots.get(var)
         if slot is None:
-            slot = slots[var] = Variable(np.zeros_like(var.value), f"{var.name}/{name}",
-                                         trainable=False, shard=var.shard)
+            # a distributed Variable (collectives.strategies) makes slots of its own kind
+            make = getattr(var, "make_slot", None)
+            new = (make(f"{var.name}/{name}") if make is not None else
+                   Variable(np.zeros_like(var.value), f"{var.name}/{name}", trainable=False,
+                            shard=var.shard))
+            slot = slots.setdefault(var, new)  # (replicas may race: one slot wins)
         return slot
 
 

@@ -78,7 +78,7 @@ class Variable:
         self._place(shard)
 
     def _place(self, shard: int | None) -> None:
-        from ipu_node.memory import _target  # the replica's IPU, checked
+        from ipu_node.placement import _target  # the replica's IPU, checked
         from ipu_node.replica import current_replica_context
 
         if current_replica_context() is None:
@@ -94,7 +94,7 @@ class Variable:
         uses it runs there). Inside a replica function only."""
         if self.shard == shard or self.ipu_id is None:
             return
-        from ipu_node.memory import _target
+        from ipu_node.placement import _target
 
         target = _target("ipu_node.Variable", shard, None)
         target.allocate(self._tensor_name, self.nbytes)

@@ -27,8 +27,11 @@ from launch.supervise import private_dir
 
 #: jobs that take part in training, in instance order
 TRAINING_JOBS = ("chief", "worker")
-#: jobs that exist in TF clusters but not in ipupod
-UNSUPPORTED_JOBS = ("ps", "evaluator")
+#: jobs TF clusters may list that do not train: accepted and counted as TF's RunConfig counts
+#: them (seed 004:2993-3058: ``num_ps_replicas`` counts ``ps``; an ``evaluator`` is not part
+#: of the training cluster); ipupod starts no instance for them (no parameter servers: the
+#: strategies allreduce)
+OTHER_JOBS = ("ps", "evaluator")
 
 
 class TFConfigError(ValueError):
@@ -110,7 +113,36 @@ class TFConfig:
                 for a in self.cluster.job_tasks(job)]
 
     @property
+    def num_worker_replicas(self) -> int:
+        """RunConfig's count: chief and worker tasks (0 on an evaluator)."""
+        return 0 if self.task_type == "evaluator" else len(self.addresses)
+
+    @property
+    def num_ps_replicas(self) -> int:
+        """RunConfig's count of ``ps`` tasks (0 on an evaluator)."""
+        return 0 if self.task_type == "evaluator" else len(
+            self.cluster.as_dict().get("ps", []))
+
+    @property
+    def is_chief(self) -> bool:
+        """RunConfig's rule: the chief task, or worker 0 when the cluster has no chief."""
+        if self.task_type == "chief":
+            return True
+        return (self.task_type == "worker" and self.task_index == 0
+                and "chief" not in self.cluster.jobs)
+
+    @property
     def instance_index(self) -> int:
+        """This task's instance (chief first, then workers).
+
+        Raises:
+            TFConfigError: a ``ps`` or ``evaluator`` task (not an ipupod instance).
+        """
+        if self.task_type not in TRAINING_JOBS:
+            raise TFConfigError(
+                f"TF_CONFIG task.type {self.task_type!r}: ipupod runs chief and worker tasks "
+                "as instances; ps and evaluator tasks do not train (start only the chief and "
+                "workers)")
         offset = 0 if self.task_type == "chief" else len(
             self.cluster.as_dict().get("chief", []))
         return offset + self.task_index
@@ -232,12 +264,9 @@ def parse_tf_config(text: str) -> TFConfig:
         raise TFConfigError('TF_CONFIG has no "task" object (e.g. {"type": "worker", '
                             '"index": 0})')
     for job, tasks in cluster.items():
-        if job in UNSUPPORTED_JOBS:
-            raise TFConfigError(f"TF_CONFIG cluster has a {job!r} job; ipupod runs "
-                                f"{' and '.join(TRAINING_JOBS)} tasks only")
-        if job not in TRAINING_JOBS:
+        if job not in TRAINING_JOBS + OTHER_JOBS:
             raise TFConfigError(f"TF_CONFIG cluster has an unknown job {job!r}; known: "
-                                f"{', '.join(TRAINING_JOBS)}")
+                                f"{', '.join(TRAINING_JOBS + OTHER_JOBS)}")
         if not isinstance(tasks, list) or not tasks:
             raise TFConfigError(f"TF_CONFIG cluster.{job} must be a non-empty list of "
                                 "'host:port' strings")
@@ -252,7 +281,12 @@ def parse_tf_config(text: str) -> TFConfig:
                 raise TFConfigError(f"TF_CONFIG address {address!r} appears twice "
                                     f"({seen[address]} and {job}[{i}])")
             seen[address] = f"{job}[{i}]"
+    if not any(job in cluster for job in TRAINING_JOBS):
+        raise TFConfigError("TF_CONFIG cluster has no chief or worker task")
     task_type, index = task.get("type"), task.get("index")
+    if task_type == "evaluator" and "evaluator" not in cluster and index in (0, None):
+        index = 0  # RunConfig: an evaluator need not be listed in the cluster
+        return TFConfig(ClusterSpec.from_dict(cluster), task_type, index)
     if task_type not in cluster:
         raise TFConfigError(f"TF_CONFIG task.type {task_type!r} is not a job of the cluster "
                             f"({', '.join(cluster)})")

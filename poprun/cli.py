@@ -27,9 +27,10 @@ from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
 from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
+from ipu_node.transport_names import INSTANCE_TRANSPORTS
 from launch.errors import InstanceFailedError, JobInterruptedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
-from launch.plan import LAUNCHERS, TRANSPORTS, LaunchPlan, make_plan
+from launch.plan import LAUNCHERS, LaunchPlan, make_plan
 
 logger = logging.getLogger("poprun")
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="what starts the instances: MPICH's mpirun, or poprun itself "
                              "(default: mpirun if installed, else local)")
-    parser.add_argument("--transport", choices=TRANSPORTS, default=None,
+    parser.add_argument("--transport", choices=INSTANCE_TRANSPORTS, default=None,
                         help="how instances exchange collective data (default: mpi with "
                              "mpirun, grpc with local)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.ipus_per_replica, transport=transport,
                          job_id=uuid.uuid4().hex[:12], launcher=launcher,
                          job_token=secrets.token_hex(16) if transport == "grpc" else "",
-                         system=system_name(args.system))
+                         system=system_name(args.system), transports=INSTANCE_TRANSPORTS)
         if args.report_dir:
             plan = replace(plan, report_dir=os.path.abspath(args.report_dir))
         model = get_system_model(plan.system)

@@ -31,7 +31,7 @@ def _cfg(cluster=CLUSTER, task=None):
     (_cfg({"worker": ["h:1", "nohostport"]}), "cluster.worker[1] = 'nohostport'"),
     (_cfg({"worker": ["h:1", "h:99999"]}), "port in 1..65535"),
     (_cfg({"worker": []}), "non-empty list"),
-    (_cfg({"worker": ["h:1", "h:2"], "ps": ["h:3"]}), "'ps' job"),
+    (_cfg({"ps": ["h:3"]}, {"type": "ps", "index": 0}), "no chief or worker"),
     (_cfg({"worker": ["h:1", "h:2"], "mystery": ["h:3"]}), "unknown job 'mystery'"),
 ])
 def test_malformed_tf_config_says_what_is_wrong(text, needle):
@@ -171,3 +171,32 @@ def test_a_planted_token_file_is_refused(tmp_path, monkeypatch, plant):
         os.chmod(path, 0o644)
     with pytest.raises(LaunchError, match="refusing it"):
         cluster_token(_tf(1, tmp_path, monkeypatch), wait_s=0.1)
+
+
+# the seeds' RunConfig examples (004:2993-3058): chief, ps and evaluator are accepted and
+# counted as TF counts them
+SEED_CLUSTER = {"chief": ["host0:2222"], "ps": ["host1:2222", "host2:2222"],
+                "worker": ["host3:2222", "host4:2222", "host5:2222"]}
+
+
+@pytest.mark.parametrize("task, index, chief, workers, ps, instance", [
+    ({"type": "worker", "index": 1}, 1, False, 4, 2, 2),
+    ({"type": "chief", "index": 0}, 0, True, 4, 2, 0),
+])
+def test_seed_cluster_counts_as_runconfig(task, index, chief, workers, ps, instance):
+    cfg = parse_tf_config(json.dumps({"cluster": SEED_CLUSTER, "task": task}))
+    assert (cfg.task_index, cfg.is_chief, cfg.num_worker_replicas, cfg.num_ps_replicas) == \
+        (index, chief, workers, ps)
+    assert cfg.instance_index == instance and cfg.num_instances == 4
+    assert cfg.addresses[instance] == {0: "host0:2222", 2: "host4:2222"}[instance]
+
+
+def test_seed_evaluator_and_ps_tasks_are_not_instances():
+    ev = parse_tf_config(json.dumps({"cluster": SEED_CLUSTER,
+                                     "task": {"type": "evaluator", "index": 0}}))
+    assert (ev.num_worker_replicas, ev.num_ps_replicas, ev.is_chief) == (0, 0, False)
+    ps = parse_tf_config(json.dumps({"cluster": SEED_CLUSTER, "task": {"type": "ps",
+                                                                      "index": 1}}))
+    for cfg in (ev, ps):
+        with pytest.raises(TFConfigError, match="ps and evaluator tasks do not train"):
+            cfg.instance_index
