@@ -75,6 +75,7 @@ def _mpi_options(args: argparse.Namespace, launcher: str,
         mpirun += ["-bind-to", "numa"]
         notes.append("--numa-aware yes: mpirun -bind-to numa (instances bound to NUMA nodes "
                      "round-robin)")
+    mpirun = _merge_pairs(mpirun)
     if launcher != "mpirun" and mpirun:
         notes.append(f"mpirun options {' '.join(mpirun)}: no effect with --launcher {launcher}")
         mpirun = []
@@ -82,6 +83,20 @@ def _mpi_options(args: argparse.Namespace, launcher: str,
               "instance_env_extra": tuple((i, tuple(env.items()))
                                           for i, env in sorted(per_instance.items()))}
     return fields, notes, [*global_args.env, *local_args.env]
+
+
+def _merge_pairs(words: list[str]) -> list[str]:
+    """Hydra options (``-flag value`` pairs) with repeats given once (``--mca
+    oob_tcp_if_include ib0 --mca btl_tcp_if_include ib0`` is one ``-iface ib0``).
+
+    Raises:
+        MpiArgsError: one option with two different values (names both).
+    """
+    chosen: dict[str, str] = {}
+    for flag, value in zip(words[::2], words[1::2]):
+        if chosen.setdefault(flag, value) != value:
+            raise MpiArgsError(f"mpirun {flag} given twice, as {chosen[flag]!r} and {value!r}")
+    return [word for pair in chosen.items() for word in pair]
 
 
 def emulated_options(args: argparse.Namespace, launcher: str,
