@@ -73,6 +73,10 @@ def placement_env(plan: "LaunchPlan", placement: "InstancePlacement",
         LOCAL_INSTANCE_INDEX: str(placement.local_instance_index),
         INSTANCE_INDEX: str(placement.index),
     }
+    if plan.transport == "grpc" and plan.remote_hosts:
+        # across hosts, each instance's peer server listens on its host's address (the
+        # name poprun was given for it), not on loopback
+        env[LISTEN_ADDRESS] = f"{placement.host}:0"
     if error_file:
         env[ERROR_FILE] = error_file
     return env

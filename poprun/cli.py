@@ -42,7 +42,8 @@ from poprun.hosts import expand_hosts, is_this_machine, read_hostfile
 from poprun.options import UsageError, build_parser, export_config, find_program, parse_args
 from poprun.partitions import PartitionError, prepare_named_partition
 
-__all__ = ["main", "plan_from_args", "choose_backend", "run_plan", "VERSION"]
+__all__ = ["main", "plan_from_args", "choose_backend", "run_plan", "coordinator_bind_address",
+           "VERSION"]
 
 logger = logging.getLogger("poprun")
 VERSION = "ipupod poprun 0.1 (Graphcore poprun command line, SDK 2.x-3.x)"
@@ -128,6 +129,25 @@ def plan_from_args(args: argparse.Namespace, program: list[str],
     return plan, notes
 
 
+def coordinator_bind_address(plan: LaunchPlan) -> str:
+    """Where poprun's gRPC coordinator listens: loopback for a job on this machine; across
+    hosts, the address given in ``--host`` for this machine (the others must reach it).
+
+    Raises:
+        ValueError: a job across hosts whose ``--host`` names this machine only by a loopback
+            name, or not at all (poprun must run on one of the hosts).
+    """
+    if not plan.remote_hosts:
+        return "127.0.0.1:0"
+    here = [h for h in plan.hosts if h not in plan.remote_hosts]
+    usable = [h for h in here if h != "localhost" and not h.startswith("127.")]
+    if not usable:
+        raise ValueError("--transport grpc across hosts: poprun hosts the coordinator, so "
+                         "--host must name this machine by an address the other hosts reach "
+                         f"(hosts given: {','.join(plan.hosts)})")
+    return f"{usable[0]}:0"
+
+
 def run_plan(plan: LaunchPlan) -> int:
     """Run ``plan`` with its backend; with the grpc transport, host its coordinator here.
 
@@ -137,7 +157,8 @@ def run_plan(plan: LaunchPlan) -> int:
     coordinator = None
     if plan.transport == "grpc":
         from launch.coordinator import CoordinatorServer
-        coordinator = CoordinatorServer(plan.num_instances, plan.job_token)
+        coordinator = CoordinatorServer(plan.num_instances, plan.job_token,
+                                        coordinator_bind_address(plan))
         plan = replace(plan, coordinator_address=coordinator.address)
         logger.info("coordinator listening on %s", coordinator.address)
     try:
@@ -231,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         model = get_system_model(plan.system)
         hardware.check_ilds(model, plan, args.num_ilds)
         _topology(model, plan)  # a job that does not fit the system starts nothing
+        if plan.transport == "grpc":
+            coordinator_bind_address(plan)
         if args.export_config:
             _export(parser, args)
     except (ValueError, IPUError, OSError) as exc:

@@ -152,3 +152,15 @@ def test_the_collectives_suite_across_two_hosts(two_hosts, tmp_path):
         assert sorted(two.files) == sorted(one.files) and len(one.files) > 50
         for k in one.files:
             assert two[k].dtype == one[k].dtype and two[k].tobytes() == one[k].tobytes(), k
+
+
+def test_the_grpc_transport_across_two_hosts(two_hosts, tmp_path):
+    """The coordinator listens on host A's address, each instance's peer server on its own
+    host's; the job token reaches host B through Hydra's environment, on no command line."""
+    ns_a, _, env, _ = two_hosts
+    suite = str(PROGRAMS / "collectives_suite.py")
+    result = _poprun_on_a(ns_a, env, ["-n", "2", "--num-replicas", "4", "--transport", "grpc",
+                                      "--launcher", "mpirun", "python", suite,
+                                      str(tmp_path / "grpc")], 180)
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.count("results over grpc") == 2, describe(result)

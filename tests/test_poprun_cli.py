@@ -254,6 +254,8 @@ def test_dry_run_prints_the_topology_and_mpirun_line_and_starts_nothing(tmp_path
     (["--vipu-server-timeout=nan"], "finite number of seconds"),
     (["--launcher", "local", "--host", "elsewhere-host"], "are started by mpirun"),
     (["--system", "POD5"], "unknown IPU-POD system 'POD5'"),
+    (["--transport", "grpc", "--host", "localhost,far-host-q", "-n", "2"],
+     "--host must name this machine by an address the other hosts reach"),
 ])
 def test_a_bad_command_line_exits_2_naming_it_and_starts_nothing(argv, message, tmp_path,
                                                                   capsys):
