@@ -51,24 +51,21 @@ def yes_no(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not yes/no/1/0/true/false")
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+    return convert
 
 
-def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_count = _at_least(1, "a positive integer")
+_index = _at_least(0, ">= 0")
 
 
 def _port(text: str) -> int:
