@@ -27,6 +27,8 @@ class _ConfigGroup:
     """A node of the config tree: fixed attribute names, validated on assignment."""
 
     _fields: dict[str, Any] = {}
+    #: fields whose values are secrets: repr() shows only whether they are set
+    _secret_fields: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         for name, default in self._fields.items():
@@ -53,7 +55,11 @@ class _ConfigGroup:
         return name in self.__dict__.get("_explicit", ())
 
     def __repr__(self) -> str:
-        items = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields)
+        def shown(k: str) -> str:
+            if k in self._secret_fields:
+                return "'<set>'" if getattr(self, k) else "''"
+            return repr(getattr(self, k))
+        items = ", ".join(f"{k}={shown(k)}" for k in self._fields)
         return f"{type(self).__name__}({items})"
 
 
@@ -128,6 +134,7 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
 
     _fields = {"process_count": 0, "process_index": 0, "transport": "auto",
                "coordinator_address": "", "job_token": "", "listen_address": ""}
+    _secret_fields = frozenset({"job_token"})
 
     def _check_process_count(self, value: Any) -> int:
         return _int_at_least("process_count", value, 0)

@@ -46,6 +46,9 @@ from ipu_node.errors import IPUBusyError, OccupancyDirError
 MACHINE_SCOPE = "machine"
 #: what a launcher writes as the ``device`` of the IPUs it reserves for job ``{job}``
 PARTITION_DEVICE = "partition of job {job}"
+#: the record of a named partition (``poprun --vipu-partition NAME``) in its scope directory;
+#: a scope that has one is kept until ``--remove-partition`` removes it, never reclaimed.
+NAMED_PARTITION_RECORD = "partition.json"
 _VARIABLE = {"IPU lock directory": " (IPUPOD_OCCUPANCY_DIR)"}
 
 
@@ -361,6 +364,8 @@ class Occupancy:
             else:
                 continue
             scope_dir = os.path.join(self.system_dir, scope)
+            if os.path.exists(os.path.join(scope_dir, NAMED_PARTITION_RECORD)):
+                continue   # a named partition kept on purpose (poprun --remove-partition no)
             if stale and not _holds_lock(scope_dir, held):
                 shutil.rmtree(scope_dir, ignore_errors=True)
                 removed.append(scope)

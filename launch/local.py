@@ -148,7 +148,9 @@ class LocalBackend:
                 raise LaunchError(f"could not start instance {placement.index} "
                                   f"({' '.join(command)}): {exc}") from exc
             inst = _Instance(placement, proc, error_file)
+            shown = plan.only_output_from_instance in (None, placement.index)
             for pipe, kind, write in ((proc.stdout, "stdout", out), (proc.stderr, "stderr", err)):
+                write = write if shown else _discard  # --only-output-from-instance
                 tagger = LineTagger(f"[1,{placement.index}]<{kind}>:", write)
                 reader = threading.Thread(target=_pump, args=(pipe, tagger), daemon=True,
                                           name=f"poprun-{kind}-{placement.index}")
@@ -223,6 +225,10 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _discard(text: str) -> None:
+    """Where the output of an instance hidden by ``--only-output-from-instance`` goes."""
 
 
 def _pump(pipe, tagger: LineTagger) -> None:

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from launch import env as envnames
 from launch.errorfile import read_error_file
+from launch import env as envnames
 from launch.errors import InstanceFailedError, InstanceFailure, JobInterruptedError, LaunchError
+from launch.hydra import error_file_path, mpirun_command_line, mpirun_environment
 from launch.output import FileTailer, LineTagger, instance_output_paths, stream_writer
 from launch.plan import LaunchPlan
 from launch.supervise import GRACE_PERIOD_S  # noqa: F401 - the grace period, re-exported
@@ -225,21 +226,16 @@ class MpirunBackend:
         self.spawn = spawn
 
     def command_line(self, plan: LaunchPlan, workdir: str) -> list[str]:
-        """The full mpirun command for ``plan``, writing output files into ``workdir``."""
-        cmd = [self.mpirun, "-print-all-exitcodes",
-               "-outfile-pattern", os.path.join(workdir, "out.%r"),
-               "-errfile-pattern", os.path.join(workdir, "err.%r"),
-               "-genv", "PYTHONUNBUFFERED", "1"]
-        program = instance_command(plan.command, guard=True)
-        for k, placement in enumerate(plan.instances):
-            if k:
-                cmd.append(":")
-            cmd += ["-n", "1"]
-            error_file = os.path.join(workdir, f"error.{placement.index}.json")
-            for name, value in envnames.instance_env(plan, placement, error_file).items():
-                cmd += ["-env", name, value]
-            cmd += program
-        return cmd
+        """The full mpirun command for ``plan``, writing output files into ``workdir``
+        (:func:`launch.hydra.mpirun_command_line`; no secret is on it)."""
+        return mpirun_command_line(plan, self.mpirun, workdir, instance_command(plan.command, guard=True))
+
+    def environment(self, plan: LaunchPlan) -> dict[str, str]:
+        """mpirun's environment for ``plan``: poprun's, plus what every instance gets
+        alike, the job token among them (:func:`launch.hydra.mpirun_environment`)."""
+        env = mpirun_environment(plan, os.environ)
+        env.pop(envnames.PARENT_PID, None)   # an outer launcher's: not this job's parent
+        return env
 
     def run(self, plan: LaunchPlan) -> int:
         """Run the job to its end.
@@ -262,17 +258,18 @@ class MpirunBackend:
         out, err = stream_writer(self.stdout), stream_writer(self.stderr)
         sources = []
         for p in plan.instances:
+            if plan.only_output_from_instance not in (None, p.index):
+                continue  # --only-output-from-instance: the others' files are not followed
             out_path, err_path = instance_output_paths(workdir, p.index)
             sources.append((out_path, LineTagger(f"[1,{p.index}]<stdout>:", out)))
             sources.append((err_path, LineTagger(f"[1,{p.index}]<stderr>:", err)))
         cmd = self.command_line(plan, workdir)
         logger.info("Running command: %s", " ".join(cmd))
         segments_before = _mpich_segments()
-        env = dict(os.environ)
-        env.pop(envnames.PARENT_PID, None)   # an outer launcher's: not this job's parent
+        env = self.environment(plan)
         try:
-            proc = self.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
+            proc = self.spawn(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         except OSError as exc:
             raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
         tailer = FileTailer(sources).start()
@@ -321,7 +318,7 @@ class MpirunBackend:
                   statuses: list[int]) -> list[InstanceFailure]:
         failures = []
         for p in plan.instances:
-            recorded = read_error_file(os.path.join(workdir, f"error.{p.index}.json"))
+            recorded = read_error_file(error_file_path(workdir, p.index))
             if recorded is not None:
                 failures.append(recorded)
             elif p.index < len(statuses) and statuses[p.index]:

@@ -152,6 +152,70 @@ def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
     return not isPopdistEnvSet() or ipus_per_replica == getNumIpusPerReplica()
 
 
+def init() -> None:
+    """Check this instance's PopDist environment once at start (ipupod's; Graphcore's
+    ``popdist`` has no documented ``init``, anchors §1.3): consistent ``POPDIST_*`` values give
+    nothing, inconsistent ones an error naming them. Calling it again is harmless.
+
+    Raises:
+        ValueError: a variable is not an integer, or the values contradict each other (local
+            replicas not dividing the total, an offset outside the job, an offset that is not
+            a multiple of the local replicas).
+    """
+    total, local = getNumTotalReplicas(), getNumLocalReplicas()
+    offset, ipus = getReplicaIndexOffset(), getNumIpusPerReplica()
+    where = (f"{names.NUM_TOTAL_REPLICAS}={total}, {names.NUM_LOCAL_REPLICAS}={local}, "
+             f"{names.REPLICA_INDEX_OFFSET}={offset}")
+    if total < 1 or local < 1 or ipus < 1:
+        raise ValueError(f"replica counts must be >= 1 ({where}, "
+                         f"{names.NUM_IPUS_PER_REPLICA}={ipus})")
+    if total % local or offset % local or not 0 <= offset < total:
+        raise ValueError(f"inconsistent PopDist environment: {where} (the offset must be a "
+                         "multiple of the local replicas, inside the job)")
+
+
+def getDeviceId(ipusPerReplica: int = 0) -> int:
+    """The ``gc-info`` device id of this instance's IPUs (``select_ipus`` takes it), as
+    poprun placed them in the job's partition (:func:`ipu_node.selection.assign_instance_ipus`);
+    ``ipusPerReplica`` 0 means :func:`getNumIpusPerReplica`.
+
+    Raises:
+        ValueError: ``ipusPerReplica`` differs from poprun's ``--ipus-per-replica``, or this
+            instance's IPUs form no ``gc-info`` device (a count that is not a power of two).
+        NotEnoughIPUsError: the job does not fit the system.
+    """
+    from ipu_node.device_ids import find_device
+    from ipu_node.env import partition_ipus
+    from ipu_node.selection import assign_instance_ipus
+    from ipu_node.systems import get_system_model
+
+    ipus = ipusPerReplica or getNumIpusPerReplica()
+    if not checkNumIpusPerReplica(ipus):
+        raise ValueError(f"getDeviceId({ipusPerReplica}) but poprun was started with "
+                         f"--ipus-per-replica {getNumIpusPerReplica()}")
+    model = get_system_model(os.environ.get(names.SYSTEM) or None)
+    mine = assign_instance_ipus(model, getNumInstances(), getNumLocalReplicas(), ipus,
+                                partition_ipus())[getInstanceIndex()]
+    device = find_device(model, mine)
+    if device is None:
+        raise ValueError(f"the IPUs of instance {getInstanceIndex()} ({mine}) form no gc-info "
+                         f"device of {model.name}")
+    return device.id
+
+
+def execute_on_instances(instances, func, *args, **kwargs):
+    """Run ``func(*args, **kwargs)`` on the instances whose index is in ``instances`` (an
+    int or an iterable of ints) and return its result there; None on the others.
+
+    Unlike Graphcore's, collectives called inside ``func`` are not limited to those
+    instances: they still span the job (ipupod has no sub-communicator per call).
+    """
+    chosen = {instances} if isinstance(instances, int) else set(instances)
+    if getInstanceIndex() in chosen:
+        return func(*args, **kwargs)
+    return None
+
+
 def set_ipu_config(config, ipus_per_replica: int = 1):
     """Configure ``config`` (an ``ipu_node.IPUConfig``) for this instance's share of the job.
 
@@ -238,5 +302,6 @@ def _stop_hosted_coordinator() -> None:
 __all__ = [
     "isPopdistEnvSet", "getNumTotalReplicas", "getNumLocalReplicas", "getReplicaIndexOffset",
     "getNumIpusPerReplica", "getNumInstances", "getInstanceIndex", "getLocalInstanceIndex",
-    "checkNumIpusPerReplica", "set_ipu_config", "tf_config",
+    "checkNumIpusPerReplica", "set_ipu_config", "tf_config", "init", "getDeviceId",
+    "execute_on_instances",
 ]

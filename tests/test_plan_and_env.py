@@ -117,10 +117,10 @@ def test_report_dir_reaches_every_instance():
     from dataclasses import replace
 
     from launch.env import REPORT_DIR, instance_env
-    from poprun.cli import build_parser
+    from poprun.options import build_parser, parse_args
     plan = make_plan(["python", "x.py"], 2)
     assert REPORT_DIR not in instance_env(plan, plan.instances[0])
     plan = replace(plan, report_dir="/tmp/reports")
     assert all(instance_env(plan, p)[REPORT_DIR] == "/tmp/reports" for p in plan.instances)
-    args = build_parser().parse_args(["--report-dir", "out", "python", "x.py"])
-    assert args.report_dir == "out"
+    args, program = parse_args(build_parser(), ["--report-dir", "out", "python", "x.py"])
+    assert (args.report_dir, program) == ("out", ["python", "x.py"])
