@@ -40,7 +40,7 @@ def create_transport(name: str, process_index: int, process_count: int, *,
             from collectives.errors import TransportError
             raise TransportError(
                 f"the MPI transport needs mpi4py (pip install mpi4py mpich): {exc}") from exc
-        return MPITransport(process_index, process_count)
+        return MPITransport(process_index, process_count, options=options)
     if name == "grpc":
         try:
             from collectives.transports.grpc import GrpcTransport
