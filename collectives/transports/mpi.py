@@ -15,7 +15,7 @@ missing peer into a timeout instead of a hang:
   have all announced themselves point-to-point (waited for with the timeout), so it never
   waits for a peer that has not arrived.
 * **giving up**: an instance that times out or fails (:meth:`MPITransport.abandon`) sends a
-  notice to every other instance on a communicator of its own; a peer sees it in its next
+  notice to every other instance (on ``COMM_WORLD``, tag ``_TAG_NOTICE``); a peer sees it in its next
   wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
   so a late instance never gets a result for a call its peer gave up on, and a job whose
   program caught a divergence does not wait for the timeout at exit.
@@ -23,7 +23,9 @@ missing peer into a timeout instead of a hang:
 
 from __future__ import annotations
 
+import atexit
 import logging
+import time
 from typing import Sequence
 
 import numpy as np
@@ -57,8 +59,11 @@ _TAG_BROADCAST = 0x1A13
 _TAG_CREATE = 0x1A14
 #: ... and MPI_Comm_create_group runs under this one
 _TAG_CREATE_GROUP = 0x1A15
-#: a notice of an instance that gives up (on the control communicator)
+#: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
+#: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
+#: seconds a cancelled receive may take to finish cancelling
+_WITHDRAW_S = 0.5
 #: bytes of a notice: its reason, UTF-8, zero-padded
 NOTICE_BYTES = 256
 
@@ -274,15 +279,20 @@ class MPITransport(Transport):
         self.process_index, self.process_count = process_index, process_count
         self.options = options or CollectiveOptions.from_env()
         self._world = world
-        # The job's communicator and the notices' one, duplicated without waiting: the first
-        # call waits for them with its patience (a peer that is late times out there).
+        # The job's communicator, duplicated without waiting: the first call waits for it with
+        # its patience (a peer that is late times out there).
         self._job, self._job_ready = world.Idup()
-        self._control, self._control_ready = world.Idup()
+        # Notices of instances that give up come on COMM_WORLD itself (it exists from the
+        # start, so even an instance that never reached a communicator can be told), under
+        # the reserved tag _TAG_NOTICE.
         self._notice = np.zeros(NOTICE_BYTES, np.uint8)
-        self._notice_request = None
+        self._notice_request = world.Recv_init([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
+                                               _TAG_NOTICE)
+        self._notice_request.Start()
         self._lost: PeerLostError | None = None
         self._gave_up = False
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
+        atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
 
     # -- waiting ----------------------------------------------------------------------------
@@ -331,12 +341,7 @@ class MPITransport(Transport):
             raise self._lost
         request = self._notice_request
         if request is None:
-            if self._control_ready is None or not self._control_ready.Test():
-                return  # (nobody can have sent one before the control communicator exists)
-            self._control_ready = None
-            request = self._notice_request = self._control.Recv_init(
-                [self._notice, MPI.BYTE], MPI.ANY_SOURCE, _TAG_NOTICE)
-            request.Start()
+            return
         status = MPI.Status()
         if request.Test(status):
             source = status.Get_source()
@@ -354,13 +359,10 @@ class MPITransport(Transport):
             return
         self._gave_up = True
         try:
-            if self._control_ready is not None and not self._control_ready.Test():
-                return  # a peer never made the control communicator: it is not waiting
-            self._control_ready = None
             text = reason.encode("utf-8", "replace")[:NOTICE_BYTES]
             buffer = np.zeros(NOTICE_BYTES, np.uint8)
             buffer[:len(text)] = np.frombuffer(text, np.uint8)
-            requests = [self._control.Isend([buffer, MPI.BYTE], j, _TAG_NOTICE)
+            requests = [self._world.Isend([buffer, MPI.BYTE], j, _TAG_NOTICE)
                         for j in range(self.process_count) if j != self.process_index]
             self._notices_sent.append((requests, buffer))
         except MPI.Exception:  # the job is ending anyway
@@ -383,6 +385,7 @@ class MPITransport(Transport):
 
     def _job_communicator(self, patience: Patience):
         """The duplicate of COMM_WORLD, once its ``MPI_Comm_idup`` is complete."""
+        self.check_notices()
         if self._job_ready is not None:
             self.wait(self._job_ready, patience)
             self._job_ready = None
@@ -417,14 +420,27 @@ class MPITransport(Transport):
             raise
         return job.Create_group(job.Get_group().Incl(list(members)), _TAG_CREATE_GROUP)
 
+    def _stop_listening(self) -> None:
+        """Withdraw the receive of notices (MPI_Finalize would report it as leaked)."""
+        request, self._notice_request = self._notice_request, None
+        if request is None:
+            return
+        atexit.unregister(self._stop_listening)
+        _cancel(request)
+        deadline = time.monotonic() + _WITHDRAW_S
+        try:
+            while not request.Test() and time.monotonic() < deadline:
+                pass
+            request.Free()
+        except MPI.Exception:  # the job is ending
+            logger.debug("withdrawing the receive of notices failed", exc_info=True)
+
     def close(self) -> None:
         for comm in self._comms.values():
             if comm._comm is not None and comm._comm != self._job:
                 _free(comm._comm)
         self._comms.clear()
-        if self._notice_request is not None:
-            _cancel(self._notice_request)
-            self._notice_request = None
+        self._stop_listening()
         # (the duplicates of COMM_WORLD are left to MPI_Finalize: freeing one whose Idup a
         # peer never joined would wait for that peer)
 
