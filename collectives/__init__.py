@@ -5,7 +5,7 @@ memory and instances exchange over a transport (local, MPI or gRPC). ``import co
 loads neither mpi4py nor grpc.
 """
 
-from collectives.accounting import CallRecord, OpStats, set_cost_model
+from collectives._accounting import CallRecord, OpStats, set_cost_model
 from collectives.errors import (CollectiveAbortedError, CollectiveArgumentError,
                                 CollectiveError, CollectiveMismatchError,
                                 CollectiveTimeoutError, CollectiveTypeError, PeerLostError,
@@ -16,7 +16,7 @@ from collectives.operators import CollectiveOperator
 from collectives.ops import (all_gather, all_to_all, broadcast, cross_replica_mean,
                              cross_replica_reduce, cross_replica_sum, reduce_scatter,
                              replication_index)
-from collectives.runtime import call_records, report, reset_stats, stats, total_stats
+from collectives._runtime import call_records, report, reset_stats, stats, total_stats
 
 # TF-IPU's operator names (seed 004:5313-5334), as module constants.
 COLLECTIVE_OP_ADD = CollectiveOperator.ADD.value

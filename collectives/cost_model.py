@@ -1,9 +1,9 @@
 """Modelled time of collective calls on the links of the modelled POD (alpha-beta model).
 
-:class:`HardwareCostModel` is a cost model for :mod:`collectives.accounting`:
-``cost_model(record) -> modelled seconds``. :func:`collectives.runtime.get_engine` installs
+:class:`HardwareCostModel` is a cost model for :mod:`collectives._accounting`:
+``cost_model(record) -> modelled seconds``. :func:`collectives._runtime.get_engine` installs
 one for every configured system (:meth:`HardwareCostModel.for_system`), so every call's
-:class:`~collectives.accounting.CallRecord` carries ``modelled_s``;
+:class:`~collectives._accounting.CallRecord` carries ``modelled_s``;
 :func:`collectives.set_cost_model` overrides it. Modelled seconds say what the real POD would
 take; they are never wall time. Sizes are bytes, times seconds.
 
@@ -88,7 +88,7 @@ from ipu_node.routing import route, routes_from
 from ipu_node.selection import assign_instance_ipus
 from ipu_node.systems import SystemModel
 
-from collectives.accounting import CallRecord
+from collectives._accounting import CallRecord
 from collectives.gcl_options import METHODS, GCLOptions
 
 if TYPE_CHECKING:

@@ -45,11 +45,9 @@ class CommGroup:
             raise TypeError(f"CommGroup type must be a CommGroupType, not {self.type!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"CommGroup size must be an int >= 0, got {self.size!r}")
-        # from ints only: the same in every process (a pickled group keeps it)
-        object.__setattr__(self, "_hash", hash((_TYPE_NUMBER[self.type], self.size)))
 
-    def __hash__(self) -> int:  # computed once: groups key the collectives' caches
-        return self._hash
+    def __hash__(self) -> int:  # from ints only: the same in every process
+        return hash((_TYPE_NUMBER[self.type], self.size))
 
     def members(self, num_replicas: int) -> tuple[tuple[int, ...], ...]:
         """The groups, each a tuple of global replica indices in increasing order.

@@ -32,7 +32,7 @@ from collectives.waiting import Patience
 
 
 class Checker(Protocol):
-    """What a handshake asks of the engine (:class:`~collectives.engine.CollectiveEngine`)."""
+    """What a handshake asks of the engine (:class:`~collectives._engine.CollectiveEngine`)."""
 
     def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
         """The handshake in a round of its own; raises ``CollectiveMismatchError`` when an

@@ -1,6 +1,6 @@
 """Process memory: keep freed megabyte-sized blocks for reuse (glibc ``mallopt``).
 
-Applied once per process by :func:`collectives.runtime.get_engine` for multi-instance jobs
+Applied once per process by :func:`collectives._runtime.get_engine` for multi-instance jobs
 (any transport) and for several local replicas, unless ``IPUPOD_KEEP_FREED_MEMORY=0``. The
 benchmarks apply it before any contender runs, so ours and the baselines use the same allocator.
 """

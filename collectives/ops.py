@@ -27,12 +27,12 @@ from functools import partial
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import algorithms, movement
+from collectives import _algorithms as algorithms, _movement as movement
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator, parse_operator
-from collectives.runtime import get_engine
+from collectives._runtime import get_engine
 
 #: dtypes the collectives accept; bool only with the logical operators (and LOCAL).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
@@ -102,7 +102,7 @@ def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algori
         _members(what, group, ctx.num_replicas)  # (a signature seen before has passed)
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
                           shape=tuple(arr.shape), group=str(group), name=name or "",
-                          params=params).encoded_once()
+                          params=params)
         if len(_descriptors) >= 4096:
             _descriptors.clear()
         _descriptors[key] = desc

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from ipu_node import current_replica_context, get_system
 
-from collectives import algorithms, movement, nest
+from collectives import _algorithms as algorithms, _movement as movement, _nest as nest
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator
 from collectives.ops import as_collective_array
-from collectives.runtime import get_engine
+from collectives._runtime import get_engine
 
 _scope = threading.local()
 

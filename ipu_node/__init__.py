@@ -14,7 +14,8 @@ from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigErro
                              NotInReplicaError, UnknownDeviceError, UnknownIPUError,
                              UnknownSystemError)
 from ipu_node.links import Link, LinkKind
-from ipu_node.memory import IPUMemory, MemoryUsage, free, memory_usage, place
+from ipu_node.memory import IPUMemory, MemoryUsage
+from ipu_node.placement import free, memory_usage, place
 from ipu_node.replica import ReplicaContext, current_replica_context, require_replica_context
 from ipu_node.routing import host_transfer_time_s, hops, route, transfer_time_s
 from ipu_node.selection import assign_instance_ipus, order_ipus

@@ -8,9 +8,10 @@ naming the valid ones, so a typo never passes silently (the real IPUConfig does 
 from __future__ import annotations
 
 import enum
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ipu_node.systems import canonical_system_name
+from ipu_node.transport_names import TRANSPORT_NAMES
 
 
 class SelectionOrder(enum.Enum):
@@ -129,9 +130,9 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
         return _int_at_least("process_index", value, 0)
 
     def _check_transport(self, value: Any) -> str:
-        if value not in ("auto", "mpi", "grpc", "local"):
-            raise ValueError(
-                f"transport must be 'auto', 'mpi', 'grpc' or 'local', got {value!r}")
+        if value != "auto" and value not in TRANSPORT_NAMES:
+            known = ", ".join(repr(n) for n in ("auto", *TRANSPORT_NAMES))
+            raise ValueError(f"transport must be one of {known}, got {value!r}")
         return value
 
     def _check_coordinator_address(self, value: Any) -> str:
@@ -229,6 +230,19 @@ class IPUConfig(_ConfigGroup):
             IPUConfigError: the options do not describe a usable system.
             AlreadyConfiguredError: replicas of the previous system are still running.
         """
-        from ipu_node import system  # late: system imports this module
+        if _configure is None:  # (ipu_node/__init__ imports ipu_node.system, which installs it)
+            raise RuntimeError("ipu_node.system is not imported: import ipu_node first")
+        return _configure(self)
 
-        return system.configure(self)
+
+#: what :meth:`IPUConfig.configure_ipu_system` calls: :func:`ipu_node.system.configure`,
+#: installed by that module (it imports this one; this one never imports it, so the
+#: package has no import cycle)
+_configure: Callable[[IPUConfig], Any] | None = None
+
+
+def install_configure(configure: Callable[[IPUConfig], Any]) -> None:
+    """Make ``configure(config)`` the function behind :meth:`IPUConfig.configure_ipu_system`
+    (called once by :mod:`ipu_node.system`)."""
+    global _configure
+    _configure = configure

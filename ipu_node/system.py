@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ipu_node.attach import Attachment, attach
-from ipu_node.config import IPUConfig
+from ipu_node.config import IPUConfig, install_configure
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.errors import AlreadyConfiguredError, IPUConfigError, NotConfiguredError
 from ipu_node.memory import IPUMemory
@@ -201,3 +201,6 @@ def reset_ipu_configuration() -> None:
         old, _system = _system, None
     if old is not None:
         old.close()
+
+
+install_configure(configure)  # IPUConfig.configure_ipu_system calls it (config never imports this)

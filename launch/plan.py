@@ -91,14 +91,17 @@ def plan_replicas(num_instances: int, num_replicas: int,
 
 
 LAUNCHERS = ("mpirun", "local")
-TRANSPORTS = ("mpi", "grpc")
 
 
 def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int | None = None,
               ipus_per_replica: int = 1, transport: str = "mpi", job_id: str = "",
               launcher: str = "mpirun", job_token: str = "",
-              system: str = "") -> LaunchPlan:
+              system: str = "", transports: Sequence[str] | None = None) -> LaunchPlan:
     """A :class:`LaunchPlan` (``num_replicas`` defaults to ``num_instances``).
+
+    ``transports`` are the transport names the caller knows (poprun passes
+    ``ipu_node.transport_names.INSTANCE_TRANSPORTS``: launch imports no ipu_node, so the
+    names come from its caller); None: ``transport`` is not checked here.
 
     Raises:
         ValueError: no command, counts as in :func:`plan_replicas`, an unknown launcher or
@@ -106,8 +109,8 @@ def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int 
     """
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; known: {', '.join(LAUNCHERS)}")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r}; known: {', '.join(TRANSPORTS)}")
+    if transports is not None and transport not in transports:
+        raise ValueError(f"unknown transport {transport!r}; known: {', '.join(transports)}")
     if transport == "mpi" and launcher != "mpirun":
         raise ValueError("--transport mpi needs --launcher mpirun (MPI ranks are made by "
                          "mpirun); use --transport grpc with --launcher local")

@@ -26,9 +26,10 @@ from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
 from ipu_node.systems import SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
+from ipu_node.transport_names import INSTANCE_TRANSPORTS
 from launch.errors import InstanceFailedError, LaunchError
 from launch.mpirun import MpirunBackend, find_mpirun
-from launch.plan import LAUNCHERS, TRANSPORTS, LaunchPlan, make_plan
+from launch.plan import LAUNCHERS, LaunchPlan, make_plan
 
 logger = logging.getLogger("poprun")
 
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="what starts the instances: MPICH's mpirun, or poprun itself "
                              "(default: mpirun if installed, else local)")
-    parser.add_argument("--transport", choices=TRANSPORTS, default=None,
+    parser.add_argument("--transport", choices=INSTANCE_TRANSPORTS, default=None,
                         help="how instances exchange collective data (default: mpi with "
                              "mpirun, grpc with local)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.ipus_per_replica, transport=transport,
                          job_id=uuid.uuid4().hex[:12], launcher=launcher,
                          job_token=secrets.token_hex(16) if transport == "grpc" else "",
-                         system=system_name(args.system))
+                         system=system_name(args.system), transports=INSTANCE_TRANSPORTS)
         model = get_system_model(plan.system)
         _topology(model, plan)  # a job that does not fit the system starts nothing
     except (ValueError, IPUError) as exc:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from collectives.accounting import CountingCommunicator, Ledger, CallRecord
+from collectives._accounting import CountingCommunicator, Ledger, CallRecord
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveTimeoutError
 from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from collectives.descriptor import Descriptor
-from collectives.engine import CollectiveEngine
+from collectives._engine import CollectiveEngine
 from collectives.errors import CollectiveMismatchError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport

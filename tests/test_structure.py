@@ -51,3 +51,156 @@ def test_importing_the_packages_loads_neither_mpi_nor_grpc():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- no import cycle inside a package (function-level imports included) --------------------
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _reexports(init: Path, package: str) -> dict[str, str]:
+    """Names a package's ``__init__`` imports from its submodules: name -> module."""
+    found = {}
+    for node in ast.walk(ast.parse(init.read_text(), str(init))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith(package + "."):
+            for alias in node.names:
+                found[alias.asname or alias.name] = node.module
+    return found
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports anywhere in its body. ``from pkg
+    import name`` counts as importing the module that defines ``name`` when the package
+    re-exports it; the implicit import of parent packages is not counted (every submodule
+    would otherwise form a cycle with its package's ``__init__``)."""
+    paths = {_module_name(p): p for p in (REPO / package).rglob("*.py")}
+    exports = {name: _reexports(path, name) for name, path in paths.items()
+               if path.name == "__init__.py"}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in paths else
+                                   exports.get(base, {}).get(alias.name, base))
+            graph[name].update(t for t in targets if t in paths and t != name)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle_inside_a_package(package):
+    cycle = _cycle(_import_graph(package))
+    assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": set()}
+    assert _cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
+    assert _cycle({"p.a": {"p.b"}, "p.b": set()}) is None
+
+
+# -- the collectives API ---------------------------------------------------------------------
+
+COLLECTIVES_API = sorted([
+    "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
+    "reduce_scatter", "all_to_all", "broadcast", "replication_index",
+    "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
+    "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
+    "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
+    "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",
+    "stats", "total_stats", "report", "call_records", "reset_stats", "set_cost_model",
+    "CallRecord", "OpStats",
+    "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "CollectiveAbortedError", "CollectiveArgumentError", "CollectiveTypeError",
+    "TransportError", "PeerLostError", "TransportClosedError",
+])
+
+
+def test_collectives_all_is_the_pinned_api():
+    import collectives
+
+    assert sorted(collectives.__all__) == COLLECTIVES_API
+    assert len(set(collectives.__all__)) == len(collectives.__all__)
+    missing = [n for n in collectives.__all__ if not hasattr(collectives, n)]
+    assert not missing, missing
+
+
+def test_the_engine_modules_of_collectives_are_private():
+    public = {p.stem for p in (REPO / "collectives").glob("*.py") if not p.stem.startswith("_")}
+    for internal in ("engine", "algorithms", "movement", "nest", "runtime", "accounting"):
+        assert internal not in public, f"collectives.{internal} should be private"
+
+
+# -- the transports: one list of names, one registry ----------------------------------------
+
+def test_the_transport_names_and_the_registry_agree():
+    from collectives.transports import registered_transports
+    from ipu_node import IPUConfig
+    from ipu_node.transport_names import INSTANCE_TRANSPORTS, TRANSPORT_NAMES
+    from poprun.cli import build_parser
+
+    assert registered_transports() == TRANSPORT_NAMES
+    assert set(INSTANCE_TRANSPORTS) <= set(TRANSPORT_NAMES)
+    (action,) = [a for a in build_parser()._actions if "--transport" in a.option_strings]
+    assert tuple(action.choices) == INSTANCE_TRANSPORTS
+    mrd = IPUConfig().experimental.multi_replica_distribution
+    for name in TRANSPORT_NAMES:
+        mrd.transport = name
+    with pytest.raises(ValueError, match="'auto', 'local', 'mpi', 'grpc'"):
+        mrd.transport = "carrier-pigeon"
+
+
+def test_make_plan_checks_the_transport_against_the_names_it_is_given():
+    from launch.plan import make_plan
+
+    with pytest.raises(ValueError, match="unknown transport 'tcp'; known: mpi, grpc"):
+        make_plan(["python", "x.py"], 2, transport="tcp", transports=("mpi", "grpc"))
+
+
+def test_an_unknown_transport_name_is_refused_by_the_registry():
+    from collectives.transports import create_transport, register_transport
+
+    with pytest.raises(ValueError, match="unknown transport 'tcp'; known: local, mpi, grpc"):
+        create_transport("tcp", 0, 1)
+    with pytest.raises(ValueError, match="registered already"):
+        register_transport("mpi", lambda *a, **k: None)

@@ -9,9 +9,9 @@ import threading
 from ipu_node import get_system
 from ipu_node.system import IPUSystem
 
-from collectives.accounting import CallRecord, OpStats, format_table, total
+from collectives._accounting import CallRecord, OpStats, format_table, total
 from collectives.cost_model import HardwareCostModel
-from collectives.engine import CollectiveEngine
+from collectives._engine import CollectiveEngine
 from collectives.errors import CollectiveError
 from collectives.gcl_options import GCLOptions
 from collectives.memory import keep_freed_memory

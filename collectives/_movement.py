@@ -1,5 +1,5 @@
 """Data-movement algorithms: all-gather, all-to-all, broadcast (no arithmetic, so every
-layout gives the same bytes). Signature as in :mod:`collectives.algorithms`: one value per
+layout gives the same bytes). Signature as in :mod:`collectives._algorithms`: one value per
 local replica in, one result per local replica out.
 
 Groups whose members span several instances are batched by instance set: one transport call
@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives.algorithms import (give, instances_of, local_groups, local_members,
+from collectives._algorithms import (give, instances_of, local_groups, local_members,
                                     sole_route)
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup

@@ -1,6 +1,6 @@
 """Reduction algorithms: combine local replicas in shared memory, then exchange over the
 transport. Each takes ``(engine, descriptor, values, ...)`` with one value per local replica
-and returns one result per local replica (see :mod:`collectives.engine`).
+and returns one result per local replica (see :mod:`collectives._engine`).
 
 Reductions keep the canonical tree order (:mod:`collectives.tree`): an instance reduces its
 own replicas of a group to one partial (the replicas of a group on one instance always hold
@@ -37,19 +37,26 @@ def local_members(engine, members: Sequence[int]) -> list[int]:
     return [r for r in members if lo <= r < lo + engine.num_local_replicas]
 
 
-def local_groups(engine, group: CommGroup) -> tuple[tuple[tuple[int, ...], list[int]], ...]:
+#: ``(members, local members)`` of each group an instance takes part in
+LocalGroups = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+
+
+def local_groups(engine, group: CommGroup) -> LocalGroups:
     """``(members, local members)`` of each group this instance takes part in, in group
-    order (the same order on every instance). Computed once per engine and group."""
-    cache = engine.__dict__.setdefault("_local_groups", {})
-    found = cache.get(group)
-    if found is None:
-        found = []
-        for members in group.members(engine.num_replicas):
-            local = local_members(engine, members)
-            if local:
-                found.append((members, local))
-        found = cache[group] = tuple(found)
-    return found
+    order (the same order on every instance). Computed once per layout and group."""
+    return _local_groups(engine.num_replicas, engine.num_local_replicas,
+                         engine.replica_index_offset, group)
+
+
+@lru_cache(maxsize=1024)
+def _local_groups(num_replicas: int, num_local_replicas: int, offset: int,
+                  group: CommGroup) -> LocalGroups:
+    found = []
+    for members in group.members(num_replicas):
+        local = tuple(r for r in members if offset <= r < offset + num_local_replicas)
+        if local:
+            found.append((members, local))
+    return tuple(found)
 
 
 def sole_route(engine, group: CommGroup) -> tuple:
@@ -67,13 +74,12 @@ def sole_route(engine, group: CommGroup) -> tuple:
 
 def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
     """The instances that hold members of a group, increasing."""
-    cache = engine.__dict__.setdefault("_instances_of", {})
-    found = cache.get(members)
-    if found is None:
-        found = tuple(sorted({r // engine.num_local_replicas for r in members}))
-        if isinstance(members, tuple):
-            cache[members] = found
-    return found
+    return _instances_of(engine.num_local_replicas, tuple(members))
+
+
+@lru_cache(maxsize=4096)
+def _instances_of(num_local_replicas: int, members: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted({r // num_local_replicas for r in members}))
 
 
 def positions_by_instance(engine, members: Sequence[int],

@@ -6,7 +6,7 @@ last local replica's arrival to the results); modelled time is what the POD woul
 
 Modelled time comes from a **cost model**, a callable ``cost_model(record) -> seconds``.
 Every engine has one by default (``Ledger.cost_model``, set by
-:func:`collectives.runtime.get_engine` to a
+:func:`collectives._runtime.get_engine` to a
 :class:`~collectives.cost_model.HardwareCostModel` of the configured POD: the algorithm
 ``record.method``, the IPUs of ``record.groups``, the IPU-Links and GW-Links crossed);
 :func:`set_cost_model` installs one that overrides it in every engine. Without either,
@@ -236,13 +236,8 @@ class Ledger:
 
 def _record_of(signature: "CallSignature", transport_bytes: int, wall_s: float,
                modelled_s: float | None) -> CallRecord:
-    # the frozen dataclass's __init__ sets each field through object.__setattr__: filling
-    # the instance dict at once is the same record, built faster
-    record = object.__new__(CallRecord)
-    fields_ = record.__dict__
-    fields_.update(signature.fields)
-    fields_.update(transport_bytes=transport_bytes, wall_s=wall_s, modelled_s=modelled_s)
-    return record
+    return CallRecord(**signature.fields, transport_bytes=transport_bytes, wall_s=wall_s,
+                      modelled_s=modelled_s)
 
 
 def total(totals: dict[str, OpStats]) -> OpStats:

@@ -1,0 +1,162 @@
+"""Agreement between instances: every instance learns that all called the same collective.
+
+:class:`Agreement` is the :class:`~collectives.handshake.Checker` of a call's
+:class:`~collectives.handshake.Handshake`: it exchanges descriptors in a round of their own
+(:meth:`Agreement.exchange_descriptors`), compares the descriptors a transport carried with
+the data (:meth:`Agreement.check_descriptors`) and names the instances that have not
+arrived (:meth:`Agreement.arrival_patience`). It also compares the descriptors of the local
+replicas of one call (:meth:`Agreement.check_local`) and tells the other instances when this
+one failed before exchanging anything (:meth:`Agreement.share_failure`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from collectives.descriptor import Descriptor
+from collectives.errors import CollectiveError, CollectiveMismatchError
+from collectives.options import CollectiveOptions
+from collectives.transports.base import Transport
+from collectives.waiting import Patience
+
+#: the op of the descriptor an instance sends when its program ends
+END_OF_PROGRAM = "end of program"
+
+
+class Text:
+    """A message text made when first shown (most waits end without one)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], str]):
+        self._make = make
+
+    def __str__(self) -> str:
+        return self._make()
+
+    def __format__(self, spec: str) -> str:
+        return format(self._make(), spec)
+
+
+def _other_instances() -> str:
+    return "the other instances"
+
+
+class Agreement:
+    """The descriptor checks of one instance.
+
+    Args:
+        transport: how this instance reaches the others.
+        options: stall warning and timeout (wall seconds).
+        num_local_replicas: replicas of each instance (for names in messages).
+        replica_index_offset: global index of this instance's first replica.
+    """
+
+    def __init__(self, transport: Transport, options: CollectiveOptions,
+                 num_local_replicas: int, replica_index_offset: int):
+        self.transport = transport
+        self.options = options
+        self.num_local_replicas = num_local_replicas
+        self.replica_index_offset = replica_index_offset
+        #: every instance of the job, increasing (the members of every agreement)
+        self.everyone = tuple(range(transport.process_count))
+
+    def instance_name(self, i: int) -> str:
+        """``"instance 1 (replicas 2..3)"``."""
+        L = self.num_local_replicas
+        if L == 1:
+            return f"instance {i} (replica {i})"
+        return f"instance {i} (replicas {i * L}..{i * L + L - 1})"
+
+    def _instance_names(self, instances: Sequence[int]) -> str:
+        return ", ".join(self.instance_name(i) for i in instances)
+
+    def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
+        """Exchange the descriptors; raise on every instance if any differs or failed.
+
+        Raises:
+            CollectiveMismatchError: an instance called something else, or carries an error
+                (``desc.error`` here included).
+            CollectiveTimeoutError: an instance did not arrive in time.
+        """
+        if self.transport.process_count == 1:
+            if desc.error:
+                raise CollectiveMismatchError(desc.error)
+            return desc
+        comm = self.transport.communicator(self.everyone)
+        patience = self.arrival_patience(desc)
+        # the common case, every instance agrees: one small reduction of a fingerprint
+        # (Communicator.agree, O(log P)); whole descriptors only to name a difference
+        # (every instance sees the same answer, so every one takes the same path)
+        if comm.agree(desc.fingerprint(), patience):
+            if desc.error:  # every instance failed alike
+                raise CollectiveMismatchError(desc.error)
+            return desc
+        mine = desc.encode()
+        gathered = comm.allgather(mine, patience)
+        self.check_descriptors(desc, mine, gathered)
+        return desc
+
+    def arrival_patience(self, desc: Descriptor) -> Patience:
+        """The wait for the other instances' descriptors: names those not arrived."""
+        process_index = self.transport.process_index
+        return Patience(
+            Text(lambda: f"{desc.label()} on {self.instance_name(process_index)}"),
+            self.options, _other_instances, name_absent=self._instance_names)
+
+    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
+                          gathered: np.ndarray) -> None:
+        """Raise ``CollectiveMismatchError`` unless every row of ``gathered`` (one encoded
+        descriptor per instance) is ``mine``, naming the first difference."""
+        if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):
+            return  # the same bytes everywhere: nothing to decode
+        descs = [Descriptor.decode(row) for row in gathered]
+        errors = [d.error for d in descs if d.error]
+        if errors:
+            raise CollectiveMismatchError(errors[0])
+        for i, other in enumerate(descs):
+            diff = descs[0].differences(other)
+            if diff:
+                raise CollectiveMismatchError(self._mismatch_message(descs[0], other, i, diff))
+
+    def _mismatch_message(self, first: Descriptor, other: Descriptor, i: int,
+                          diff: list[str]) -> str:
+        def what(d: Descriptor) -> str:
+            if d.op == END_OF_PROGRAM:
+                return f"ended its program after {d.seq} collectives"
+            return f"called {d.signature()}"
+
+        if END_OF_PROGRAM in (first.op, other.op):
+            detail = "an instance stopped calling collectives (divergent control flow)"
+        else:
+            detail = "; ".join(diff)
+        label = other.label() if first.op == END_OF_PROGRAM else first.label()
+        return (f"replicas disagree on {label}: {self.instance_name(0)} {what(first)}, "
+                f"{self.instance_name(i)} {what(other)} ({detail})")
+
+    def check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
+        """The call's descriptor: the first replica's, carrying an error naming the first
+        local replica whose descriptor differs from it (the other instances raise it too)."""
+        first = descs[0]
+        for i, other in enumerate(descs[1:], start=1):
+            diff = first.differences(other)
+            if diff:
+                a, b = self.replica_index_offset, self.replica_index_offset + i
+                message = (f"replicas disagree on {first.label()}: replica {a} called "
+                           f"{first.signature()}, replica {b} called {other.signature()} "
+                           f"({'; '.join(diff)})")
+                return replace(first, error=message)
+        return first
+
+    def share_failure(self, desc: Descriptor, exc: BaseException) -> None:
+        """Tell the other instances that this one failed in ``desc`` (they raise too)."""
+        message = (f"{desc.label()} failed on "
+                   f"{self.instance_name(self.transport.process_index)}: "
+                   f"{type(exc).__name__}: {exc}")
+        try:
+            self.exchange_descriptors(replace(desc, error=message))
+        except CollectiveError:
+            pass  # the shared error, or a timeout: this instance raises its own

@@ -1,0 +1,328 @@
+"""The collective engine of one instance: local rendezvous, agreement, then the algorithm.
+
+Every local replica deposits its contribution for call number ``seq``
+(:mod:`collectives._rendezvous`); the last to arrive (the leader) checks that all
+descriptors agree, agrees with the other instances (:mod:`collectives._agreement`: every
+instance raises on a mismatch instead of waiting, and a stall names the instances that have
+not arrived), runs the algorithm (local combine in shared memory, exchange over the
+transport), records the call (:mod:`collectives._recording`) and hands each replica its
+result. Only the leader touches the transport, one call at a time.
+
+Divergent control flow is caught three ways:
+
+* a replica that calls a different collective (or the same with other arguments) at the
+  same position: the descriptors differ -> ``CollectiveMismatchError`` on every replica;
+* a replica that returns from its function (``strategy.run``) while the others wait for it
+  in a collective: the waiting replica takes the lead and sends an error descriptor, so
+  every instance raises ``CollectiveMismatchError`` naming the replica;
+* an instance that ends its program while others still call collectives: at exit it sends
+  an "end of program" descriptor (:meth:`CollectiveEngine.finish`), which the others see as
+  a mismatch naming it. Anything else (an instance that computes for ever) is a stall
+  warning naming the missing instances, then ``CollectiveTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from collectives._agreement import END_OF_PROGRAM, Agreement, Text
+from collectives._recording import CallRecorder
+from collectives._rendezvous import Rendezvous, Slot
+from collectives._accounting import CountingCommunicator, Ledger
+from collectives.descriptor import Descriptor
+from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
+                                TransportError)
+from collectives.gcl_options import GCLOptions
+from collectives.groups import CommGroup
+from collectives.handshake import Handshake
+from collectives.options import CollectiveOptions
+from collectives.transports.base import Transport
+from collectives.waiting import Patience
+
+logger = logging.getLogger("collectives")
+
+#: ``algorithm(engine, descriptor, values) -> results``: values and results per local replica.
+Algorithm = Callable[["CollectiveEngine", Descriptor, Sequence[Any]], list]
+
+#: local reductions and result copies of at least this many bytes run in slices on several
+#: threads (numpy releases the GIL); slices small enough to stay in the CPU cache
+PARALLEL_MIN_BYTES = 1 << 20
+_SLICE_BYTES = 128 << 10
+
+
+class _Transfer:
+    """Who a data wait waits for, for messages."""
+
+    __slots__ = ("instances",)
+
+    def __init__(self, instances: Sequence[int]):
+        self.instances = instances
+
+    def __call__(self) -> str:
+        return f"instances {list(self.instances)} to finish the transfer"
+
+
+class CollectiveEngine:
+    """Runs collectives for the replicas of one instance.
+
+    Args:
+        num_replicas: global replication factor.
+        num_local_replicas: replicas of this instance.
+        replica_index_offset: global index of this instance's first replica.
+        transport: how this instance reaches the others.
+        options: stall warning and timeout.
+        gcl: GCL options (choose the modelled algorithm only).
+        ipus_per_replica: IPUs each replica occupies (for the cost model).
+
+    Attributes:
+        ledger: the records of this engine's calls.
+        agreement: the descriptor checks (the handshakes' checker).
+        routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
+    """
+
+    def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
+                 transport: Transport, options: CollectiveOptions,
+                 gcl: GCLOptions | None = None, ipus_per_replica: int = 1):
+        self.num_replicas = num_replicas
+        self.num_local_replicas = num_local_replicas
+        self.replica_index_offset = replica_index_offset
+        self.transport = transport
+        self.options = options
+        self.gcl = gcl or GCLOptions()
+        self.ipus_per_replica = ipus_per_replica
+        self.ledger = Ledger()
+        self.agreement = Agreement(transport, options, num_local_replicas,
+                                   replica_index_offset)
+        self._rendezvous = Rendezvous(num_local_replicas, replica_index_offset, options)
+        self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
+        self._recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica,
+                                      self._comms)
+        self._finished = False
+        self._scratch = np.empty(0, np.uint8)
+        self._workers = min(os.cpu_count() or 1, 8)
+        self._pool: ThreadPoolExecutor | None = None
+        self.routes: dict = {}
+        # descriptors travel with the first data of a call (collectives.handshake)
+        self._fuses = transport.process_count > 1 and transport.fuses_descriptors
+        self._handshake: Handshake | None = None  # the leader's call in flight
+
+    @property
+    def process_index(self) -> int:
+        return self.transport.process_index
+
+    # -- entry points -------------------------------------------------------------------
+
+    def replica_call(self, local_index: int, desc: Descriptor, value: Any,
+                     algorithm: Algorithm, group: CommGroup | None = None) -> Any:
+        """Called by local replica ``local_index``; returns its share of the result.
+
+        ``desc.seq`` is filled in here. Raises the collective's error on every replica.
+        """
+        if self.num_local_replicas == 1:
+            return self._sole_replica_call(desc, value, algorithm, group)
+        rendezvous = self._rendezvous
+        slot, seq, leader = rendezvous.arrive(local_index, desc, value, algorithm, group)
+        if leader:
+            self._lead(slot, 2 * seq)
+        else:
+            rendezvous.wait(slot, slot.descs[local_index], local_index, self._lead_error)
+        rendezvous.leave(slot, seq)
+        if slot.error is not None:
+            raise slot.error
+        return slot.results[local_index]
+
+    def _sole_replica_call(self, desc: Descriptor, value: Any, algorithm: Algorithm,
+                           group: CommGroup | None) -> Any:
+        """:meth:`replica_call` of an instance with one local replica: it leads at once
+        (no rendezvous, nobody to wait for; the replica's thread alone counts its calls,
+        so no lock)."""
+        rendezvous = self._rendezvous
+        if rendezvous.failure is not None:
+            rendezvous.raise_if_failed()
+        seq = rendezvous.seq[0]
+        rendezvous.seq[0] = seq + 1
+        try:
+            return self._execute((desc.with_seq(seq),), (value,), algorithm, group, 2 * seq)[0]
+        except (CollectiveTimeoutError, TransportError) as exc:
+            self.abort(exc)  # requests may still be pending: the engine is unusable
+            raise
+
+    def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
+        """A collective issued by the instance's host code (outside replica functions), with
+        one value per local replica. Host calls have their own sequence numbers."""
+        seq = self._rendezvous.next_host_seq()
+        desc = replace(desc, seq=seq, op=f"host {desc.op}")
+        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None,
+                             2 * seq + 1)
+
+    def run_started(self) -> None:
+        """The local replicas are about to run a function (``strategy.run``); called before
+        any of them starts."""
+        self._rendezvous.run_started()
+
+    def replica_finished(self, local_index: int) -> None:
+        """Local replica ``local_index`` returned from its function: it calls no more
+        collectives in this run, so replicas waiting for it are told (divergence)."""
+        self._rendezvous.replica_finished(local_index)
+
+    def abort(self, cause: BaseException) -> None:
+        """A local replica failed, or a wait timed out: wake every waiting replica with an
+        error, and tell the other instances (``Transport.abandon``: they raise instead of
+        waiting for this one)."""
+        first = self._rendezvous.failure is None
+        self._rendezvous.abort(cause)
+        if first:
+            self.transport.abandon(f"{type(cause).__name__}: {cause}")
+
+    def finish(self) -> None:
+        """The program ends: tell the other instances, so one that still waits in a
+        collective raises (naming this instance) instead of timing out. Idempotent.
+
+        Raises:
+            CollectiveMismatchError: another instance is still calling collectives.
+        """
+        rendezvous = self._rendezvous
+        with rendezvous.cond:
+            if self._finished or rendezvous.failure is not None:
+                return
+            self._finished = True
+            calls = rendezvous.seq[0]
+        if self.transport.process_count == 1:
+            return
+        desc = Descriptor(seq=calls, op=END_OF_PROGRAM, operator="", dtype="", shape=(),
+                          group="")
+        try:
+            self.agreement.exchange_descriptors(desc)
+        except CollectiveTimeoutError as exc:
+            logger.warning("at the end of the program: %s", exc)
+
+    # -- for the algorithms ---------------------------------------------------------------
+
+    def communicator(self, instances: tuple[int, ...]) -> CountingCommunicator:
+        """The (counting) communicator of ``instances``; created once per instance set."""
+        comm = self._comms.get(instances)
+        if comm is None:
+            comm = self._comms[instances] = CountingCommunicator(
+                self.transport.communicator(instances))
+        return comm
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """A ``uint8[nbytes]`` buffer reused from call to call (the leader's alone: never
+        hand it to a replica). Saves the page faults of a fresh large buffer per call."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
+
+    def in_slices(self, size: int, itemsize: int, work: Callable[[int, int], None]) -> None:
+        """Run ``work(lo, hi)`` over element slices covering ``[0, size)``: on the caller and
+        the engine's helper threads when large, else once, at once. Slices are disjoint, so
+        elementwise work gives the same bytes either way."""
+        if size * itemsize < PARALLEL_MIN_BYTES or self._workers < 2:
+            work(0, size)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers - 1,
+                                            thread_name_prefix="collective-slices")
+        step = max(1, _SLICE_BYTES // itemsize)
+        starts = iter(range(0, size, step))  # shared: next() is atomic under the GIL
+
+        def drain() -> None:
+            for lo in starts:
+                work(lo, min(lo + step, size))
+
+        helpers = [self._pool.submit(drain) for _ in range(self._workers - 1)]
+        drain()
+        for helper in helpers:
+            helper.result()
+
+    def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
+        """The wait of a data exchange between ``instances``; it carries the call's pending
+        descriptor handshake, if any (see :mod:`collectives.handshake`), so the data waits
+        only once every instance has arrived and agreed."""
+        patience = Patience(Text(desc.label), self.options, _Transfer(instances),
+                            committed=True)
+        patience.handshake = self._handshake
+        return patience
+
+    # -- the handshake's checker (collectives.handshake.Checker), kept for callers --------
+
+    def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
+        """:meth:`Agreement.exchange_descriptors <collectives._agreement.Agreement>`."""
+        return self.agreement.exchange_descriptors(desc)
+
+    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
+                          gathered: np.ndarray) -> None:
+        """:meth:`Agreement.check_descriptors <collectives._agreement.Agreement>`."""
+        self.agreement.check_descriptors(desc, mine, gathered)
+
+    def arrival_patience(self, desc: Descriptor) -> Patience:
+        """:meth:`Agreement.arrival_patience <collectives._agreement.Agreement>`."""
+        return self.agreement.arrival_patience(desc)
+
+    # -- call execution -----------------------------------------------------------------
+
+    def _lead(self, slot: Slot, call_id: int) -> None:
+        try:
+            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group,
+                                         call_id)
+        except BaseException as exc:  # every replica re-raises it
+            slot.error = exc
+            if isinstance(exc, (CollectiveTimeoutError, TransportError)):
+                self.abort(exc)  # requests may still be pending: the engine is unusable
+        self._rendezvous.done(slot)
+
+    def _lead_error(self, slot: Slot, desc: Descriptor, message: str) -> None:
+        """Share ``message`` with the other instances (they raise it too), then raise it
+        on the local replicas waiting in ``slot``."""
+        error: BaseException = CollectiveMismatchError(message)
+        try:
+            self.agreement.exchange_descriptors(replace(desc, error=message))
+        except BaseException as exc:  # the shared mismatch (or a timeout)
+            error = exc
+        slot.error = error
+        self.abort(error)
+        self._rendezvous.done(slot)
+
+    def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
+                 algorithm: Algorithm, group: CommGroup | None, call_id: int) -> list:
+        start = time.perf_counter()
+        desc = descs[0] if len(descs) == 1 else self.agreement.check_local(descs)
+        value = values[0]  # (its size is the call's, on every replica)
+        nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
+        recorder = self._recorder
+        sent = -recorder.bytes_sent()
+        if self._fuses and not desc.error:
+            results = self._run_fused(desc, values, algorithm, call_id, nbytes)
+        else:
+            desc = self.agreement.exchange_descriptors(desc)
+            results = algorithm(self, desc, values)
+        wall = time.perf_counter() - start
+        sent += recorder.bytes_sent()
+        recorder.record(desc, nbytes, group, sent, wall)
+        return results
+
+    def _run_fused(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm,
+                   call_id: int, nbytes: int) -> list:
+        """Run ``algorithm`` with the descriptor handshake left to the transport, which
+        carries it with the call's first data; completed here when nothing carried it."""
+        agreement = self.agreement
+        handshake = self._handshake = Handshake(desc, agreement.everyone, call_id, agreement,
+                                                nbytes)
+        try:
+            results = algorithm(self, desc, values)
+        except BaseException as exc:
+            if not handshake.done:  # failed before any exchange: the others must not wait
+                handshake.done = True
+                agreement.share_failure(desc, exc)
+            raise
+        finally:
+            self._handshake = None
+        handshake.complete()
+        return results
