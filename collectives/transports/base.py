@@ -13,10 +13,10 @@ Contract for implementations (local, MPI, gRPC):
   a transport whose ``fuses_descriptors`` is True sends it with the data and verifies it
   before the data is used, or completes it before moving data (see
   :mod:`collectives.handshake`); other transports never see one.
-* :meth:`Communicator.allgather` is also the descriptor exchange that precedes every
-  collective. While it waits it must report the members whose data has not arrived with
-  ``patience.waiting_for(members)``, so a stall names the missing instances (MPI does it with
-  point-to-point messages for small buffers). The other methods run after every member has
+* :meth:`Communicator.allgather` is also the descriptor exchange after a disagreement.
+  While it (or :meth:`Communicator.agree`) waits it must report the members whose data has
+  not arrived with ``patience.waiting_for(members)``, so a stall names the missing instances
+  (MPI does it with point-to-point messages for small all-gathers). The other methods run after every member has
   arrived (``patience.committed``) and need not report.
 * Byte counts are exact: a member sends what the others expect to receive.
 * :meth:`Communicator.agree` is the agreement that precedes every collective: one small
