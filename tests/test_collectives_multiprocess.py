@@ -124,3 +124,14 @@ def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():
     out = job.stdout + job.stderr
     assert "[1,0]<stdout>:RESULT caught CollectiveMismatchError" in out, out
     assert "[1,1]<stdout>:RESULT caught CollectiveMismatchError" in out, out
+
+
+def test_a_stalled_instance_among_three_is_named_alone():
+    # the agreement is a reduction, which cannot say who is late; a slow one asks who is there
+    job = poprun(["-n", "3", PYTHON, "-m", "tests.perrank.diverge_prog", "stall"],
+                 timeout_s=25, env=FAST)
+    out = job.stdout + job.stderr
+    assert job.returncode != 0
+    for i in (0, 1):
+        assert re.search(rf"\[1,{i}\]<stdout>:RESULT CollectiveTimeoutError: .*waited 3 s for "
+                         r"instance 2 \(replica 2\); giving up", out), out

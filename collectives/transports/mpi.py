@@ -62,6 +62,10 @@ _TAG_CREATE_GROUP = 0x1A15
 #: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
 #: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
+#: "I am waiting in this agreement" (a slow agreement only)
+_TAG_PRESENCE = 0x1A17
+#: seconds an agreement waits before its members tell each other who is there
+PRESENCE_AFTER_S = 0.5
 #: seconds a cancelled receive may take to finish cancelling
 _WITHDRAW_S = 0.5
 #: bytes of a notice: its reason, UTF-8, zero-padded
@@ -88,6 +92,11 @@ class MPICommunicator(Communicator):
         self._other_members = tuple(members[j] for j in self._others)
         self._agree_send = np.zeros(2, np.int64)
         self._agree_recv = np.zeros(2, np.int64)
+        # presence messages of a slow agreement (_await_agreement)
+        self._presence = np.zeros(1, np.int64)
+        self._presence_request = None
+        self._presence_sent: list = []
+        self._present: dict[int, int] = {}
 
     def _ready(self, patience: Patience):
         """The mpi4py communicator, made at the first call (waits for the members)."""
@@ -115,11 +124,50 @@ class MPICommunicator(Communicator):
         send[0], send[1] = fingerprint, -fingerprint
         request = comm.Iallreduce(send, recv, op=MPI.MIN)
         if not request.Test():
-            patience.waiting_for(self._other_members)  # (a reduction cannot say who is late)
-            self._wait(request, patience)
-            patience.waiting_for(())
+            self._await_agreement(comm, request, fingerprint, patience)
         self._transport.check_notices()
         return bool(recv[0] == -recv[1])
+
+    def _await_agreement(self, comm, request, fingerprint: int, patience: Patience) -> None:
+        """Wait for the agreement's reduction. A reduction cannot say who is late, so a wait
+        longer than :data:`PRESENCE_AFTER_S` tells the other members once that this one is
+        here (its fingerprint, point-to-point), and names as missing those that have not said
+        the same (only a slow wait pays for it)."""
+        patience.waiting_for(self._other_members)
+        announced, polls = False, 0
+        try:
+            while not request.Test():
+                polls += 1
+                if not polls % _NOTICE_EVERY:
+                    self._transport.check_notices()
+                    if announced:
+                        self._hear_presence(comm)
+                        patience.waiting_for([m for m in self._other_members
+                                              if self._present.get(m) != fingerprint])
+                    elif patience.elapsed() >= PRESENCE_AFTER_S:
+                        announced = True
+                        self._announce(comm, fingerprint)
+                patience.backoff()
+        except CollectiveTimeoutError as exc:
+            self._transport.abandon(f"timed out: {exc}")
+            raise
+        patience.waiting_for(())
+
+    def _announce(self, comm, fingerprint: int) -> None:
+        if self._presence_request is None:
+            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
+                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
+            self._presence_request.Start()
+        mine = np.array([fingerprint], np.int64)
+        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
+                                      for j in self._others]]
+
+    def _hear_presence(self, comm) -> None:
+        """Record every presence message that has arrived (member -> fingerprint)."""
+        request, status = self._presence_request, MPI.Status()
+        while request.Test(status):
+            self._present[self.members[status.Get_source()]] = int(self._presence[0])
+            request.Start()
 
     # -- data -----------------------------------------------------------------------------
 
@@ -421,19 +469,16 @@ class MPITransport(Transport):
         return job.Create_group(job.Get_group().Incl(list(members)), _TAG_CREATE_GROUP)
 
     def _stop_listening(self) -> None:
-        """Withdraw the receive of notices (MPI_Finalize would report it as leaked)."""
-        request, self._notice_request = self._notice_request, None
-        if request is None:
-            return
+        """Withdraw the receives of notices and presence messages (MPI_Finalize would
+        report them as leaked)."""
         atexit.unregister(self._stop_listening)
-        _cancel(request)
-        deadline = time.monotonic() + _WITHDRAW_S
-        try:
-            while not request.Test() and time.monotonic() < deadline:
-                pass
-            request.Free()
-        except MPI.Exception:  # the job is ending
-            logger.debug("withdrawing the receive of notices failed", exc_info=True)
+        requests = [self._notice_request] + [c._presence_request for c in self._comms.values()]
+        self._notice_request = None
+        for comm in self._comms.values():
+            comm._presence_request = None
+        for request in requests:
+            if request is not None:
+                _withdraw(request)
 
     def close(self) -> None:
         for comm in self._comms.values():
@@ -443,6 +488,18 @@ class MPITransport(Transport):
         self._stop_listening()
         # (the duplicates of COMM_WORLD are left to MPI_Finalize: freeing one whose Idup a
         # peer never joined would wait for that peer)
+
+
+def _withdraw(request) -> None:
+    """Cancel a pending receive, wait briefly for the cancel, free it (best effort)."""
+    _cancel(request)
+    deadline = time.monotonic() + _WITHDRAW_S
+    try:
+        while not request.Test() and time.monotonic() < deadline:
+            pass
+        request.Free()
+    except MPI.Exception:  # the job is ending
+        logger.debug("withdrawing a receive failed", exc_info=True)
 
 
 def _free(comm) -> None:
