@@ -61,7 +61,11 @@ def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> n
         CollectiveTypeError: the dtype is not supported (names it), or bool with an
             arithmetic operator.
     """
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # e.g. ragged nested sequences
+        raise CollectiveTypeError(f"{what}: cannot make an array of {type(x).__name__}: "
+                                  f"{exc}") from None
     if arr.dtype not in _SUPPORTED:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
@@ -77,7 +81,8 @@ def _group(size_name: str, size: int | None, group: CommGroup | None) -> CommGro
         if size is not None:
             raise CollectiveArgumentError(f"give either {size_name} or group, not both")
         if not isinstance(group, CommGroup):
-            raise TypeError(f"group must be a CommGroup, not {type(group).__name__}")
+            raise CollectiveTypeError(f"group must be a CommGroup, not "
+                                      f"{type(group).__name__} {group!r}")
         return group
     try:
         return consecutive(size)
