@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ipu_node.system import reset_ipu_configuration
-from tests.collective_cases import all_cases, assert_same, oracle
+from tests.collective_cases import all_cases, assert_same, nest_cases, oracle, packed
 from tests.procs import PYTHON
 from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
@@ -50,9 +50,14 @@ def load(directory) -> list[dict]:
 
 def test_single_instance_layout_matches_the_oracle(single_instance):
     cases = all_cases(8)
+    nests = nest_cases(8)
     for r, results in enumerate(load(single_instance)):
         for case in cases:
             assert_same(results[case.key], oracle(case, r, 8), f"{case.key} on replica {r}")
+        for key, members in nests.items():  # a nest call gives each array its own result
+            blob, layout = packed([oracle(case, r, 8) for case in members])
+            assert str(results[f"{key}|layout"]) == str(layout), f"{key} on replica {r}"
+            assert results[key].tobytes() == blob.tobytes(), f"{key} on replica {r}"
 
 
 @pytest.mark.parametrize("instances", [2, 4, 8])
