@@ -258,29 +258,6 @@ class GrpcCommunicator(Communicator):
             step *= 2
         return lo == hi
 
-    def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """Dissemination (Bruck, Ho, Kipnis, Upfal, Weathersby 1997): in round k member r
-        sends its running ``[min h, max h]`` (16 bytes) to member ``r + 2^k`` and combines
-        the pair it gets from member ``r - 2^k`` (mod P). After ``ceil(log2 P)`` rounds every
-        member holds the minimum and maximum of all (both idempotent, so the overlaps of a
-        P that is not a power of two do not matter): one message each way for P = 2, two
-        rounds for P = 4, no coordinator. A stall names the member this round waits for."""
-        n, me = self.size, self.rank
-        lo = hi = int(fingerprint)
-        empty = np.empty(0, np.uint8)
-        step = 1
-        while step < n:
-            to, source = (me + step) % n, (me - step) % n
-            got = np.empty(16, np.uint8)
-            sends, outs = [empty] * n, [empty] * n
-            sends[to] = np.array([lo, hi], "<i8").view(np.uint8)
-            outs[source] = got
-            self._exchange("agree", sends, outs, patience)
-            their_lo, their_hi = got.view("<i8")
-            lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
-            step *= 2
-        return lo == hi
-
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
         out = np.empty((self.size, send.size), np.uint8)
         self._exchange("allgather", [send] * self.size, list(out), patience)

@@ -353,16 +353,7 @@ class MPITransport(Transport):
             CollectiveTimeoutError: past the patience's timeout (the others are told).
             PeerLostError: a peer gave up (:meth:`abandon`).
         """
-        polls = 0
-        try:
-            while not request.Test():
-                polls += 1
-                if not polls % _NOTICE_EVERY:
-                    self.check_notices()
-                patience.backoff()
-        except CollectiveTimeoutError as exc:
-            self.abandon(f"timed out: {exc}")
-            raise
+        self.wait_all([request], patience)
 
     def wait_all(self, requests: list, patience: Patience) -> None:
         """:meth:`wait` for every one of ``requests``."""
