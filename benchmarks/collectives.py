@@ -1,22 +1,30 @@
-"""Benchmark of the collectives against raw mpi4py and numpy, in the same run.
+"""Benchmark of the collectives against the raw calls of the transport, in the same run.
 
-    python benchmarks/collectives.py [--json PATH] [--max-size BYTES] [--quick]
+    python benchmarks/collectives.py [--instances P] [--transport mpi,grpc] [--gradients]
+        [--sizes 4096,1048576 | --max-size BYTES] [--ops OPS] [--quick] [--json PATH]
 
-1. Two instances over MPI (started here through ``poprun -n 2``, one replica each): every op
-   against the raw mpi4py buffer call doing the same work (``Allreduce``, ``Allgather``,
-   ``Reduce_scatter_block``, ``Alltoall``, ``Bcast``), 4 KiB to 64 MiB, interleaved.
+1. P instances (``--instances``, default 2; started here through ``poprun -n P``, one
+   replica each) over MPI: every op against the raw mpi4py buffer call doing the same work
+   (``Allreduce``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``, ``Bcast``),
+   4 KiB to 64 MiB, interleaved. Over gRPC (``--transport grpc``, ``poprun --launcher
+   local``): against torch.distributed's gloo when torch is installed, else ours alone.
    Sizes are nccl-tests' (anchors §5): the allreduce/broadcast buffer, the all-gather
    *output*, the reduce-scatter and all-to-all *input*. algbw = size / time; busbw = algbw x
    2(n-1)/n (allreduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast).
-   ratio = ours / raw bandwidth (target >= 0.9 at sizes >= 1 MiB). Ours is timed as a
-   program calls it, inside a replica function: up to 20 calls in one ``strategy.run``
-   (:func:`calls_per_run`), against as many raw calls; the fixed cost of ``strategy.run``
-   itself is measured apart (``run_overhead_s``). Each repetition times ours then raw, so
-   both see the same state of the machine; the medians are compared.
-2. One instance with 8 local replicas: ``cross_replica_sum`` of 16 MiB per replica against
-   a plain numpy copy of the same bytes (8 x 16 MiB).
+   ratio = raw time / ours (targets: >= 0.9 from 1 MiB; 4 KiB: ours <= 3x raw MPI, i.e.
+   ratio >= 0.33). Raw all_gather and broadcast write in place; ours returns a fresh array
+   (its copy is in our time, not in raw's). Ours is timed as a program calls it, inside a
+   replica function: up to 20 calls in one ``strategy.run`` (:func:`calls_per_run`),
+   against as many raw calls; the fixed cost of ``strategy.run`` itself is measured apart
+   (``run_overhead_s``). Each repetition times ours then raw, so both see the same state of
+   the machine; the medians are compared.
+2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
+   per tensor, as one nest (when the engine fuses nests), raw per tensor, raw fused
+   (:func:`gradient_rows`).
+3. One instance with 8 local replicas: ``cross_replica_sum`` of 16 MiB per replica against
+   a plain numpy copy of the same bytes (8 x 16 MiB); ``--no-local`` skips it.
 
-Prints a table and writes JSON (default ``benchmarks/collectives.json``). Timings are the
+Prints tables and writes JSON (default ``benchmarks/collectives.json``). Timings are the
 median over repetitions (wall seconds, ``time.perf_counter``).
 """
 
@@ -88,13 +96,109 @@ def _interleaved_medians(fns, reps: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-# -- the MPI part (runs in every instance) ------------------------------------------------
+# -- the ResNet-50-shaped gradient list -------------------------------------------------------
 
-def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
-    from mpi4py import MPI
+def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
+    """The parameter shapes of ResNet-50 (He et al. 2016, torchvision's layout: conv weights
+    ``[out, in, kh, kw]``, batch-norm scale and offset ``[c]``, the fully connected layer
+    ``[1000, 2048]`` and ``[1000]``): 161 tensors, 25,557,032 floats."""
+    shapes: list[tuple[int, ...]] = []
 
+    def conv_bn(cin: int, cout: int, k: int) -> None:
+        shapes.extend([(cout, cin, k, k), (cout,), (cout,)])
+
+    conv_bn(3, 64, 7)
+    cin = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            conv_bn(cin, width, 1)
+            conv_bn(width, width, 3)
+            conv_bn(width, 4 * width, 1)
+            if b == 0:
+                conv_bn(cin, 4 * width, 1)  # the projection shortcut
+            cin = 4 * width
+    shapes.extend([(1000, 2048), (1000,)])
+    return shapes
+
+
+# -- the multi-instance part (runs in every instance) --------------------------------------
+
+class _RawMPI:
+    """The raw calls of mpi4py on a duplicate of COMM_WORLD (the baseline)."""
+
+    name = "mpi4py"
+
+    def __init__(self):
+        from mpi4py import MPI
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def op(self, op: str, x: np.ndarray, out: np.ndarray):
+        comm = self.comm
+        return {
+            "cross_replica_sum": lambda: comm.Allreduce(x, out),
+            "all_gather": lambda: comm.Allgather(x, out),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out),
+            "all_to_all": lambda: comm.Alltoall(x, out),
+            "broadcast": lambda: comm.Bcast(x, 0),
+        }[op]
+
+    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.comm.Allreduce(x, out)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+
+class _RawGloo:
+    """torch.distributed's gloo backend (the gRPC transport's contender), when torch is
+    installed; its rendezvous is a TCP store on the port given by the driver."""
+
+    name = "gloo"
+
+    def __init__(self, rank: int, size: int, port: int):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=size)
+        self.rank, self.size = rank, size
+
+    def op(self, op: str, x: np.ndarray, out: np.ndarray):
+        t, dist = self.torch.from_numpy(x), self.dist
+        o = self.torch.from_numpy(out)
+        if op == "cross_replica_sum":
+            return lambda: dist.all_reduce(t)
+        if op == "all_gather":
+            return lambda: dist.all_gather_into_tensor(o, t)
+        if op == "reduce_scatter":
+            return lambda: dist.reduce_scatter_tensor(o, t)
+        if op == "all_to_all":
+            return lambda: dist.all_to_all_single(o, t)
+        return lambda: dist.broadcast(t, 0)
+
+    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.dist.all_reduce(self.torch.from_numpy(x))
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+
+def _raw_contender(transport: str, gloo_port: int):
+    if transport == "mpi":
+        return _RawMPI()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    from poprun import popdist
+    return _RawGloo(popdist.getInstanceIndex(), popdist.getNumInstances(), gloo_port)
+
+
+def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
+           gradients: bool, gloo_port: int, out_path: str) -> None:
     from collectives.memory import keep_freed_memory
-    keep_freed_memory()  # the same allocator for ours and raw mpi4py, whichever runs first
+    keep_freed_memory()  # the same allocator for ours and the raw calls, whichever runs first
 
     import collectives as C
     from collectives.strategies import IPUMultiReplicaStrategy
@@ -105,13 +209,17 @@ def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
     popdist.set_ipu_config(cfg)
     cfg.configure_ipu_system()
     strategy = IPUMultiReplicaStrategy()
-    comm = MPI.COMM_WORLD.Dup()
-    n = comm.Get_size()
+    raw = _raw_contender(transport, gloo_port)
+    n, rank = popdist.getNumInstances(), popdist.getInstanceIndex()
+
+    def barrier():
+        strategy.run(lambda: C.cross_replica_sum(np.zeros(1, np.float32)))
+
     rows = []
-    for size in sizes(max_size):
+    for size in size_list:
         count = size // 4
-        for op in OPS:
-            x = np.random.default_rng(comm.rank).standard_normal(
+        for op in ops:
+            x = np.random.default_rng(rank).standard_normal(
                 count // n if op == "all_gather" else count).astype(np.float32)
             out = np.empty(count * 1 if op != "reduce_scatter" else count // n, np.float32)
             ours = {
@@ -121,37 +229,82 @@ def mpi_worker(max_size: int, quick: bool, out_path: str) -> None:
                 "all_to_all": lambda: C.all_to_all(x, 0, 0),
                 "broadcast": lambda: C.broadcast(x),
             }[op]
-            raw = {
-                "cross_replica_sum": lambda: comm.Allreduce(x, out),
-                "all_gather": lambda: comm.Allgather(x, out),
-                "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out),
-                "all_to_all": lambda: comm.Alltoall(x, out),
-                "broadcast": lambda: comm.Bcast(x, 0),
-            }[op]
             calls = calls_per_run(size)
 
             def ours_fn(ours=ours, calls=calls):  # the op as programs call it: in a replica
                 strategy.run(lambda: [ours() for _ in range(calls)] and None)
 
-            def raw_fn(raw=raw, calls=calls):
-                for _ in range(calls):
-                    raw()
+            fns = [ours_fn]
+            if raw is not None:
+                raw_op = raw.op(op, x, out)
 
-            for fn in (ours_fn, raw_fn):  # warm up
+                def raw_fn(raw_op=raw_op, calls=calls):
+                    for _ in range(calls):
+                        raw_op()
+                fns.append(raw_fn)
+            for fn in fns:  # warm up
                 fn()
-            comm.Barrier()
-            t_o, t_r = (t / calls for t in _interleaved_medians(
-                (ours_fn, raw_fn), max(3, repetitions(size, quick) // calls)))
-            algbw_o, algbw_r = size / t_o / 1e9, size / t_r / 1e9
-            rows.append({"op": op, "raw": RAW[op], "size": size, "instances": n,
-                         "ours_s": t_o, "raw_s": t_r,
-                         "ours_algbw_GBps": algbw_o, "raw_algbw_GBps": algbw_r,
-                         "ours_busbw_GBps": algbw_o * bus_factor(op, n),
-                         "raw_busbw_GBps": algbw_r * bus_factor(op, n),
-                         "ratio": t_r / t_o})
+            barrier()
+            times = [t / calls for t in _interleaved_medians(
+                fns, max(3, repetitions(size, quick) // calls))]
+            t_o = times[0]
+            t_r = times[1] if raw is not None else None
+            row = {"op": op, "raw": raw.name if raw else None, "size": size, "instances": n,
+                   "transport": transport, "ours_s": t_o, "raw_s": t_r,
+                   "ours_algbw_GBps": size / t_o / 1e9,
+                   "ours_busbw_GBps": size / t_o / 1e9 * bus_factor(op, n),
+                   "ratio": (t_r / t_o) if t_r else None}
+            rows.append(row)
+    grads = gradient_rows(strategy, raw, barrier, quick) if gradients else None
     run_overhead = _median_time(lambda: strategy.run(lambda: None), 200)
-    if comm.rank == 0:
-        Path(out_path).write_text(json.dumps({"rows": rows, "run_overhead_s": run_overhead}))
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"rows": rows, "gradients": grads,
+                                              "run_overhead_s": run_overhead}))
+
+
+def gradient_rows(strategy, raw, barrier, quick: bool) -> dict:
+    """The ResNet-50-shaped gradient list (:func:`resnet50_gradient_shapes`) summed over the
+    instances four ways: ours per tensor (161 calls in one ``strategy.run``), ours as one nest
+    (one call; fused by the engine where it fuses), raw per tensor (161 raw calls), raw fused
+    (the tensors copied into one buffer, one raw all-reduce, copied back out: what Horovod's
+    fusion buffer does). Median wall seconds per step."""
+    import collectives as C
+
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(s).astype(np.float32) for s in resnet50_gradient_shapes()]
+    total = sum(g.size for g in grads)
+    fns = {"ours_per_tensor": lambda: strategy.run(
+        lambda: [C.cross_replica_sum(g) for g in grads] and None)}
+    from ipu_node import IPUConfig
+    # (nests arrive with IPUConfig.optimizations, issue 10's fusion; before it a list would
+    # be one array, or an argument error that leaves the engine unusable)
+    nest_ok = hasattr(IPUConfig(), "optimizations")
+    if nest_ok:
+        fns["ours_nest"] = lambda: strategy.run(lambda: C.cross_replica_sum(grads) and None)
+    if raw is not None:
+        outs = [np.empty_like(g) for g in grads]
+        flat, flat_out = np.empty(total, np.float32), np.empty(total, np.float32)
+
+        def raw_per_tensor():
+            for g, o in zip(grads, outs):
+                raw.allreduce(g, o)
+
+        def raw_fused():
+            np.concatenate([g.reshape(-1) for g in grads], out=flat)
+            raw.allreduce(flat, flat_out)
+            at = 0
+            for o in outs:
+                o.reshape(-1)[:] = flat_out[at:at + o.size]
+                at += o.size
+        fns["raw_per_tensor"] = raw_per_tensor
+        fns["raw_fused"] = raw_fused
+    for fn in fns.values():
+        fn()
+    barrier()
+    times = _interleaved_medians(list(fns.values()), 3 if quick else 7)
+    out = dict(zip(fns, times))
+    out.update(tensors=len(grads), floats=total, nest_supported=nest_ok)
+    return out
 
 
 # -- the local part --------------------------------------------------------------------------
@@ -191,47 +344,107 @@ def _fmt_size(size: int) -> str:
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
-def print_table(rows: list[dict], local: dict) -> None:
-    print(f"# 2 instances over MPI (poprun -n 2), float32; GB/s = 1e9 B/s")
-    print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'ours algbw':>10} "
-          f"{'raw algbw':>10} {'ours busbw':>10} {'raw busbw':>10} {'ratio':>6}")
+def print_table(rows: list[dict]) -> None:
+    first = rows[0]
+    raw = first["raw"] or "no raw contender"
+    print(f"# {first['instances']} instances over {first['transport']} (one replica each), "
+          f"float32, against {raw}; GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours faster)")
+    print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'ours busbw':>10} "
+          f"{'ratio':>6}")
     for r in rows:
+        raw_us = f"{r['raw_s'] * 1e6:>10.1f}" if r["raw_s"] else f"{'-':>10}"
+        ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
         print(f"{r['op']:<18} {_fmt_size(r['size']):>8} {r['ours_s'] * 1e6:>10.1f} "
-              f"{r['raw_s'] * 1e6:>10.1f} {r['ours_algbw_GBps']:>10.3f} "
-              f"{r['raw_algbw_GBps']:>10.3f} {r['ours_busbw_GBps']:>10.3f} "
-              f"{r['raw_busbw_GBps']:>10.3f} {r['ratio']:>6.2f}")
-    print(f"# 1 instance, {local['replicas']} local replicas: cross_replica_sum of "
-          f"{_fmt_size(local['bytes_per_replica'])} per replica: {local['ours_s'] * 1e3:.1f} ms;"
-          f" numpy copy of the same bytes: {local['numpy_copy_s'] * 1e3:.1f} ms; "
-          f"ratio copy/ours {local['ratio']:.2f}")
+              f"{raw_us} {r['ours_busbw_GBps']:>10.3f} {ratio}")
+
+
+def print_gradients(g: dict, transport: str, instances: int) -> None:
+    parts = ", ".join(f"{k.replace('_', ' ')} {g[k] * 1e3:.1f} ms"
+                      for k in ("ours_per_tensor", "ours_nest", "raw_per_tensor", "raw_fused")
+                      if k in g)
+    print(f"# ResNet-50 gradients ({g['tensors']} tensors, {g['floats'] / 1e6:.1f} M floats), "
+          f"{instances} instances over {transport}: {parts}")
+    if "raw_per_tensor" in g:
+        print(f"#   ours per tensor / raw per tensor {g['ours_per_tensor'] / g['raw_per_tensor']:.2f}"
+              + (f"; ours nest / raw fused {g['ours_nest'] / g['raw_fused']:.2f}"
+                 if "ours_nest" in g else ""))
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(transport: str, instances: int, args) -> dict:
+    """Start ``instances`` workers through poprun and return rank 0's results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_path = os.path.join(tmp, "rows.json")
+        poprun = Path(sys.executable).parent / "poprun"
+        launcher = ["--launcher", "local", "--transport", "grpc"] if transport == "grpc" else []
+        command = [str(poprun), "-n", str(instances), *launcher, sys.executable,
+                   os.path.abspath(__file__), "--worker", rows_path, "--transport", transport,
+                   "--sizes", ",".join(str(s) for s in args.sizes), "--ops", ",".join(args.ops),
+                   "--gloo-port", str(_free_port())]
+        if args.quick:
+            command.append("--quick")
+        if args.gradients:
+            command.append("--gradients")
+        subprocess.run(command, check=True, timeout=3600, cwd=ROOT)
+        return json.loads(Path(rows_path).read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "collectives.json"))
-    parser.add_argument("--max-size", type=int, default=64 << 20)
+    parser.add_argument("--max-size", type=int, default=64 << 20,
+                        help="sizes 4 KiB, 16 KiB, ... up to this many bytes")
+    parser.add_argument("--sizes", type=lambda t: [int(v) for v in t.split(",")],
+                        help="comma-separated sizes in bytes (instead of --max-size)")
+    parser.add_argument("--ops", type=lambda t: t.split(","), default=list(OPS),
+                        help=f"comma-separated ops (default: {','.join(OPS)})")
+    parser.add_argument("--instances", "-n", type=int, default=2,
+                        help="instances of the job (default 2), one replica each")
+    parser.add_argument("--transport", default="mpi",
+                        help="mpi, grpc or both: mpi,grpc (gRPC against torch gloo when "
+                             "torch is installed, else alone)")
+    parser.add_argument("--gradients", action="store_true",
+                        help="also the ResNet-50-shaped gradient list (161 tensors)")
+    parser.add_argument("--no-local", action="store_true",
+                        help="skip the one-instance, 8-replica part")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--gloo-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = sizes(args.max_size)
+    unknown = sorted(set(args.ops) - set(OPS))
+    if unknown:
+        parser.error(f"unknown ops {unknown}; known: {', '.join(OPS)}")
     if args.worker:
-        mpi_worker(args.max_size, args.quick, args.worker)
+        worker(args.transport, args.sizes, args.ops, args.quick, args.gradients,
+               args.gloo_port, args.worker)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        rows_path = os.path.join(tmp, "rows.json")
-        poprun = Path(sys.executable).parent / "poprun"
-        command = [str(poprun), "-n", "2", sys.executable, os.path.abspath(__file__),
-                   "--worker", rows_path, "--max-size", str(args.max_size)]
-        if args.quick:
-            command.append("--quick")
-        subprocess.run(command, check=True, timeout=1800, cwd=ROOT)
-        mpi = json.loads(Path(rows_path).read_text())
-    local = local_part()
-    print_table(mpi["rows"], local)
-    print(f"# strategy.run of a function that does nothing (1 replica per instance): "
-          f"{mpi['run_overhead_s'] * 1e6:.1f} us")
-    Path(args.json).write_text(json.dumps({"mpi": mpi["rows"],
-                                           "run_overhead_s": mpi["run_overhead_s"],
-                                           "local": local}, indent=1))
+    results: dict = {"instances": args.instances}
+    for transport in args.transport.split(","):
+        if transport not in ("mpi", "grpc"):
+            parser.error(f"unknown transport {transport!r}: mpi or grpc")
+        job = run_job(transport, args.instances, args)
+        results[transport] = job
+        print_table(job["rows"])
+        if job["gradients"]:
+            print_gradients(job["gradients"], transport, args.instances)
+        print(f"# strategy.run of a function that does nothing: "
+              f"{job['run_overhead_s'] * 1e6:.1f} us")
+    if not args.no_local:
+        local = local_part()
+        results["local"] = local
+        print(f"# 1 instance, {local['replicas']} local replicas: cross_replica_sum of "
+              f"{_fmt_size(local['bytes_per_replica'])} per replica: "
+              f"{local['ours_s'] * 1e3:.1f} ms; numpy copy of the same bytes: "
+              f"{local['numpy_copy_s'] * 1e3:.1f} ms; ratio copy/ours {local['ratio']:.2f}")
+    Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"# JSON: {args.json}")
     return 0
 

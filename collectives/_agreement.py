@@ -87,8 +87,16 @@ class Agreement:
                 raise CollectiveMismatchError(desc.error)
             return desc
         comm = self.transport.communicator(self.everyone)
+        patience = self.arrival_patience(desc)
+        # the common case, every instance agrees: one small reduction of a fingerprint
+        # (Communicator.agree, O(log P)); whole descriptors only to name a difference
+        # (every instance sees the same answer, so every one takes the same path)
+        if comm.agree(desc.fingerprint(), patience):
+            if desc.error:  # every instance failed alike
+                raise CollectiveMismatchError(desc.error)
+            return desc
         mine = desc.encode()
-        gathered = comm.allgather(mine, self.arrival_patience(desc))
+        gathered = comm.allgather(mine, patience)
         self.check_descriptors(desc, mine, gathered)
         return desc
 

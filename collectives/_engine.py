@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from collectives._agreement import END_OF_PROGRAM, Agreement, Text
+from collectives._fusion import FusionLimits
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
 from collectives._accounting import CountingCommunicator, Ledger
@@ -80,6 +81,7 @@ class CollectiveEngine:
         options: stall warning and timeout.
         gcl: GCL options (choose the modelled algorithm only).
         ipus_per_replica: IPUs each replica occupies (for the cost model).
+        fusion: the most bytes of a fused buffer of a nest (``IPUConfig.optimizations``).
 
     Attributes:
         ledger: the records of this engine's calls.
@@ -89,7 +91,8 @@ class CollectiveEngine:
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
                  transport: Transport, options: CollectiveOptions,
-                 gcl: GCLOptions | None = None, ipus_per_replica: int = 1):
+                 gcl: GCLOptions | None = None, ipus_per_replica: int = 1,
+                 fusion: FusionLimits | None = None):
         self.num_replicas = num_replicas
         self.num_local_replicas = num_local_replicas
         self.replica_index_offset = replica_index_offset
@@ -97,6 +100,7 @@ class CollectiveEngine:
         self.options = options
         self.gcl = gcl or GCLOptions()
         self.ipus_per_replica = ipus_per_replica
+        self.fusion = fusion or FusionLimits()
         self.ledger = Ledger()
         self.agreement = Agreement(transport, options, num_local_replicas,
                                    replica_index_offset)
@@ -173,8 +177,13 @@ class CollectiveEngine:
         self._rendezvous.replica_finished(local_index)
 
     def abort(self, cause: BaseException) -> None:
-        """A local replica failed: wake every waiting replica with an error."""
+        """A local replica failed, or a wait timed out: wake every waiting replica with an
+        error, and tell the other instances (``Transport.abandon``: they raise instead of
+        waiting for this one)."""
+        first = self._rendezvous.failure is None
         self._rendezvous.abort(cause)
+        if first:
+            self.transport.abandon(f"{type(cause).__name__}: {cause}")
 
     def finish(self) -> None:
         """The program ends: tell the other instances, so one that still waits in a

@@ -36,3 +36,12 @@ def _join(parts, build):
         return build(items)
 
     return leaves, unflatten
+
+
+def leaf_paths(value: Any) -> list[str]:
+    """Where each leaf of :func:`flatten` sits in ``value``, as index text: ``['w'][0]``."""
+    if isinstance(value, dict):
+        return [f"[{k!r}]{p}" for k in sorted(value) for p in leaf_paths(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [f"[{i}]{p}" for i, v in enumerate(value) for p in leaf_paths(v)]
+    return [""]

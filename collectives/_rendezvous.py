@@ -72,7 +72,10 @@ class Rendezvous:
         if self.failure is not None:
             raise CollectiveAbortedError(
                 f"collectives are unusable after {type(self.failure).__name__}: "
-                f"{self.failure}") from self.failure
+                f"{self.failure}. This cannot be recovered in this process (the replicas' "
+                f"calls no longer line up, or a transfer may be half done): end the program "
+                f"and fix the first error (README: when a collective fails)") \
+                from self.failure
 
     def abort(self, cause: BaseException) -> None:
         """Make the collectives unusable (the first cause is kept) and wake every waiting

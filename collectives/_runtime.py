@@ -12,6 +12,7 @@ from ipu_node.system import IPUSystem
 from collectives._accounting import CallRecord, OpStats, format_table, total
 from collectives.cost_model import HardwareCostModel
 from collectives._engine import CollectiveEngine
+from collectives._fusion import FusionLimits
 from collectives.errors import CollectiveError
 from collectives.gcl_options import GCLOptions
 from collectives.memory import keep_freed_memory
@@ -58,9 +59,12 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
                                          coordinator_address=mrd.coordinator_address,
                                          job_token=mrd.job_token,
                                          listen_address=mrd.listen_address, options=options)
+            opt = system.config.optimizations
+            fusion = FusionLimits(opt.maximum_cross_replica_sum_buffer_size,
+                                  opt.maximum_reduce_scatter_buffer_size)
             engine = CollectiveEngine(system.num_replicas, system.num_local_replicas,
                                       system.replica_index_offset, transport, options, gcl,
-                                      system.ipus_per_replica)
+                                      system.ipus_per_replica, fusion)
             engine.ledger.cost_model = _hardware_cost_model(system)
             _engines[id(system)] = engine
             system.add_closer(lambda: _close(system))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, fields
@@ -17,6 +18,11 @@ _BODY_BYTES = WIRE_BYTES - _SEQ.size
 #: encoded JSON parts by signature (a program calls few distinct signatures)
 _bodies: dict[tuple, bytes] = {}
 _MAX_BODIES = 4096
+#: 63-bit digests of encoded JSON parts (the same bytes objects as in ``_bodies``)
+_digests: dict[bytes, int] = {}
+_MASK63 = (1 << 63) - 1
+#: an odd multiplier (2^64 / golden ratio): ``seq -> seq * _SEQ_MIX mod 2^63`` is one-to-one
+_SEQ_MIX = 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,22 @@ class Descriptor:
         """The descriptor as ``uint8[WIRE_BYTES]``: the sequence number as an int64, then the
         other fields as space-padded JSON (never pickled; encoded once per signature)."""
         return np.frombuffer(_SEQ.pack(self.seq) + self._body_bytes(), dtype=np.uint8)
+
+    def fingerprint(self) -> int:
+        """A 63-bit number of the wire form (:meth:`encode`), the same on every process:
+        equal descriptors have equal fingerprints; different ones differ but for a chance of
+        about 2^-63 (a BLAKE2b digest of the JSON part, plus the sequence number times an
+        odd constant, modulo 2^63). Non-negative, so that ``-fingerprint`` fits an int64 too
+        (the MIN/MAX agreement of :meth:`Communicator.agree
+        <collectives.transports.base.Communicator.agree>`)."""
+        body = self._body_bytes()
+        digest = _digests.get(body)
+        if digest is None:
+            digest = int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "little")
+            if len(_digests) >= _MAX_BODIES:
+                _digests.clear()
+            _digests[body] = digest
+        return (digest + self.seq * _SEQ_MIX) & _MASK63
 
     def _body_bytes(self) -> bytes:
         key = (self.op, self.operator, self.dtype, self.shape, self.group, self.name,

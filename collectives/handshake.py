@@ -4,21 +4,24 @@ No instance may use a call's data before it knows that every instance called the
 collective (the descriptors agree); otherwise it raises instead of returning wrong data or
 waiting for ever. A handshake can be done two ways:
 
-* **in a round of its own** (:meth:`Handshake.complete`): the descriptors are all-gathered
-  first, then the data moves. Every transport can do this; it costs a round trip per call.
+* **in a round of its own** (:meth:`Handshake.complete`): the instances agree on the
+  descriptors first (one MIN/MAX reduction of their fingerprints,
+  :meth:`~collectives.transports.base.Communicator.agree`, whole descriptors all-gathered
+  only when the fingerprints differ), then the data moves. Every transport does this; it is
+  what the MPI and gRPC transports use: O(log P), one small collective.
 * **with the call's first data** (:meth:`Handshake.verify`): a transport that can move data
-  on speculation sends each descriptor together with the first data of the call, and
-  checks the descriptors before it waits for (or uses) any data; on a disagreement it
-  withdraws what it posted. MPI point-to-point can (a receive can be cancelled, and a
-  message sent under a tag of its own that nobody receives harms nobody); it saves the
-  round trip, which is most of the fixed cost of a call between two instances.
+  on speculation may send each descriptor together with the first data of the call, and
+  check the descriptors before it waits for (or uses) any data; on a disagreement it
+  withdraws what it posted. This saves a round trip between two instances, but costs a
+  message between every pair of instances (P(P-1) per call), so no ipupod transport does it
+  any more (MPI did until issue 10); the engine keeps the path for a transport that sets
+  ``fuses_descriptors``.
 
 The engine makes one :class:`Handshake` per call when its transport says
 ``fuses_descriptors``, and hands it to the transport on the call's data
 :class:`~collectives.waiting.Patience` (``patience.handshake``). A communicator that cannot
-carry it (another set of members, or an MPI collective that must not start on speculation)
-calls :meth:`Handshake.complete` before it moves data. After the algorithm, the engine
-completes a handshake nobody carried (a call whose groups never left the instance).
+carry it calls :meth:`Handshake.complete` before it moves data. After the algorithm, the
+engine completes a handshake nobody carried (a call whose groups never left the instance).
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """The collective operations called inside replica functions (TF-IPU names, seed
 004:5036-5371; GCL semantics, anchors §2).
 
-Each takes a numpy array-like and returns a new numpy array; every replica of the group must
-call the same operation, in the same order, with the same dtype, shape, group and
-parameters. Groups: the TF-IPU size argument (``replica_group_size``/``replication_factor``:
+Each takes a numpy array-like and returns a new numpy array, or a nest of them (a list,
+tuple or dict of array-likes, nested; arrays of any shapes and dtypes) and returns the same
+structure of results: each array's result is bit for bit what the op gives it alone, and
+the nest moves as few fused buffers per dtype (:mod:`collectives._fusion`, bounded by
+``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size`` or, for
+``reduce_scatter``, ``maximum_reduce_scatter_buffer_size``; 0: one buffer per dtype). Every
+replica of the group must call the same operation, in the same order, with the same dtype,
+shape (or nest of them), group and parameters. Groups: the TF-IPU size argument (``replica_group_size``/``replication_factor``:
 k consecutive replicas per group, None = all replicas) or ``group=CommGroup(...)`` in its
 place.
 
@@ -12,11 +17,15 @@ named, so they never make the collectives unusable):
 
 * ``NotInReplicaError``: called outside a replica function.
 * ``CollectiveTypeError`` (TypeError): a dtype other than float16/32/64, int32/64, bool, or
-  bool with an arithmetic operator.
+  bool with an arithmetic operator (in a nest: names the array, e.g. ``x['b'][1]``).
 * ``CollectiveArgumentError`` (ValueError): the group size does not divide the number of
   replicas, both a size and a group given, or an op-specific argument out of range.
-* ``CollectiveMismatchError``: replicas called it differently, or some returned from their
-  function without calling it; raised on every replica.
+* ``CollectiveMismatchError``: replicas called it differently (nests: other dtypes, shapes or
+  structure), or some returned from their function without calling it; raised on every
+  replica.
+
+These argument errors are raised before anything is exchanged; when every replica raises
+one, the collectives stay usable (also after the error has left ``strategy.run``).
 * ``CollectiveTimeoutError``: some replicas did not arrive within ``IPUPOD_COLLECTIVE_TIMEOUT_S``.
 """
 
@@ -27,7 +36,10 @@ from functools import partial
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import _algorithms as algorithms, _movement as movement
+from collectives import _algorithms as algorithms
+from collectives import _fusion
+from collectives import _movement as movement
+from collectives import _nest
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
 from collectives.groups import CommGroup, consecutive
@@ -49,7 +61,11 @@ def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> n
         CollectiveTypeError: the dtype is not supported (names it), or bool with an
             arithmetic operator.
     """
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # e.g. ragged nested sequences
+        raise CollectiveTypeError(f"{what}: cannot make an array of {type(x).__name__}: "
+                                  f"{exc}") from None
     if arr.dtype not in _SUPPORTED:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
@@ -65,7 +81,8 @@ def _group(size_name: str, size: int | None, group: CommGroup | None) -> CommGro
         if size is not None:
             raise CollectiveArgumentError(f"give either {size_name} or group, not both")
         if not isinstance(group, CommGroup):
-            raise TypeError(f"group must be a CommGroup, not {type(group).__name__}")
+            raise CollectiveTypeError(f"group must be a CommGroup, not "
+                                      f"{type(group).__name__} {group!r}")
         return group
     try:
         return consecutive(size)
@@ -93,20 +110,76 @@ def _members(what: str, group: CommGroup, num_replicas: int):
 _descriptors: dict[tuple, Descriptor] = {}
 
 
-def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
-          operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
-    ctx = require_replica_context(what)
-    key = (what, operator, arr.dtype, arr.shape, group, name, params, ctx.num_replicas)
+def _descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
+                group: CommGroup, name: str | None, params: tuple[str, ...],
+                num_replicas: int) -> Descriptor:
+    key = (what, operator, dtype, shape, group, name, params, num_replicas)
     desc = _descriptors.get(key)
     if desc is None:
-        _members(what, group, ctx.num_replicas)  # (a signature seen before has passed)
-        desc = Descriptor(seq=0, op=what, operator=operator, dtype=arr.dtype.name,
-                          shape=tuple(arr.shape), group=str(group), name=name or "",
+        _members(what, group, num_replicas)  # (a signature seen before has passed)
+        desc = Descriptor(seq=0, op=what, operator=operator, dtype=dtype.name,
+                          shape=tuple(shape), group=str(group), name=name or "",
                           params=params)
         if len(_descriptors) >= 4096:
             _descriptors.clear()
         _descriptors[key] = desc
+    return desc
+
+
+def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
+          operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
+    ctx = require_replica_context(what)
+    desc = _descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
+                       ctx.num_replicas)
     return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
+
+
+def _is_nest(x) -> bool:
+    return isinstance(x, (list, tuple, dict))
+
+
+def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
+    """The arrays of nest ``x``, each through ``check(leaf) -> ndarray``, and the function
+    that rebuilds the structure. An error of ``check`` names the array's place in ``x``."""
+    leaves, rebuild = _nest.flatten(x)
+    arrays = []
+    for i, leaf in enumerate(leaves):
+        try:
+            arrays.append(check(leaf))
+        except (TypeError, ValueError) as exc:
+            where = f"{what}: x{_nest.leaf_paths(x)[i]}"
+            message = str(exc)
+            message = (where + message[len(what):] if message.startswith(what)
+                       else f"{where}: {message}")
+            raise type(exc)(message) from None
+    return arrays, rebuild
+
+
+def _call_nest(what: str, x, group: CommGroup, name: str | None, algorithm, layout: str,
+               check, operator: str = "", params: tuple[str, ...] = (),
+               split_dimension: int = 0, concat_dimension: int = 0):
+    """A collective on a nest: every array checked first (nothing is exchanged when one
+    fails), then one engine call per fused buffer (:mod:`collectives._fusion`)."""
+    ctx = require_replica_context(what)
+    arrays, rebuild = _leaves(what, x, check)
+    if not arrays:
+        return rebuild([])
+    k = len(_members(what, group, ctx.num_replicas)[0])
+    engine = get_engine()
+    plan = _fusion.plan(tuple((a.dtype, a.shape) for a in arrays), layout, k,
+                        engine.fusion.for_layout(layout))
+    results: list = [None] * len(arrays)
+    count = len(plan.buckets)
+    for j, bucket in enumerate(plan.buckets):
+        desc = _descriptor(what, operator, bucket.dtype, (bucket.length,), group, name,
+                           params + (f"nest {plan.fingerprint} {j + 1}/{count}",),
+                           ctx.num_replicas)
+        fused = _fusion.pack(bucket, arrays, layout, k, split_dimension)
+        out = engine.replica_call(ctx.local_index, desc, fused, algorithm, group)
+        for i, result in zip(bucket.indices, _fusion.unpack(
+                bucket, out, layout, k, concat_dimension, split_dimension)):
+            results[i] = result
+    return rebuild(results)
 
 
 def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | None = None,
@@ -117,7 +190,8 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
     :func:`cross_replica_sum`.
 
     Args:
-        x: array-like, any shape; float16/32/64, int32/64, or bool with LOGICAL_AND/_OR.
+        x: array-like, any shape; float16/32/64, int32/64, or bool with LOGICAL_AND/_OR;
+            or a nest of them (list, tuple, dict), fused (module docstring).
         op: a :class:`CollectiveOperator` or its name (``"COLLECTIVE_OP_MAX"`` or ``"MAX"``).
             SQUARE_ADD sums the squares; LOCAL returns ``x`` unchanged; MEAN divides the sum
             by the group size (floor division for integers); LOGICAL_* keep the dtype.
@@ -141,10 +215,14 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
 def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
                 group: CommGroup | None, name: str | None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
-    arr = as_collective_array(x, what, operator)
     g = _group("replica_group_size", replica_group_size, group)
-    return _call(what, arr, g, name, partial(algorithms.allreduce, op=operator, group=g),
-                 operator.value)
+    algorithm = partial(algorithms.allreduce, op=operator, group=g)
+    if _is_nest(x):
+        return _call_nest(what, x, g, name, algorithm, "elementwise",
+                          lambda leaf: as_collective_array(leaf, what, operator),
+                          operator.value)
+    arr = as_collective_array(x, what, operator)
+    return _call(what, arr, g, name, algorithm, operator.value)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -152,7 +230,8 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     """Sum ``x`` over the replicas of each group (seed 004:5089-5102).
 
     Args:
-        x: array-like of float16/32/64 or int32/64, any shape.
+        x: array-like of float16/32/64 or int32/64, any shape; or a nest of them (list,
+            tuple, dict), fused (module docstring).
         replica_group_size: k consecutive replicas per group; None: all replicas.
         name: optional label for error messages.
         group: a :class:`CommGroup` instead of ``replica_group_size``.
@@ -185,7 +264,8 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     """Gather ``x`` from every replica of the group on every replica (seed 004:5038-5051).
 
     Args:
-        x: array-like, any shape, any supported dtype (bool included).
+        x: array-like, any shape, any supported dtype (bool included); or a nest of them
+            (list, tuple, dict), fused (module docstring).
         replication_factor: k consecutive replicas per group; None: all replicas.
         name: optional label for error messages.
         group: a :class:`CommGroup` instead of ``replication_factor``.
@@ -197,9 +277,13 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     Raises:
         The common errors (module docstring).
     """
-    arr = as_collective_array(x, "all_gather")
     g = _group("replication_factor", replication_factor, group)
-    return _call("all_gather", arr, g, name, partial(movement.all_gather, group=g))
+    algorithm = partial(movement.all_gather, group=g)
+    if _is_nest(x):
+        return _call_nest("all_gather", x, g, name, algorithm, "all_gather",
+                          lambda leaf: as_collective_array(leaf, "all_gather"))
+    arr = as_collective_array(x, "all_gather")
+    return _call("all_gather", arr, g, name, algorithm)
 
 
 def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_ADD",
@@ -212,7 +296,8 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
 
     Args:
         x: rank-1 array-like of n elements; float16/32/64, int32/64, or bool with
-            LOGICAL_AND/_OR.
+            LOGICAL_AND/_OR; or a nest of them (each its own n), fused (module docstring;
+            bounded by ``maximum_reduce_scatter_buffer_size``).
         replication_factor: k consecutive replicas per group; None: all replicas.
         op: any :class:`CollectiveOperator` (name or member), as in
             :func:`cross_replica_reduce`; LOCAL gives the member its own slice.
@@ -226,13 +311,20 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
         CollectiveArgumentError (ValueError): ``x`` is not rank 1; and the common errors.
     """
     operator = _operator("reduce_scatter", op)
-    arr = as_collective_array(x, "reduce_scatter", operator)
-    if arr.ndim != 1:
-        raise CollectiveArgumentError(f"reduce_scatter: x must have rank 1, got shape "
-                                      f"{arr.shape}")
     g = _group("replication_factor", replication_factor, group)
-    return _call("reduce_scatter", arr, g, name,
-                 partial(algorithms.reduce_scatter, op=operator, group=g), operator.value)
+    algorithm = partial(algorithms.reduce_scatter, op=operator, group=g)
+
+    def check(leaf) -> np.ndarray:
+        arr = as_collective_array(leaf, "reduce_scatter", operator)
+        if arr.ndim != 1:
+            raise CollectiveArgumentError(f"reduce_scatter: x must have rank 1, got shape "
+                                          f"{arr.shape}")
+        return arr
+
+    if _is_nest(x):
+        return _call_nest("reduce_scatter", x, g, name, algorithm, "reduce_scatter", check,
+                          operator.value)
+    return _call("reduce_scatter", check(x), g, name, algorithm, operator.value)
 
 
 def all_to_all(x, split_dimension: int, concat_dimension: int,
@@ -246,7 +338,7 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
 
     Args:
         x: array-like of rank >= 1, any supported dtype; ``x.shape[split_dimension]``
-            divisible by k.
+            divisible by k; or a nest of them (the dimensions apply to each), fused.
         split_dimension, concat_dimension: in ``[0, x.ndim)``.
         replication_factor: k consecutive replicas per group; None: all replicas (the seeds
             define no grouping for this op; ipupod applies the common rule).
@@ -261,20 +353,33 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
         CollectiveArgumentError (ValueError): a dimension out of range, or the split
             dimension not divisible by k; and the common errors.
     """
-    arr = as_collective_array(x, "all_to_all")
     g = _group("replication_factor", replication_factor, group)
     ctx = require_replica_context("all_to_all")
     k = len(_members("all_to_all", g, ctx.num_replicas)[0])
-    for label, dim in (("split_dimension", split_dimension),
-                       ("concat_dimension", concat_dimension)):
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) \
-                or not 0 <= dim < arr.ndim:
-            raise CollectiveArgumentError(f"all_to_all: {label}={dim!r} is not in "
-                                          f"[0, {arr.ndim}) for shape {arr.shape}")
-    if arr.shape[split_dimension] % k:
-        raise CollectiveArgumentError(
-            f"all_to_all: x.shape[{split_dimension}] = {arr.shape[split_dimension]} is not "
-            f"divisible by the group size {k}")
+
+    def check(leaf) -> np.ndarray:
+        arr = as_collective_array(leaf, "all_to_all")
+        for label, dim in (("split_dimension", split_dimension),
+                           ("concat_dimension", concat_dimension)):
+            if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) \
+                    or not 0 <= dim < arr.ndim:
+                raise CollectiveArgumentError(f"all_to_all: {label}={dim!r} is not in "
+                                              f"[0, {arr.ndim}) for shape {arr.shape}")
+        if arr.shape[split_dimension] % k:
+            raise CollectiveArgumentError(
+                f"all_to_all: x.shape[{split_dimension}] = {arr.shape[split_dimension]} is "
+                f"not divisible by the group size {k}")
+        return arr
+
+    if _is_nest(x):
+        return _call_nest("all_to_all", x, g, name,
+                          partial(movement.all_to_all, group=g, split_dimension=0,
+                                  concat_dimension=0),
+                          "all_to_all", check,
+                          params=(str(int(split_dimension)), str(int(concat_dimension))),
+                          split_dimension=int(split_dimension),
+                          concat_dimension=int(concat_dimension))
+    arr = check(x)
     return _call("all_to_all", arr, g, name,
                  partial(movement.all_to_all, group=g, split_dimension=int(split_dimension),
                          concat_dimension=int(concat_dimension)),
@@ -288,7 +393,7 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
 
     Args:
         x: array-like, any shape, any supported dtype; every member passes one of the same
-            shape and dtype (only the root's values matter).
+            shape and dtype (only the root's values matter); or a nest of them, fused.
         root_replica: position in the group, ``[0, k)``; with all replicas in one group it
             is the global replica index.
         name: optional label for error messages.
@@ -301,7 +406,6 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         CollectiveArgumentError (ValueError): ``root_replica`` not in ``[0, k)``; and the
             common errors.
     """
-    arr = as_collective_array(x, "broadcast")
     g = _group("replica_group_size", None, group)
     ctx = require_replica_context("broadcast")
     k = len(_members("broadcast", g, ctx.num_replicas)[0])
@@ -309,9 +413,13 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
             or not 0 <= root_replica < k:
         raise CollectiveArgumentError(f"broadcast: root_replica={root_replica!r} is not in "
                                       f"[0, {k}) (the group size)")
-    return _call("broadcast", arr, g, name,
-                 partial(movement.broadcast, group=g, root=int(root_replica)),
-                 params=(str(int(root_replica)),))
+    algorithm = partial(movement.broadcast, group=g, root=int(root_replica))
+    params = (str(int(root_replica)),)
+    if _is_nest(x):
+        return _call_nest("broadcast", x, g, name, algorithm, "elementwise",
+                          lambda leaf: as_collective_array(leaf, "broadcast"), params=params)
+    arr = as_collective_array(x, "broadcast")
+    return _call("broadcast", arr, g, name, algorithm, params=params)
 
 
 def replication_index() -> np.int32:

@@ -7,6 +7,9 @@
 | ``IPUPOD_COLLECTIVE_TIMEOUT_S``| seconds before the wait becomes a CollectiveTimeoutError | 300  |
 | ``IPUPOD_CONNECT_TIMEOUT_S``   | seconds the gRPC transport tries to reach the          | 60      |
 |                                | coordinator and waits for every instance to register   |         |
+| ``IPUPOD_HEARTBEAT_TIMEOUT_S`` | seconds of silence after which the gRPC coordinator   | 5       |
+|                                | declares an instance lost, and an instance the         |         |
+|                                | coordinator (heartbeats go every tenth of it, <= 0.5 s)|         |
 | ``IPUPOD_KEEP_FREED_MEMORY``   | 1: a multi-instance job keeps freed large blocks for   | 1       |
 |                                | reuse (see collectives/memory.py); 0: glibc's default  |         |
 | ``IPUPOD_GRPC_SHM``            | 1: gRPC peers on the same host move tensor bytes       | 1       |
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
 TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
 CONNECT_TIMEOUT_ENV = "IPUPOD_CONNECT_TIMEOUT_S"
+HEARTBEAT_TIMEOUT_ENV = "IPUPOD_HEARTBEAT_TIMEOUT_S"
 KEEP_FREED_MEMORY_ENV = "IPUPOD_KEEP_FREED_MEMORY"
 GRPC_SHM_ENV = "IPUPOD_GRPC_SHM"
 
@@ -63,6 +67,9 @@ class CollectiveOptions:
         keep_freed_memory: a multi-instance job keeps freed large blocks for reuse.
         grpc_shm: the gRPC transport moves tensor bytes between peers on the same host
             through shared memory (see collectives/transports/shm_channel.py).
+        heartbeat_timeout_s: a gRPC instance counts the coordinator lost after this long
+            without an answer (the coordinator reads the same variable for instances;
+            5 s: ipupod assumption, ten heartbeats of a live process on a loaded machine).
     """
 
     stall_warning_s: float = 60.0
@@ -70,6 +77,7 @@ class CollectiveOptions:
     connect_timeout_s: float = 60.0
     keep_freed_memory: bool = True
     grpc_shm: bool = True
+    heartbeat_timeout_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> "CollectiveOptions":
@@ -77,4 +85,5 @@ class CollectiveOptions:
                    _seconds(TIMEOUT_ENV, cls.timeout_s),
                    _seconds(CONNECT_TIMEOUT_ENV, cls.connect_timeout_s),
                    _flag(KEEP_FREED_MEMORY_ENV, cls.keep_freed_memory),
-                   _flag(GRPC_SHM_ENV, cls.grpc_shm))
+                   _flag(GRPC_SHM_ENV, cls.grpc_shm),
+                   _seconds(HEARTBEAT_TIMEOUT_ENV, cls.heartbeat_timeout_s))

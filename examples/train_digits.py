@@ -103,19 +103,6 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, scale: float):
     return loss, grads
 
 
-def flat(tensors: dict) -> np.ndarray:
-    return np.concatenate([tensors[k].ravel() for k in PARAM_NAMES])
-
-
-def unflat(vector: np.ndarray, like: dict) -> dict:
-    out, start = {}, 0
-    for k in PARAM_NAMES:
-        size = like[k].size
-        out[k] = vector[start:start + size].reshape(like[k].shape)
-        start += size
-    return out
-
-
 #: test hook: SIGKILL this process after the temporary file of a checkpoint write is
 #: complete, before it is renamed (a kill during the write)
 KILL_DURING_WRITE_ENV = "TRAIN_DIGITS_TEST_KILL_DURING_WRITE"
@@ -211,13 +198,15 @@ def main(argv=None) -> float:
     with strategy.scope():
         params = strategy.broadcast(init_params(args.seed, x_train.shape[1], args.hidden,
                                                 10, dtype))
-        velocity = np.zeros_like(flat(params))
+        velocity = {k: np.zeros_like(v) for k, v in params.items()}
 
         def step(params, velocity, x, y):
             loss, grads = loss_and_grads(params, x, y, shard / args.global_batch_size)
-            grad = cross_replica_sum(flat(grads), name="gradients")
-            velocity = args.momentum * velocity - dtype.type(args.learning_rate) * grad
-            new_params = unflat(flat(params) + velocity, params)
+            # the gradients as one nest: fused into one buffer per dtype by the collective
+            grads = cross_replica_sum(grads, name="gradients")
+            lr = dtype.type(args.learning_rate)
+            velocity = {k: args.momentum * velocity[k] - lr * grads[k] for k in PARAM_NAMES}
+            new_params = {k: params[k] + velocity[k] for k in PARAM_NAMES}
             return cross_replica_mean(np.float64(loss), name="loss"), new_params, velocity
 
         steps = len(x_train) // args.global_batch_size

@@ -9,7 +9,7 @@ outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's m
 other ipupod package.
 """
 
-from ipu_node.config import IPUConfig, SelectionOrder
+from ipu_node.config import IPUConfig, MergeRemoteBuffersBehaviour, SelectionOrder
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.env import DEFAULT_SYSTEM, IPUPOD_JOB_ID, IPUPOD_OCCUPANCY_DIR, IPUPOD_SYSTEM
@@ -37,7 +37,8 @@ from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
 
 __all__ = [
-    "IPUConfig", "SelectionOrder", "IPU", "IPUDevice", "IPUSystem", "ReplicaContext",
+    "IPUConfig", "SelectionOrder", "MergeRemoteBuffersBehaviour", "IPU", "IPUDevice",
+    "IPUSystem", "ReplicaContext",
     "current_replica_context", "require_replica_context", "get_system",
     "reset_ipu_configuration", "IPUError", "IPUConfigError", "NotConfiguredError",
     "AlreadyConfiguredError", "NotInReplicaError", "UnknownSystemError", "UnknownIPUError",

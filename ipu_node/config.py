@@ -23,6 +23,16 @@ class SelectionOrder(enum.Enum):
     HOOF = 3
 
 
+class MergeRemoteBuffersBehaviour(enum.Enum):
+    """When compatible remote buffers are merged (seed 004:1300-1308). ``NO_MERGING`` is 0
+    (seed 004:1100); the values of the other two are ipupod assumptions (the seeds give
+    none)."""
+
+    NO_MERGING = 0
+    MERGE = 1
+    IF_BENEFICIAL = 2
+
+
 class _ConfigGroup:
     """A node of the config tree: fixed attribute names, validated on assignment."""
 
@@ -187,6 +197,37 @@ class ExperimentalConfig(_ConfigGroup):
     _fields = {"multi_replica_distribution": MultiReplicaDistributionConfig}
 
 
+class OptimizationsConfig(_ConfigGroup):
+    """``IPUConfig.optimizations``: the options of seed 004:1818-1845, with their defaults.
+
+    ipupod uses ``maximum_cross_replica_sum_buffer_size`` and
+    ``maximum_reduce_scatter_buffer_size`` (bytes): a collective called on a nest of arrays
+    moves fused buffers of at most that many bytes, one collective per buffer (0, the
+    default: one buffer per dtype; see ``collectives.ops``). The others are accepted and
+    checked but change nothing in the emulation.
+    """
+
+    _fields = {"merge_infeed_io_copies": False,
+               "maximum_cross_replica_sum_buffer_size": 0,
+               "maximum_reduce_scatter_buffer_size": 0,
+               "maximum_inter_ipu_copies_buffer_size": 0,
+               "maximum_send_recv_cluster_size": 0,
+               "minimum_remote_tensor_size": 128,
+               "merge_remote_buffers": MergeRemoteBuffersBehaviour.IF_BENEFICIAL}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "merge_infeed_io_copies":
+            if not isinstance(value, bool):
+                raise TypeError(f"optimizations.{name} must be a bool, not {value!r}")
+        elif name == "merge_remote_buffers":
+            if not isinstance(value, MergeRemoteBuffersBehaviour):
+                raise TypeError(f"optimizations.{name} must be a MergeRemoteBuffersBehaviour, "
+                                f"not {value!r}")
+        elif name in self._fields:
+            value = _int_at_least(f"optimizations.{name}", value, 0)
+        super().__setattr__(name, value)
+
+
 class IPUConfig(_ConfigGroup):
     """Configuration of this process's emulated IPU system.
 
@@ -230,6 +271,7 @@ class IPUConfig(_ConfigGroup):
         "experimental": ExperimentalConfig,
         "execution": ExecutionConfig,
         "allow_recompute": False,
+        "optimizations": OptimizationsConfig,
     }
 
     def _check_auto_select_ipus(self, value: Any) -> int | list[int]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
+import os
 import threading
 import time
 
@@ -29,13 +31,34 @@ from protos import (MAX_CONTROL_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecut
                     server_options)
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc
+from launch import env as envnames
 from protos.guard import TokenInterceptor
 from launch.errors import LaunchError
 
 logger = logging.getLogger(__name__)
 
-#: seconds without a heartbeat after which an instance is declared lost
+#: seconds without a heartbeat after which an instance is declared lost (the default of
+#: ``IPUPOD_HEARTBEAT_TIMEOUT_S``, which the instances read too)
 HEARTBEAT_TIMEOUT_S = 5.0
+
+
+def heartbeat_timeout_s_from_env() -> float:
+    """``IPUPOD_HEARTBEAT_TIMEOUT_S`` from the environment, else :data:`HEARTBEAT_TIMEOUT_S`.
+
+    Raises:
+        ValueError: the value is not a positive number of seconds (names it).
+    """
+    raw = os.environ.get(envnames.HEARTBEAT_TIMEOUT, "")
+    if not raw:
+        return HEARTBEAT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{envnames.HEARTBEAT_TIMEOUT}={raw!r} must be a finite number of "
+                         "seconds > 0")
+    return value
 #: longest a Register or Barrier call blocks before answering complete=false, seconds
 MAX_WAIT_S = 5.0
 #: blocking calls (Register, Barrier) one instance may have in flight; ipupod assumption: an
@@ -248,7 +271,8 @@ class CoordinatorServer:
     """A :class:`Coordinator` served over gRPC, with a watchdog for heartbeats.
 
     Args:
-        num_instances, token, heartbeat_timeout_s: as for :class:`Coordinator`.
+        num_instances, token, heartbeat_timeout_s: as for :class:`Coordinator`; the
+            heartbeat timeout defaults to ``IPUPOD_HEARTBEAT_TIMEOUT_S`` (else 5 s).
         address: ``host:port`` to listen on; port 0 picks a free one (default: loopback).
 
     Attributes:
@@ -260,7 +284,9 @@ class CoordinatorServer:
     """
 
     def __init__(self, num_instances: int, token: str, address: str = "127.0.0.1:0",
-                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S):
+                 heartbeat_timeout_s: float | None = None):
+        if heartbeat_timeout_s is None:
+            heartbeat_timeout_s = heartbeat_timeout_s_from_env()
         self.coordinator = Coordinator(num_instances, token, heartbeat_timeout_s)
         self._executor = ServingExecutor(2 * num_instances + 4, "coordinator")
         self._server = grpc.server(self._executor,

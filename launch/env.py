@@ -39,6 +39,7 @@ REPORT_DIR = "IPUPOD_REPORT_DIR"  # read by collectives.run_report (poprun --rep
 COORDINATOR_ADDRESS = "IPUPOD_COORDINATOR_ADDRESS"
 JOB_TOKEN = "IPUPOD_JOB_TOKEN"
 LISTEN_ADDRESS = "IPUPOD_LISTEN_ADDRESS"
+HEARTBEAT_TIMEOUT = "IPUPOD_HEARTBEAT_TIMEOUT_S"  # read by the coordinator and collectives
 # Set by poprun's local launcher: the instance dies with it (bootstrap sets PR_SET_PDEATHSIG).
 PARENT_PID = "IPUPOD_PARENT_PID"
 

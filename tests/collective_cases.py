@@ -169,3 +169,75 @@ def assert_same(result, expected, what: str) -> None:
     assert result.shape == expected.shape, f"{what}: shape {result.shape} != {expected.shape}"
     assert result.tobytes() == expected.tobytes(), \
         f"{what}: values differ\n got {result!r}\nwant {expected!r}"
+
+
+# -- nests: one call on many arrays (tensor fusion) -------------------------------------------
+
+#: more shapes per op, so that a nest mixes shapes (and 0-d arrays) as well as dtypes
+_OTHER_SHAPES = {"cross_replica_reduce": [()], "reduce_scatter": [(3,)],
+                 "all_gather": [(5,)], "broadcast": [()]}
+#: the operators nests are tried with (each with every dtype it takes; the operators are
+#: elementwise, so the others would add time, not cases)
+NEST_OPERATORS = {"cross_replica_reduce": ("ADD", "MEAN", "LOGICAL_AND"),
+                  "reduce_scatter": ("ADD", "MAX", "LOCAL")}
+
+
+def _other_shapes(case: Case, k: int) -> list[tuple]:
+    if case.op == "all_to_all":
+        return [(k, 2)] if case.params == (0, 1) else [(2, 2 * k)]  # (split, concat)
+    return _OTHER_SHAPES[case.op]
+
+
+def nest_cases(num_replicas: int, dtypes=DTYPES) -> dict[str, list[Case]]:
+    """Cases that one nest call covers, by nest key: the cases of :func:`all_cases` with
+    the same op, operator (of :data:`NEST_OPERATORS`), group and parameters, each dtype,
+    each also in another shape."""
+    nests: dict[str, list[Case]] = {}
+    for case in all_cases(num_replicas, dtypes):
+        if case.operator and case.operator not in NEST_OPERATORS[case.op]:
+            continue
+        key = f"nest:{case.op}-{case.operator}-{case.group}-{','.join(map(str, case.params))}"
+        k = group_size(case.group, num_replicas)
+        variants = [case] + [Case(case.op, case.dtype, case.group, case.operator, shape,
+                                  case.params) for shape in _other_shapes(case, k)]
+        nests.setdefault(key, []).extend(variants)
+    return nests
+
+
+def _as_nest(values: list):
+    """``values`` in a nested structure: a dict of a list and a tuple."""
+    half = len(values) // 2
+    return {"first": list(values[:half]), "second": tuple(values[half:])}
+
+
+def _from_nest(nest) -> list:
+    return [*nest["first"], *nest["second"]]
+
+
+def run_nest(cases: list[Case], replica: int) -> list[np.ndarray]:
+    """One collective call on the nest of every case's input; the results in case order."""
+    x = _as_nest([make_input(case, replica) for case in cases])
+    case = cases[0]
+    if case.op == "cross_replica_reduce":
+        out = C.cross_replica_reduce(x, case.operator, group=case.group)
+    elif case.op == "reduce_scatter":
+        out = C.reduce_scatter(x, op="COLLECTIVE_OP_" + case.operator, group=case.group)
+    elif case.op == "all_gather":
+        out = C.all_gather(x, group=case.group)
+    elif case.op == "all_to_all":
+        out = C.all_to_all(x, case.params[0], case.params[1], group=case.group)
+    elif case.op == "broadcast":
+        out = C.broadcast(x, case.params[0], group=case.group)
+    else:
+        raise ValueError(case.op)
+    assert isinstance(out, dict) and isinstance(out["first"], list) \
+        and isinstance(out["second"], tuple), type(out)
+    return _from_nest(out)
+
+
+def packed(results: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays as two arrays (fewer entries to save): their bytes one after the other, and
+    their dtypes and shapes as text."""
+    results = [np.asarray(r) for r in results]
+    blob = np.frombuffer(b"".join(r.tobytes() for r in results), np.uint8)
+    return blob, np.array(repr([(r.dtype.str, r.shape) for r in results]))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ipu_node.system import reset_ipu_configuration
-from tests.collective_cases import all_cases, assert_same, oracle
+from tests.collective_cases import all_cases, assert_same, nest_cases, oracle, packed
 from tests.procs import PYTHON
 from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
@@ -50,9 +50,14 @@ def load(directory) -> list[dict]:
 
 def test_single_instance_layout_matches_the_oracle(single_instance):
     cases = all_cases(8)
+    nests = nest_cases(8)
     for r, results in enumerate(load(single_instance)):
         for case in cases:
             assert_same(results[case.key], oracle(case, r, 8), f"{case.key} on replica {r}")
+        for key, members in nests.items():  # a nest call gives each array its own result
+            blob, layout = packed([oracle(case, r, 8) for case in members])
+            assert str(results[f"{key}|layout"]) == str(layout), f"{key} on replica {r}"
+            assert results[key].tobytes() == blob.tobytes(), f"{key} on replica {r}"
 
 
 @pytest.mark.parametrize("instances", [2, 4, 8])
@@ -87,3 +92,51 @@ def test_a_stalled_instance_gets_a_warning_then_a_timeout_naming_it():
     assert "waiting 1.0 s for instance 1 (replicas 2..3)" in job.stderr + job.stdout
     assert "[1,0]<stdout>:RESULT CollectiveTimeoutError" in job.stdout, job.stdout + job.stderr
     assert "waited 3 s for instance 1 (replicas 2..3)" in job.stdout
+
+
+# -- faults of an MPI job (issue 10's audit): each ends within about the timeout ----------
+
+def test_a_peer_late_for_the_first_collective_times_out_after_the_timeout():
+    # no communicator exists yet when instance 0 arrives: it must not wait for instance 1
+    # (8 s late) in a blocking communicator creation
+    job = poprun(["-n", "2", PYTHON, "-m", "tests.programs.mpi_faults", "late-first", "8"],
+                 timeout_s=30, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "3"})
+    out = job.stdout + job.stderr
+    assert re.search(r"\[1,0\]<stdout>:RESULT CollectiveTimeoutError after [34]\.\d s: "
+                     r"cross_replica_sum #0 \('first'\).*waited [34] s for instance 1", out), out
+    # and the late one learns at once that instance 0 gave up
+    assert re.search(r"\[1,1\]<stdout>:RESULT PeerLostError after [01]\.\d s: instance 0 gave "
+                     r"up on the job's collectives \(timed out", out), out
+
+
+def test_a_late_peer_gets_no_result_for_a_call_the_others_gave_up():
+    job = poprun(["-n", "2", PYTHON, "-m", "tests.programs.mpi_faults", "late-later", "5"],
+                 timeout_s=20, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "3"})
+    out = job.stdout + job.stderr
+    # the timeout once, not twice
+    assert re.search(r"\[1,0\]<stdout>:RESULT CollectiveTimeoutError after [34]\.\d s", out), out
+    # the late instance learns that instance 0 gave up, at once, instead of a result
+    assert re.search(r"\[1,1\]<stdout>:RESULT PeerLostError after [01]\.\d s: instance 0 gave "
+                     r"up on the job's collectives \(timed out", out), out
+    assert "second ok" not in out
+
+
+def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():
+    # the timeout (60 s) is far beyond the job's hard limit
+    job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m", "tests.programs.mpi_faults",
+                  "caught-divergence"], timeout_s=20,
+                 env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    assert "[1,0]<stdout>:RESULT caught CollectiveMismatchError" in out, out
+    assert "[1,1]<stdout>:RESULT caught CollectiveMismatchError" in out, out
+
+
+def test_a_stalled_instance_among_three_is_named_alone():
+    # the agreement is a reduction, which cannot say who is late; a slow one asks who is there
+    job = poprun(["-n", "3", PYTHON, "-m", "tests.perrank.diverge_prog", "stall"],
+                 timeout_s=25, env=FAST)
+    out = job.stdout + job.stderr
+    assert job.returncode != 0
+    for i in (0, 1):
+        assert re.search(rf"\[1,{i}\]<stdout>:RESULT CollectiveTimeoutError: .*waited 3 s for "
+                         r"instance 2 \(replica 2\); giving up", out), out

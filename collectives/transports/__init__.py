@@ -20,13 +20,13 @@ def _local(process_index: int, process_count: int, **_) -> Transport:
     return LocalTransport(process_index, process_count)
 
 
-def _mpi(process_index: int, process_count: int, **_) -> Transport:
+def _mpi(process_index: int, process_count: int, *, options=None, **_) -> Transport:
     try:
         from collectives.transports.mpi import MPITransport
     except ImportError as exc:
         raise TransportError(
             f"the MPI transport needs mpi4py (pip install mpi4py mpich): {exc}") from exc
-    return MPITransport(process_index, process_count)
+    return MPITransport(process_index, process_count, options=options)
 
 
 def _grpc(process_index: int, process_count: int, *, coordinator_address: str,

@@ -13,12 +13,17 @@ Contract for implementations (local, MPI, gRPC):
   a transport whose ``fuses_descriptors`` is True sends it with the data and verifies it
   before the data is used, or completes it before moving data (see
   :mod:`collectives.handshake`); other transports never see one.
-* :meth:`Communicator.allgather` is also the descriptor exchange that precedes every
-  collective. While it waits it must report the members whose data has not arrived with
-  ``patience.waiting_for(members)``, so a stall names the missing instances (MPI does it with
-  point-to-point messages for small buffers). The other methods run after every member has
+* :meth:`Communicator.allgather` is also the descriptor exchange after a disagreement.
+  While it (or :meth:`Communicator.agree`) waits it must report the members whose data has
+  not arrived with ``patience.waiting_for(members)``, so a stall names the missing instances
+  (MPI does it with point-to-point messages for small all-gathers). The other methods run after every member has
   arrived (``patience.committed``) and need not report.
 * Byte counts are exact: a member sends what the others expect to receive.
+* :meth:`Communicator.agree` is the agreement that precedes every collective: one small
+  reduction of a fingerprint, O(log P) in time (MPI: ``MPI_Iallreduce``; gRPC: dissemination
+  rounds). Only when it finds a difference do the members all-gather whole descriptors (to
+  name the op, the replicas and the difference); they all see the same answer, so they all
+  take the same path.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ class Communicator(ABC):
     @property
     def size(self) -> int:
         return len(self.members)
+
+    def agree(self, fingerprint: int, patience: Patience) -> bool:
+        """Whether every member passed the same ``fingerprint`` (an int in ``[0, 2^63)``);
+        the same answer on every member. While it waits it reports the members whose part
+        has not arrived (``patience.waiting_for``), like :meth:`allgather`.
+
+        This default all-gathers the fingerprints (8 bytes per member); transports
+        override it with one reduction whose time grows with log P.
+
+        Raises:
+            CollectiveTimeoutError: a member did not arrive within the patience's timeout.
+        """
+        mine = np.array([fingerprint], dtype="<i8").view(np.uint8)
+        gathered = self.allgather(mine, patience)
+        return bool((gathered.view("<i8") == fingerprint).all())
 
     @abstractmethod
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
@@ -115,6 +135,13 @@ class Transport(ABC):
     def communicator(self, members: tuple[int, ...]) -> Communicator:
         """The communicator of ``members`` (this instance among them); created once, reused.
         Every member must ask for the same communicators in the same order."""
+
+    def abandon(self, reason: str) -> None:
+        """This instance gives up on the job's collectives (a timeout, a failure, or its
+        program ends after one): tell the other instances, best effort and without waiting,
+        so that a peer waiting for this one raises ``PeerLostError`` naming it within about
+        a second instead of waiting for its own timeout. This default does nothing (a
+        transport whose launcher or coordinator tells the others, or a single instance)."""
 
     def close(self) -> None:
         """Release the transport's resources."""

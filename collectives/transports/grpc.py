@@ -35,6 +35,7 @@ import numpy as np
 from collectives.errors import PeerLostError, TransportClosedError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
+from collectives.transports.grpc_coordinator import CoordinatorClient, CoordinatorError
 from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
     encode_chunk, encode_offer
 from collectives.transports.grpc_wire import MAX_TENSOR_BYTES
@@ -42,16 +43,14 @@ from collectives.transports.shm_channel import MIN_SHM_BYTES, PIECE_BYTES, RingR
     RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
-from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY,
-                    ServingExecutor, channel_options, server_options)
-from protos import coordinator_pb2 as cpb
-from protos import coordinator_pb2_grpc as cpb_grpc
+from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
+                    server_options)
 from protos import peer_pb2 as ppb
 from protos.guard import TokenInterceptor
 
 logger = logging.getLogger(__name__)
 
-#: seconds between heartbeats to the coordinator
+#: the most seconds between heartbeats to the coordinator
 HEARTBEAT_INTERVAL_S = 0.5
 #: seconds the receiver of a tensor in shared memory waits for the call to post its buffer
 #: before taking one of its own (the bytes wait in the ring meanwhile, the sender is held by
@@ -59,8 +58,6 @@ HEARTBEAT_INTERVAL_S = 0.5
 #: buffer of its own costs a fresh allocation (page faults, on first touch a huge-page
 #: compaction stall: 64 MiB all-reduces measured 10 ms per 4 MiB piece) plus a copy.
 POST_WAIT_S = 0.05
-#: seconds without an answer from the coordinator after which it counts as lost
-COORDINATOR_LOST_S = 5.0
 EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
 #: bytes of one peer's tensors a server keeps before any call posted a buffer for them;
 #: more is refused (the stream fails, naming the bound). ipupod assumption: a peer runs at
@@ -286,6 +283,29 @@ class GrpcCommunicator(Communicator):
 
     # -- the operations of the interface ------------------------------------------------
 
+    def agree(self, fingerprint: int, patience: Patience) -> bool:
+        """Dissemination (Bruck, Ho, Kipnis, Upfal, Weathersby 1997): in round k member r
+        sends its running ``[min h, max h]`` (16 bytes) to member ``r + 2^k`` and combines
+        the pair it gets from member ``r - 2^k`` (mod P). After ``ceil(log2 P)`` rounds every
+        member holds the minimum and maximum of all (both idempotent, so the overlaps of a
+        P that is not a power of two do not matter): one message each way for P = 2, two
+        rounds for P = 4, no coordinator. A stall names the member this round waits for."""
+        n, me = self.size, self.rank
+        lo = hi = int(fingerprint)
+        empty = np.empty(0, np.uint8)
+        step = 1
+        while step < n:
+            to, source = (me + step) % n, (me - step) % n
+            got = np.empty(16, np.uint8)
+            sends, outs = [empty] * n, [empty] * n
+            sends[to] = np.array([lo, hi], "<i8").view(np.uint8)
+            outs[source] = got
+            self._exchange("agree", sends, outs, patience)
+            their_lo, their_hi = got.view("<i8")
+            lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
+            step *= 2
+        return lo == hi
+
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
         out = np.empty((self.size, send.size), np.uint8)
         self._exchange("allgather", [send] * self.size, list(out), patience)
@@ -410,11 +430,11 @@ class GrpcTransport(Transport):
         self.host_id = this_host_id() if host_id is None else host_id
         self.shm_bytes_sent = 0
         self._server = self._serve(listen_address or "127.0.0.1:0", job_token)
-        self._coord_channel = grpc.insecure_channel(
-            coordinator_address, options=channel_options(MAX_CONTROL_MESSAGE_BYTES))
-        self._coordinator = cpb_grpc.CoordinatorStub(self._coord_channel)
+        self._coordinator = CoordinatorClient(coordinator_address, job_token, process_index,
+                                              process_count)
         try:
-            self.peer_addresses, self.peer_host_ids = self._register()
+            self.peer_addresses, self.peer_host_ids = self._coordinator.register(
+                self.address, self.host_id, self.options.connect_timeout_s)
         except BaseException:
             self._shutdown()
             raise
@@ -457,58 +477,24 @@ class GrpcTransport(Transport):
         server.start()
         return server
 
-    def _register(self) -> tuple[list[str], list[str]]:
-        deadline = time.monotonic() + self.options.connect_timeout_s
-        last_error = "no answer yet"
-        request = cpb.RegisterRequest(instance=self.process_index,
-                                      num_instances=self.process_count,
-                                      peer_address=self.address, wait_s=1.0,
-                                      host_id=self.host_id)
-        while True:
-            try:
-                table = self._coordinator.Register(request, metadata=self._metadata, timeout=3.0)
-            except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                      grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise TransportError(f"the coordinator at {self.coordinator_address} "
-                                         f"refused instance {self.process_index}: "
-                                         f"{_rpc_text(exc)}") from None
-                last_error = _rpc_text(exc)
-                table = None
-            if table is not None:
-                if table.status.aborted:
-                    raise PeerLostError(f"the job was aborted: {table.status.reason}",
-                                        table.status.failed_instance)
-                if table.complete:
-                    hosts = list(table.host_ids) or [""] * self.process_count
-                    return list(table.peer_addresses), hosts
-                missing = [i for i, a in enumerate(table.peer_addresses) if not a]
-                last_error = f"instances {missing} have not registered"
-            if time.monotonic() >= deadline:
-                raise TransportError(
-                    f"instance {self.process_index}: the rendezvous at the coordinator "
-                    f"{self.coordinator_address} did not complete within "
-                    f"{self.options.connect_timeout_s:g} s ({last_error}); is the launcher "
-                    f"(poprun, or worker 0 of TF_CONFIG) running? ({self.options.connect_timeout_s:g} "
-                    "s is IPUPOD_CONNECT_TIMEOUT_S)")
-            if table is None:
-                time.sleep(0.2)
-
     # -- heartbeats and failures --------------------------------------------------------
 
     def _beat(self) -> None:
+        """Every :attr:`heartbeat_interval_s`, tell the coordinator this instance is alive
+        and learn whether the job was aborted; a coordinator silent for
+        ``options.heartbeat_timeout_s`` (``IPUPOD_HEARTBEAT_TIMEOUT_S``) is lost."""
         last_ok = time.monotonic()
-        request = cpb.HeartbeatRequest(instance=self.process_index)
-        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+        limit = self.options.heartbeat_timeout_s
+        while not self._stop.wait(self.heartbeat_interval_s):
             try:
-                status = self._coordinator.Heartbeat(request, metadata=self._metadata,
-                                                     timeout=2.0)
-            except grpc.RpcError as exc:
+                status = self._coordinator.heartbeat(timeout_s=min(2.0, limit / 2))
+            except CoordinatorError as exc:
                 silent = time.monotonic() - last_ok
-                if silent > COORDINATOR_LOST_S:
+                if silent > limit:
                     self._fail(PeerLostError(
                         f"the coordinator at {self.coordinator_address} has not answered for "
-                        f"{silent:.1f} s ({_rpc_text(exc)}): the launcher or worker 0 is gone"))
+                        f"{silent:.1f} s ({exc}): the launcher or worker 0 is gone "
+                        f"(IPUPOD_HEARTBEAT_TIMEOUT_S is {limit:g} s)"))
                     return
                 continue
             last_ok = time.monotonic()
@@ -516,6 +502,13 @@ class GrpcTransport(Transport):
                 self._fail(PeerLostError(f"the job was aborted: {status.reason}",
                                          status.failed_instance))
                 return
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """Seconds between heartbeats: a tenth of the heartbeat timeout, at most
+        :data:`HEARTBEAT_INTERVAL_S` (ipupod assumption: several beats fit in the timeout,
+        and a loopback call costs well under a millisecond)."""
+        return min(HEARTBEAT_INTERVAL_S, self.options.heartbeat_timeout_s / 10)
 
     def _fail(self, error: PeerLostError) -> None:
         with self.mailbox.cond:
@@ -615,7 +608,7 @@ class GrpcTransport(Transport):
         """A peer's stream ended: give the coordinator two heartbeats to say why before
         blaming that peer. With three or more instances a peer may be gone only because
         another instance died first; the coordinator's abort names that one."""
-        deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL_S + 0.2
+        deadline = time.monotonic() + 2 * self.heartbeat_interval_s + 0.2
         while True:
             self.raise_if_failed()
             if time.monotonic() >= deadline:
@@ -641,18 +634,9 @@ class GrpcTransport(Transport):
             CollectiveTimeoutError: not complete within the collective timeout.
         """
         patience = Patience(f"barrier {name!r}", self.options, lambda: "the other instances")
-        request = cpb.BarrierRequest(instance=self.process_index, name=name, wait_s=1.0)
         while True:
             self.raise_if_failed()
-            try:
-                answer = self._coordinator.Barrier(request, metadata=self._metadata,
-                                                   timeout=3.0)
-            except grpc.RpcError as exc:
-                raise TransportError(f"barrier {name!r}: {_rpc_text(exc)}") from None
-            if answer.status.aborted:
-                raise PeerLostError(f"the job was aborted: {answer.status.reason}",
-                                    answer.status.failed_instance)
-            if answer.complete:
+            if self._coordinator.barrier(name):
                 return
             patience.check()
 
@@ -665,10 +649,8 @@ class GrpcTransport(Transport):
         self._stop.set()
         if self._failure is None:
             try:
-                self._coordinator.Heartbeat(
-                    cpb.HeartbeatRequest(instance=self.process_index, leaving=True),
-                    metadata=self._metadata, timeout=2.0)
-            except grpc.RpcError:
+                self._coordinator.heartbeat(timeout_s=2.0, leaving=True)
+            except CoordinatorError:
                 logger.debug("could not say goodbye to the coordinator", exc_info=True)
         self._shutdown()
 
@@ -687,7 +669,9 @@ class GrpcTransport(Transport):
         for channel in getattr(self, "_channels", ()):
             if channel is not None:
                 channel.close()
-        self._coord_channel.close()
+        coordinator = getattr(self, "_coordinator", None)
+        if coordinator is not None:
+            coordinator.close()
         # the peers' streams into this server carry nothing this instance still needs
         self._server.stop(0.1).wait()
         self._executor.shutdown(wait=False)

@@ -1,25 +1,38 @@
 """The MPI transport: mpi4py buffer methods on raw bytes, one communicator per instance set.
 
-Only one thread of an instance calls MPI at a time (the engine's leader). Calls are
-nonblocking (``Iallgather``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``) and polled with
-:class:`~collectives.waiting.Patience`, which yields the CPU and turns a missing peer into a
-timeout instead of a hang. A call of at most :data:`CARRY_MAX_BYTES` sends its descriptor with
-its first data, point-to-point, and checks the descriptors before it uses any data
-(:mod:`collectives.handshake`); a larger one exchanges them first, over the same persistent
-requests.
+Only one thread of an instance calls MPI at a time (the engine's leader). Every call is
+nonblocking (``Iallreduce``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``, ``Idup``)
+and polled with :class:`~collectives.waiting.Patience`, which yields the CPU and turns a
+missing peer into a timeout instead of a hang:
+
+* **agreement**: before its data, a call's descriptors are agreed with one
+  ``MPI_Iallreduce(MIN)`` of ``[h, -h]`` (``h`` the descriptor's fingerprint):
+  :meth:`MPICommunicator.agree`, O(log P) like any small all-reduce. Whole descriptors are
+  exchanged only when the fingerprints differ (to name the difference).
+* **communicators** are made without a blocking call: the job's own one by ``MPI_Comm_idup``,
+  started when the transport is made and waited for (with the timeout) at the first call;
+  one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
+  have all announced themselves point-to-point (waited for with the timeout), so it never
+  waits for a peer that has not arrived.
+* **giving up**: an instance that times out or fails (:meth:`MPITransport.abandon`) sends a
+  notice to every other instance (on ``COMM_WORLD``, tag ``_TAG_NOTICE``); a peer sees it in its next
+  wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
+  so a late instance never gets a result for a call its peer gave up on, and a job whose
+  program caught a divergence does not wait for the timeout at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
-import os
 import time
 from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI  # (this module is imported only when the MPI transport is created)
 
-from collectives.errors import TransportError
+from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
+from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
 from collectives.waiting import Patience
 
@@ -34,75 +47,146 @@ def _displacements(counts: Sequence[int]) -> list[int]:
     return out
 
 
-#: allgather of at most this many bytes goes point-to-point, so the waiting side knows who
-#: has not sent yet (the descriptor exchange); larger ones use MPI_Iallgather.
+#: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
+#: not sent yet, for a stall message); larger ones use MPI_Iallgather.
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
-#: the tag of point-to-point allgathers (descriptors: exactly one per member and call, so
-#: they pair up in order even when the calls differ)
+#: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
+_NOTICE_EVERY = 64
 _TAG_ALLGATHER = 0x1A11
-#: a descriptor exchange that waits reports the members still missing every this many polls
-_ABSENT_EVERY = 64
 _TAG_ALLTOALLV = 0x1A12
 _TAG_BROADCAST = 0x1A13
-#: data sent with a call's descriptor (collectives.handshake) goes under tag
-#: ``_TAG_FUSED_BASE + call_id % span``: a message of a withdrawn call never meets a later one
-_TAG_FUSED_BASE = 0x10000
-#: calls whose input is at most this many bytes per replica carry the descriptor with
-#: their data; larger ones exchange it first. (The rule reads the call's size only, so
-#: every member decides alike when the descriptors agree.) Measured between two ranks
-#: (2-core VM, medians of 300 interleaved calls): carrying saves 1-3 us a call up to
-#: 256 KiB, is even at 1 MiB, and costs 5-15% from 4 MiB (the ranks start moving data out
-#: of step, and MPI's own collectives serve the large all-gathers, all-to-alls, broadcasts).
-CARRY_MAX_BYTES = 512 * 1024
-#: seconds a withdrawn receive may take to finish cancelling before it is abandoned
-_WITHDRAW_S = 1.0
+#: members of a new sub-communicator announce themselves under this tag (job's communicator)
+_TAG_CREATE = 0x1A14
+#: ... and MPI_Comm_create_group runs under this one
+_TAG_CREATE_GROUP = 0x1A15
+#: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
+#: with MPI.ANY_TAG while collectives run could take one)
+_TAG_NOTICE = 0x1A16
+#: "I am waiting in this agreement" (a slow agreement only)
+_TAG_PRESENCE = 0x1A17
+#: seconds an agreement waits before its members tell each other who is there
+PRESENCE_AFTER_S = 0.5
+#: seconds a cancelled receive may take to finish cancelling
+_WITHDRAW_S = 0.5
+#: bytes of a notice: its reason, UTF-8, zero-padded
+NOTICE_BYTES = 256
 
 
 class MPICommunicator(Communicator):
     """A communicator over an mpi4py ``Comm`` whose ranks are ``members`` in order.
 
-    Data methods carry a pending descriptor handshake (``patience.handshake``) in the same
-    round as their first data when they move it point-to-point among all of the job's
-    instances; otherwise they complete it first (see :mod:`collectives.handshake`).
+    Args:
+        transport: the :class:`MPITransport` (its notices are checked while waiting).
+        members: instance indices, increasing.
+        make: returns the mpi4py ``Comm`` when called with the first call's patience (it may
+            wait, with that patience, for the members to arrive); called once.
     """
 
-    def __init__(self, comm, members: tuple[int, ...]):
-        self._comm = comm
+    def __init__(self, transport: "MPITransport", members: tuple[int, ...], make):
+        self._transport = transport
+        self._make = make
+        self._comm = None
         self.members = members
-        self.rank = comm.Get_rank()
+        self.rank = members.index(transport.process_index)
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
-        tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767  # MPI guarantees >= 32767
-        self._tag_span = max(1, tag_ub - _TAG_FUSED_BASE)
-        self._descriptors = np.empty((0, 0), np.uint8)  # received descriptors, reused
-        self._descriptor_send = np.empty(0, np.uint8)
-        self._descriptor_requests: list | None = None  # persistent: receives, then sends
-        self._abandoned: list = []  # sends of withdrawn calls (keep their buffers alive)
+        self._agree_send = np.zeros(2, np.int64)
+        self._agree_recv = np.zeros(2, np.int64)
+        # presence messages of a slow agreement (_await_agreement)
+        self._presence = np.zeros(1, np.int64)
+        self._presence_request = None
+        self._presence_sent: list = []
+        self._present: dict[int, int] = {}
+
+    def _ready(self, patience: Patience):
+        """The mpi4py communicator, made at the first call (waits for the members)."""
+        comm = self._comm
+        if comm is None:
+            patience.waiting_for(self._other_members)
+            comm = self._comm = self._make(patience)
+            patience.waiting_for(())
+        return comm
 
     def _wait(self, request, patience: Patience) -> None:
-        while not request.Test():
-            patience.backoff()
+        self._transport.wait(request, patience)
+
+    def _wait_all(self, requests, patience: Patience) -> None:
+        self._transport.wait_all(requests, patience)
+
+    # -- agreement ------------------------------------------------------------------------
+
+    def agree(self, fingerprint: int, patience: Patience) -> bool:
+        """One ``MPI_Iallreduce(MIN)`` of ``[h, -h]``: every member passed the same ``h`` when
+        ``min(h) == max(h)``. Then the notices of peers that gave up are looked at, so a
+        late member never goes on with a call its peer abandoned."""
+        comm = self._ready(patience)
+        send, recv = self._agree_send, self._agree_recv
+        send[0], send[1] = fingerprint, -fingerprint
+        request = comm.Iallreduce(send, recv, op=MPI.MIN)
+        if not request.Test():
+            self._await_agreement(comm, request, fingerprint, patience)
+        self._transport.check_notices()
+        return bool(recv[0] == -recv[1])
+
+    def _await_agreement(self, comm, request, fingerprint: int, patience: Patience) -> None:
+        """Wait for the agreement's reduction. A reduction cannot say who is late, so a wait
+        longer than :data:`PRESENCE_AFTER_S` tells the other members once that this one is
+        here (its fingerprint, point-to-point), and names as missing those that have not said
+        the same (only a slow wait pays for it)."""
+        patience.waiting_for(self._other_members)
+        announced, polls = False, 0
+        try:
+            while not request.Test():
+                polls += 1
+                if not polls % _NOTICE_EVERY:
+                    self._transport.check_notices()
+                    if announced:
+                        self._hear_presence(comm)
+                        patience.waiting_for([m for m in self._other_members
+                                              if self._present.get(m) != fingerprint])
+                    elif patience.elapsed() >= PRESENCE_AFTER_S:
+                        announced = True
+                        self._announce(comm, fingerprint)
+                patience.backoff()
+        except CollectiveTimeoutError as exc:
+            self._transport.abandon(f"timed out: {exc}")
+            raise
+        patience.waiting_for(())
+
+    def _announce(self, comm, fingerprint: int) -> None:
+        if self._presence_request is None:
+            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
+                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
+            self._presence_request.Start()
+        mine = np.array([fingerprint], np.int64)
+        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
+                                      for j in self._others]]
+
+    def _hear_presence(self, comm) -> None:
+        """Record every presence message that has arrived (member -> fingerprint)."""
+        request, status = self._presence_request, MPI.Status()
+        while request.Test(status):
+            self._present[self.members[status.Get_source()]] = int(self._presence[0])
+            request.Start()
+
+    # -- data -----------------------------------------------------------------------------
 
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        self._carried(patience, can_carry=False)
+        comm = self._ready(patience)
         recv = np.empty((self.size, send.size), dtype=np.uint8)
         if send.nbytes > P2P_ALLGATHER_MAX_BYTES:
-            self._wait(self._comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
+            self._wait(comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
             return recv
         recv[self.rank] = send
-        recvs, sends = self._post_allgather(send, recv)
+        others = self._others
+        recvs = [comm.Irecv([recv[j], MPI.BYTE], j, _TAG_ALLGATHER) for j in others]
+        sends = [comm.Isend([send, MPI.BYTE], j, _TAG_ALLGATHER) for j in others]
         self._await_members(recvs, sends, patience)
         return recv
 
-    def _post_allgather(self, send: np.ndarray, recv: np.ndarray) -> tuple[list, list]:
-        comm, others = self._comm, self._others
-        recvs = [comm.Irecv([recv[j], MPI.BYTE], j, _TAG_ALLGATHER) for j in others]
-        sends = [comm.Isend([send, MPI.BYTE], j, _TAG_ALLGATHER) for j in others]
-        return recvs, sends
-
     def _await_members(self, recvs: list, sends: list, patience: Patience) -> None:
-        """Wait for point-to-point allgather ``recvs`` (one per other member, in order),
-        reporting the members still missing; then for ``sends``. Cancels all on an error."""
+        """Wait for point-to-point ``recvs`` (one per other member, in order), reporting the
+        members still missing; then for ``sends``. Cancels all on an error."""
         testall, others = MPI.Request.Testall, self._others
         try:
             if not testall(recvs):
@@ -110,9 +194,10 @@ class MPICommunicator(Communicator):
                 polls = 0
                 while not testall(recvs):
                     polls += 1
-                    if not polls % _ABSENT_EVERY:  # who is still missing, for a stall message
+                    if not polls % _NOTICE_EVERY:  # who is still missing, for a stall message
                         patience.waiting_for([self.members[j] for j, r in zip(others, recvs)
                                               if not r.Test()])
+                        self._transport.check_notices()
                     patience.backoff()
                 patience.waiting_for(())
             if sends and not testall(sends):
@@ -122,141 +207,35 @@ class MPICommunicator(Communicator):
                 _cancel(r)
             raise
 
-    def _wait_all(self, requests, patience: Patience) -> None:
-        while not MPI.Request.Testall(requests):
-            patience.backoff()
-
-    # -- the descriptor handshake carried with data ---------------------------------------
-
-    def _carried(self, patience: Patience, can_carry: bool = True):
-        """The call's pending handshake if this data carries it (``can_carry``, a call of
-        at most :data:`CARRY_MAX_BYTES`, every instance of the job a member), else None
-        after completing a pending one."""
-        handshake = patience.handshake
-        if handshake is None or handshake.done:
-            return None
-        if handshake.members != self.members:
-            handshake.complete()
-        elif can_carry and handshake.payload_bytes <= CARRY_MAX_BYTES:
-            return handshake
-        else:
-            self._exchange_first(handshake)
-        return None
-
-    def _exchange_first(self, handshake) -> None:
-        """The handshake in a round of its own, over the persistent descriptor requests
-        (the same messages as when carried, so members that decide differently on a call
-        whose descriptors differ still pair up)."""
-        self._post_descriptor(handshake)
-        self._settle(handshake, [], [])
-        sends = self._descriptor_requests[len(self._others):]
-        if not MPI.Request.Testall(sends):
-            try:
-                self._wait_all(sends, handshake.patience())
-            except BaseException:
-                self._descriptor_requests = None  # new ones next time: these may be pending
-                raise
-
-    def _post_descriptor(self, handshake) -> None:
-        """Send this member's descriptor to the others and receive theirs (before the data,
-        which is looked at only once the descriptors agree): persistent requests on fixed
-        buffers, started once per call (half the cost of new ones)."""
-        mine = handshake.encoded()
-        if self._descriptor_requests is None or self._descriptors.shape[1] != mine.size:
-            self._descriptors = np.empty((self.size, mine.size), np.uint8)
-            self._descriptor_send = np.empty(mine.size, np.uint8)
-            comm, others = self._comm, self._others
-            self._descriptor_requests = (
-                [comm.Recv_init([self._descriptors[j], MPI.BYTE], j, _TAG_ALLGATHER)
-                 for j in others]
-                + [comm.Send_init([self._descriptor_send, MPI.BYTE], j, _TAG_ALLGATHER)
-                   for j in others])
-        self._descriptors[self.rank] = mine
-        self._descriptor_send[:] = mine
-        MPI.Prequest.Startall(self._descriptor_requests)
-
-    def _fused_tag(self, handshake) -> int:
-        return _TAG_FUSED_BASE + handshake.call_id % self._tag_span
-
-    def _settle(self, handshake, data_recvs: list, data_sends: list) -> None:
-        """Wait for the other members' descriptors and check them before any data is
-        used (the descriptor sends are waited for with the data). On a disagreement or a
-        timeout the call's data receives are cancelled and its sends abandoned (their tag is
-        the call's own: nothing later can receive them), then the error is raised."""
-        requests = self._descriptor_requests
-        recvs = requests[:len(self._others)]
-        try:
-            if not MPI.Request.Testall(recvs):  # (a patience only for a wait)
-                self._await_members(recvs, [], handshake.patience())
-            handshake.verify(self._descriptors)
-        except BaseException:
-            self._descriptor_requests = None  # new ones next time: these may be pending
-            self._withdraw(data_recvs, [*data_sends, *requests])
-            raise
-
-    def _finish_carried(self, handshake, recvs: list, sends: list,
-                        patience: Patience) -> None:
-        """Check the descriptors (:meth:`_settle`), then wait for the data ``recvs`` and
-        ``sends`` and the descriptor sends."""
-        self._settle(handshake, recvs, sends)
-        try:
-            self._complete(recvs + sends + self._descriptor_requests[len(self._others):],
-                           patience)
-        except BaseException:
-            self._descriptor_requests = None  # new ones next time: these may be pending
-            raise
-
-    def _withdraw(self, recvs: list, sends: list) -> None:
-        for r in recvs:
-            _cancel(r)
-        deadline = time.monotonic() + _WITHDRAW_S
-        for r in recvs:
-            try:
-                while not r.Test() and time.monotonic() < deadline:
-                    os.sched_yield()
-            except MPI.Exception:  # e.g. a truncated message of a call that differed
-                pass
-        self._abandoned = [r for r in self._abandoned if not _finished(r)] + sends
-
-    # -- data -----------------------------------------------------------------------------
-
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv_counts: Sequence[int], patience: Patience,
                   recv: np.ndarray | None = None) -> np.ndarray:
         # Point-to-point, our own piece copied by numpy while the others move: measured
         # about twice as fast as MPICH's Ialltoallv (whose schedule also does the self-copy).
+        comm = self._ready(patience)
         total = sum(recv_counts)
         if recv is None:
             recv = np.empty(total, dtype=np.uint8)
         elif recv.size != total:
             recv = recv[:total]
-        handshake = self._carried(patience)
-        if handshake:
-            self._post_descriptor(handshake)
-        tag = self._fused_tag(handshake) if handshake else _TAG_ALLTOALLV
         sent_at, got_at = _displacements(send_counts), _displacements(recv_counts)
-        comm, others = self._comm, self._others
-        recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j, tag)
-                 for j in others if recv_counts[j]]
-        sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j, tag)
-                 for j in others if send_counts[j]]
+        others = self._others
+        recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
+                            _TAG_ALLTOALLV) for j in others if recv_counts[j]]
+        sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
+                            _TAG_ALLTOALLV) for j in others if send_counts[j]]
         me = self.rank
         if recv_counts[me]:  # our own piece, while the others' move
             recv[got_at[me]:got_at[me] + recv_counts[me]] = \
                 send[sent_at[me]:sent_at[me] + send_counts[me]]
-        if handshake:
-            self._finish_carried(handshake, recvs, sends, patience)
-        else:
-            self._complete(recvs + sends, patience)
+        self._complete(recvs + sends, patience)
         return recv
 
     def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
-        if self._carried(patience) is not None:  # point-to-point, with the descriptor
-            counts = [send.nbytes // self.size] * self.size
-            return self.alltoallv(send, counts, counts, patience, recv)
         # Equal blocks: one MPI_Ialltoall straight into the result, less Python per call than
         # point-to-point (measured the same speed from 1 to 16 MiB between two ranks).
-        self._wait(self._comm.Ialltoall([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
+        comm = self._ready(patience)
+        self._wait(comm.Ialltoall([send, MPI.BYTE], [recv, MPI.BYTE]), patience)
         return recv
 
     def _complete(self, requests: list, patience: Patience) -> None:
@@ -272,9 +251,9 @@ class MPICommunicator(Communicator):
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
-        self._carried(patience, can_carry=False)
+        comm = self._ready(patience)
         recv = np.empty(sum(recv_counts), dtype=np.uint8)
-        request = self._comm.Iallgatherv(
+        request = comm.Iallgatherv(
             [send, MPI.BYTE],
             [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
         self._wait(request, patience)
@@ -282,64 +261,38 @@ class MPICommunicator(Communicator):
 
     def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
                         patience: Patience) -> np.ndarray:
-        self._carried(patience, can_carry=False)
-        request = self._comm.Iallgatherv(
+        comm = self._ready(patience)
+        request = comm.Iallgatherv(
             MPI.IN_PLACE, [recv, (list(recv_counts), _displacements(recv_counts)), MPI.BYTE])
         self._wait(request, patience)
         return recv
 
     def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
                       patience: Patience) -> np.ndarray:
-        handshake = self._carried(patience)
+        # MPI's own Iallgatherv straight into the caller's result: measured faster than
+        # point-to-point Isend/Irecv with a numpy copy of our piece (4 MiB between two
+        # ranks: 160 vs 193 us; the same at 1 MiB), and than Iallgather at 16 MiB.
+        comm = self._ready(patience)
         counts, at = list(recv_counts), _displacements(recv_counts)
-        if handshake is None:
-            # MPI's own Iallgatherv straight into the caller's result: measured faster than
-            # point-to-point Isend/Irecv with a numpy copy of our piece (4 MiB between two
-            # ranks: 160 vs 193 us; the same at 1 MiB), and than Iallgather at 16 MiB.
-            self._wait(self._comm.Iallgatherv([send, MPI.BYTE], [recv, (counts, at), MPI.BYTE]),
-                       patience)
-            return recv
-        # With the descriptor: point-to-point (an MPI collective must not start on
-        # speculation), every member's piece straight to its place in the result.
-        self._post_descriptor(handshake)
-        tag, comm, me = self._fused_tag(handshake), self._comm, self.rank
-        recvs = [comm.Irecv([recv[at[j]:at[j] + counts[j]], MPI.BYTE], j, tag)
-                 for j in self._others if counts[j]]
-        sends = [comm.Isend([send, MPI.BYTE], j, tag) for j in self._others] \
-            if send.nbytes else []
-        recv[at[me]:at[me] + counts[me]] = send
-        self._finish_carried(handshake, recvs, sends, patience)
+        self._wait(comm.Iallgatherv([send, MPI.BYTE], [recv, (counts, at), MPI.BYTE]),
+                   patience)
         return recv
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
-        handshake = self._carried(patience)
-        if handshake is None and self.size > 2:
-            self._wait(self._comm.Ibcast([data, MPI.BYTE], root), patience)
+        comm = self._ready(patience)
+        if self.size > 2:
+            self._wait(comm.Ibcast([data, MPI.BYTE], root), patience)
             return data
-        # Point-to-point (with the descriptor, or between two members): the others read the
-        # root's bytes while the root does the caller's overlap work (its own copy of the
-        # value). MPI_Ibcast's schedule waits for the root between its steps, which that
-        # copy holds up: two ranks, interleaved medians, 1-16 MiB: 4-12% slower that way.
-        if handshake is not None:
-            self._post_descriptor(handshake)
-        tag = self._fused_tag(handshake) if handshake else _TAG_BROADCAST
-        recvs, sends = [], []
+        # Point-to-point between two members: the other reads the root's bytes while the
+        # root does the caller's overlap work (its own copy of the value). MPI_Ibcast's
+        # schedule waits for the root between its steps, which that copy holds up: two
+        # ranks, interleaved medians, 1-16 MiB: 4-12% slower that way.
         if self.rank == root:
-            sends = [self._comm.Isend([data, MPI.BYTE], j, tag) for j in self._others]
+            requests = [comm.Isend([data, MPI.BYTE], j, _TAG_BROADCAST) for j in self._others]
         else:
-            recvs = [self._comm.Irecv([data, MPI.BYTE], root, tag)]
-        if handshake is not None:
-            self._finish_carried(handshake, recvs, sends, patience)
-        else:
-            self._complete(recvs + sends, patience)
+            requests = [comm.Irecv([data, MPI.BYTE], root, _TAG_BROADCAST)]
+        self._complete(requests, patience)
         return data
-
-
-def _finished(request) -> bool:
-    try:
-        return request.Test()
-    except Exception:  # noqa: BLE001 - a failed request is finished too
-        return True
 
 
 def _cancel(request) -> None:
@@ -352,14 +305,19 @@ def _cancel(request) -> None:
 
 class MPITransport(Transport):
     """Instances are the ranks of ``MPI.COMM_WORLD`` (started by poprun's mpirun, or mpirun).
-    Descriptors travel with the first data of a call (:mod:`collectives.handshake`).
+
+    Args:
+        process_index, process_count: this instance and the job size.
+        options: timeouts (wall seconds); default: from the environment
+            (:meth:`CollectiveOptions.from_env`).
 
     Raises:
         TransportError: the MPI world does not match the job (size or rank differ from
             ``process_count``/``process_index``).
     """
 
-    def __init__(self, process_index: int, process_count: int):
+    def __init__(self, process_index: int, process_count: int,
+                 options: CollectiveOptions | None = None):
         world = MPI.COMM_WORLD
         if world.Get_size() != process_count or world.Get_rank() != process_index:
             raise TransportError(
@@ -367,9 +325,89 @@ class MPITransport(Transport):
                 f"rank {world.Get_rank()} of {world.Get_size()}: start the program with "
                 f"poprun (or mpirun -n {process_count})")
         self.process_index, self.process_count = process_index, process_count
-        self.fuses_descriptors = True
+        self.options = options or CollectiveOptions.from_env()
         self._world = world
+        # The job's communicator, duplicated without waiting: the first call waits for it with
+        # its patience (a peer that is late times out there).
+        self._job, self._job_ready = world.Idup()
+        # Notices of instances that give up come on COMM_WORLD itself (it exists from the
+        # start, so even an instance that never reached a communicator can be told), under
+        # the reserved tag _TAG_NOTICE.
+        self._notice = np.zeros(NOTICE_BYTES, np.uint8)
+        self._notice_request = world.Recv_init([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
+                                               _TAG_NOTICE)
+        self._notice_request.Start()
+        self._lost: PeerLostError | None = None
+        self._gave_up = False
+        self._notices_sent: list = []  # (requests, buffer): kept alive until the end
+        atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def wait(self, request, patience: Patience) -> None:
+        """Poll ``request`` until done, backing off with ``patience``; every
+        :data:`_NOTICE_EVERY` polls look for a notice of a peer that gave up.
+
+        Raises:
+            CollectiveTimeoutError: past the patience's timeout (the others are told).
+            PeerLostError: a peer gave up (:meth:`abandon`).
+        """
+        self.wait_all([request], patience)
+
+    def wait_all(self, requests: list, patience: Patience) -> None:
+        """:meth:`wait` for every one of ``requests``."""
+        polls, testall = 0, MPI.Request.Testall
+        try:
+            while not testall(requests):
+                polls += 1
+                if not polls % _NOTICE_EVERY:
+                    self.check_notices()
+                patience.backoff()
+        except CollectiveTimeoutError as exc:
+            self.abandon(f"timed out: {exc}")
+            raise
+
+    # -- notices of instances that give up ------------------------------------------------
+
+    def check_notices(self) -> None:
+        """Raise if another instance gave up (sent a notice, :meth:`abandon`).
+
+        Raises:
+            PeerLostError: names the instance and its reason.
+        """
+        if self._lost is not None:
+            raise self._lost
+        request = self._notice_request
+        if request is None:
+            return
+        status = MPI.Status()
+        if request.Test(status):
+            source = status.Get_source()
+            reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
+            self._lost = PeerLostError(
+                f"instance {source} gave up on the job's collectives ({reason}); this "
+                f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
+                f"{self.options.timeout_s:g} s)", source)
+            raise self._lost
+
+    def abandon(self, reason: str) -> None:
+        """Send a notice to every other instance: this one gives up (best effort, once,
+        without waiting; a notice that cannot go yet is dropped)."""
+        if self._gave_up or self.process_count == 1:
+            return
+        self._gave_up = True
+        try:
+            text = reason.encode("utf-8", "replace")[:NOTICE_BYTES]
+            buffer = np.zeros(NOTICE_BYTES, np.uint8)
+            buffer[:len(text)] = np.frombuffer(text, np.uint8)
+            requests = [self._world.Isend([buffer, MPI.BYTE], j, _TAG_NOTICE)
+                        for j in range(self.process_count) if j != self.process_index]
+            self._notices_sent.append((requests, buffer))
+        except MPI.Exception:  # the job is ending anyway
+            logger.debug("sending a notice failed", exc_info=True)
+
+    # -- communicators ------------------------------------------------------------------------
 
     def communicator(self, members: tuple[int, ...]) -> Communicator:
         comm = self._comms.get(members)
@@ -377,17 +415,86 @@ class MPITransport(Transport):
             if self.process_index not in members:
                 raise ValueError(f"instance {self.process_index} is not in {members}")
             if members == tuple(range(self.process_count)):
-                raw = self._world.Dup()
+                make = self._job_communicator
             else:
-                # Create_group is collective over the members only (MPI-3).
-                raw = self._world.Create_group(self._world.Get_group().Incl(list(members)))
-            comm = self._comms[members] = MPICommunicator(raw, members)
+                def make(patience: Patience, members=members):
+                    return self._sub_communicator(members, patience)
+            comm = self._comms[members] = MPICommunicator(self, members, make)
         return comm
+
+    def _job_communicator(self, patience: Patience):
+        """The duplicate of COMM_WORLD, once its ``MPI_Comm_idup`` is complete."""
+        self.check_notices()
+        if self._job_ready is not None:
+            self.wait(self._job_ready, patience)
+            self._job_ready = None
+        return self._job
+
+    def _sub_communicator(self, members: tuple[int, ...], patience: Patience):
+        """A communicator of ``members`` made by ``MPI_Comm_create_group`` (collective over
+        the members only, MPI-3), which blocks until every member calls it: the members
+        first announce themselves to each other point-to-point (waited for with
+        ``patience``, naming who is missing), so it is called only once all are there."""
+        job = self._job_communicator(patience)
+        me = self.process_index
+        others = [m for m in members if m != me]
+        hello = np.zeros(len(others), np.uint8)
+        recvs = [job.Irecv([hello[i:i + 1], MPI.BYTE], m, _TAG_CREATE)
+                 for i, m in enumerate(others)]
+        sends = [job.Isend([hello[:0], MPI.BYTE], m, _TAG_CREATE) for m in others]
+        polls = 0
+        try:
+            while not MPI.Request.Testall(recvs):
+                polls += 1
+                if not polls % _NOTICE_EVERY:
+                    patience.waiting_for([m for m, r in zip(others, recvs) if not r.Test()])
+                    self.check_notices()
+                patience.backoff()
+            self.wait_all(sends, patience)
+        except BaseException as exc:
+            for r in [*recvs, *sends]:
+                _cancel(r)
+            if isinstance(exc, CollectiveTimeoutError):
+                self.abandon(f"timed out making the communicator of instances {members}")
+            raise
+        return job.Create_group(job.Get_group().Incl(list(members)), _TAG_CREATE_GROUP)
+
+    def _stop_listening(self) -> None:
+        """Withdraw the receives of notices and presence messages (MPI_Finalize would
+        report them as leaked)."""
+        atexit.unregister(self._stop_listening)
+        requests = [self._notice_request] + [c._presence_request for c in self._comms.values()]
+        self._notice_request = None
+        for comm in self._comms.values():
+            comm._presence_request = None
+        for request in requests:
+            if request is not None:
+                _withdraw(request)
 
     def close(self) -> None:
         for comm in self._comms.values():
-            try:
-                comm._comm.Free()
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                logger.debug("freeing a communicator failed", exc_info=True)
+            if comm._comm is not None and comm._comm != self._job:
+                _free(comm._comm)
         self._comms.clear()
+        self._stop_listening()
+        # (the duplicates of COMM_WORLD are left to MPI_Finalize: freeing one whose Idup a
+        # peer never joined would wait for that peer)
+
+
+def _withdraw(request) -> None:
+    """Cancel a pending receive, wait briefly for the cancel, free it (best effort)."""
+    _cancel(request)
+    deadline = time.monotonic() + _WITHDRAW_S
+    try:
+        while not request.Test() and time.monotonic() < deadline:
+            pass
+        request.Free()
+    except MPI.Exception:  # the job is ending
+        logger.debug("withdrawing a receive failed", exc_info=True)
+
+
+def _free(comm) -> None:
+    try:
+        comm.Free()
+    except Exception:  # noqa: BLE001 - best effort at shutdown
+        logger.debug("freeing a communicator failed", exc_info=True)

@@ -1,5 +1,7 @@
 """The layout-invariance program: every case of ``tests.collective_cases`` on 8 replicas,
-each replica's results saved as ``OUTDIR/replica<r>.npz`` (key: case key).
+alone and fused in nests, each replica's results saved as ``OUTDIR/replica<r>.npz`` (key:
+case key; a nest call's results, :func:`~tests.collective_cases.packed`: ``<nest key>`` and
+``<nest key>|layout``).
 
     poprun -n 4 --num-replicas 8 python -m tests.perrank.layout_prog OUTDIR
     python -m tests.perrank.layout_prog OUTDIR          # alone: 1 instance x 8 replicas
@@ -16,7 +18,7 @@ from collectives import replication_index
 from collectives.strategies import IPUMultiReplicaStrategy
 from ipu_node import IPUConfig
 from poprun import popdist
-from tests.collective_cases import all_cases, run_case
+from tests.collective_cases import all_cases, nest_cases, packed, run_case, run_nest
 
 NUM_REPLICAS = 8
 
@@ -31,10 +33,14 @@ def main(outdir: str) -> int:
     strategy = IPUMultiReplicaStrategy()
     assert strategy.num_replicas_in_sync == NUM_REPLICAS, strategy.num_replicas_in_sync
     cases = all_cases(NUM_REPLICAS)
+    nests = nest_cases(NUM_REPLICAS)
 
     def step():
         r = int(replication_index())
-        return r, {case.key: run_case(case, r) for case in cases}
+        results = {case.key: run_case(case, r) for case in cases}
+        for key, members in nests.items():
+            results[key], results[f"{key}|layout"] = packed(run_nest(members, r))
+        return r, results
 
     os.makedirs(outdir, exist_ok=True)
     for r, results in strategy.run(step):

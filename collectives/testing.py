@@ -1,0 +1,215 @@
+"""A conformance suite for transports: one test body for the local, MPI and gRPC
+communicators (the contract of :mod:`collectives.transports.base`).
+
+Run :func:`check_communicator` on every instance of a job at the same time (one process per
+instance under ``poprun``/``mpirun``, or one thread per instance when the transports of a job
+live in one process, as the gRPC tests do)::
+
+    from collectives.testing import check_communicator
+    passed = check_communicator(transport)      # on every instance, same arguments
+
+It raises ``AssertionError`` naming the check, the communicator and the member on the first
+result that breaks the contract, and returns the names of the checks that passed. The checks:
+
+* ``agree``: equal fingerprints agree, different ones disagree, the same answer on every
+  member, and the communicator stays usable after a disagreement (a mismatch);
+* ``zero bytes``: every operation with nothing to move;
+* ``uneven counts``: all-gathers and all-to-alls whose members send different byte counts,
+  some of them zero;
+* ``equal blocks``: ``allgather``, ``alltoall_to``, ``allgatherv_to``, ``allgatherv_into``,
+  ``broadcast`` from every root;
+* ``sub-communicators``: the same checks on the communicators of the first and the second half
+  of the instances (each member on its own half), then the job's communicator again;
+* ``timeout`` (``timeouts=True``, last, since a transport may stop after one, MPI tells the
+  others): instance 0 waits alone in an all-gather and must get ``CollectiveTimeoutError``
+  after ``timeout_s``, naming the instances that did not come.
+
+Byte contents are a function of (member, length), so every member can compute what every
+other one sent.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from collectives.errors import CollectiveTimeoutError
+from collectives.options import CollectiveOptions
+from collectives.transports.base import Communicator, Transport
+from collectives.waiting import Patience
+
+__all__ = ["check_communicator"]
+
+
+def _bytes(member: int, n: int, salt: int = 0) -> np.ndarray:
+    """The ``n`` bytes that ``member`` sends (``uint8[n]``)."""
+    return ((np.arange(n, dtype=np.int64) * (member + 3) + 7 * salt + member) % 251).astype(
+        np.uint8)
+
+
+class _Checks:
+    def __init__(self, comm: Communicator, options: CollectiveOptions, where: str):
+        self.comm = comm
+        self.options = options
+        self.where = where
+
+    def patience(self, what: str) -> Patience:
+        return Patience(f"conformance {what}", self.options, lambda: "the other members")
+
+    def expect(self, name: str, got: np.ndarray, want: np.ndarray) -> None:
+        got = np.asarray(got).reshape(-1)
+        want = np.asarray(want).reshape(-1)
+        if got.dtype != np.uint8 or got.size != want.size or not np.array_equal(got, want):
+            raise AssertionError(
+                f"{name} over instances {self.comm.members} ({self.where}, member "
+                f"{self.comm.rank}): got {got.dtype}[{got.size}] {got[:16].tolist()}..., "
+                f"expected uint8[{want.size}] {want[:16].tolist()}...")
+
+    # -- the checks -----------------------------------------------------------------------
+
+    def agree(self) -> None:
+        comm, n = self.comm, self.comm.size
+        for fingerprint in (0, 12345, (1 << 63) - 1):
+            if not comm.agree(fingerprint, self.patience("agree")):
+                raise AssertionError(f"agree({fingerprint}) over {comm.members} "
+                                     f"({self.where}): equal fingerprints disagreed")
+        if n > 1:
+            for differing in (1000 + comm.rank, 5 if comm.rank == n - 1 else 6):
+                if comm.agree(differing, self.patience("agree")):
+                    raise AssertionError(f"agree over {comm.members} ({self.where}): "
+                                         f"member {comm.rank}'s {differing} agreed with the "
+                                         "others' different fingerprints")
+        if not comm.agree(77, self.patience("agree")):  # still usable after a mismatch
+            raise AssertionError(f"agree over {comm.members} ({self.where}): unusable after "
+                                 "a disagreement")
+
+    def zero_bytes(self) -> None:
+        comm, n, empty = self.comm, self.comm.size, np.empty(0, np.uint8)
+        self.expect("allgather of 0 bytes", comm.allgather(empty, self.patience("allgather")),
+                    empty)
+        self.expect("allgatherv of 0 bytes",
+                    comm.allgatherv(empty, [0] * n, self.patience("allgatherv")), empty)
+        self.expect("alltoallv of 0 bytes",
+                    comm.alltoallv(empty, [0] * n, [0] * n, self.patience("alltoallv")), empty)
+        self.expect("broadcast of 0 bytes",
+                    comm.broadcast(empty.copy(), 0, self.patience("broadcast")), empty)
+
+    def uneven(self) -> None:
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        counts = [3 * j for j in range(n)]  # member 0 sends nothing
+        want = np.concatenate([_bytes(j, counts[j]) for j in range(n)])
+        self.expect("allgatherv, uneven", comm.allgatherv(_bytes(me, counts[me]), counts,
+                                                          self.patience("allgatherv")), want)
+        recv = np.zeros(sum(counts), np.uint8)
+        start = sum(counts[:me])
+        recv[start:start + counts[me]] = _bytes(me, counts[me])
+        self.expect("allgatherv_into, uneven",
+                    comm.allgatherv_into(recv, counts, self.patience("allgatherv_into")), want)
+        out = np.zeros(sum(counts), np.uint8)
+        self.expect("allgatherv_to, uneven",
+                    comm.allgatherv_to(_bytes(me, counts[me]), out, counts,
+                                       self.patience("allgatherv_to")), want)
+
+        # member i sends (i + 2j) % 3 bytes to member j (zeros included)
+        def count(i: int, j: int) -> int:
+            return (i + 2 * j) % 3
+
+        send_counts = [count(me, j) for j in range(n)]
+        recv_counts = [count(i, me) for i in range(n)]
+        send = np.concatenate([_bytes(me, send_counts[j], salt=j) for j in range(n)])
+        want = np.concatenate([_bytes(i, recv_counts[i], salt=me) for i in range(n)])
+        self.expect("alltoallv, uneven",
+                    comm.alltoallv(send, send_counts, recv_counts, self.patience("alltoallv")),
+                    want)
+        scratch = np.zeros(sum(recv_counts) + 5, np.uint8)  # a reused, larger buffer
+        got = comm.alltoallv(send, send_counts, recv_counts, self.patience("alltoallv"),
+                             scratch)
+        self.expect("alltoallv into a scratch buffer", np.asarray(got)[:sum(recv_counts)],
+                    want)
+
+    def equal_blocks(self) -> None:
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        for size in (1, 1000):
+            want = np.stack([_bytes(j, size) for j in range(n)])
+            self.expect(f"allgather of {size} bytes",
+                        comm.allgather(_bytes(me, size), self.patience("allgather")), want)
+            send = np.concatenate([_bytes(me, size, salt=j) for j in range(n)])
+            recv = np.zeros(size * n, np.uint8)
+            want = np.concatenate([_bytes(i, size, salt=me) for i in range(n)])
+            self.expect(f"alltoall_to of {size} bytes a block",
+                        comm.alltoall_to(send, recv, self.patience("alltoall_to")), want)
+            for root in range(n):
+                data = _bytes(me, size) if me == root else np.zeros(size, np.uint8)
+                self.expect(f"broadcast of {size} bytes from {root}",
+                            comm.broadcast(data, root, self.patience("broadcast")),
+                            _bytes(root, size))
+
+    def all(self) -> list[str]:
+        done = []
+        for name, check in (("agree", self.agree), ("zero bytes", self.zero_bytes),
+                            ("uneven counts", self.uneven), ("equal blocks", self.equal_blocks)):
+            check()
+            done.append(f"{name} over {list(self.comm.members)}")
+        return done
+
+
+def check_communicator(transport: Transport, *, timeout_s: float = 2.0,
+                       timeouts: bool = True,
+                       log: Callable[[str], None] | None = None) -> list[str]:
+    """Run the conformance checks (module docstring) on ``transport``'s communicators.
+
+    Call it on every instance of the job at once, with the same arguments.
+
+    Args:
+        transport: this instance's transport (local, MPI, gRPC, or a new one).
+        timeout_s: the patience of every wait (wall seconds): a check that hangs fails
+            with ``CollectiveTimeoutError`` after it; the timeout check waits this long.
+        timeouts: run the timeout check (last; afterwards the transport may be unusable).
+        log: called with the name of each check as it passes.
+
+    Returns:
+        The names of the checks that passed, in order.
+
+    Raises:
+        AssertionError: a result broke the contract (names the check and the member).
+        CollectiveTimeoutError: a check did not complete within ``timeout_s``.
+    """
+    options = CollectiveOptions(stall_warning_s=timeout_s, timeout_s=timeout_s)
+    n, me = transport.process_count, transport.process_index
+    everyone = tuple(range(n))
+    done: list[str] = []
+
+    def run(comm: Communicator, where: str) -> None:
+        for name in _Checks(comm, options, where).all():
+            done.append(name)
+            if log is not None:
+                log(name)
+
+    run(transport.communicator(everyone), "the job's communicator")
+    if n > 1:
+        half = (n + 1) // 2
+        mine = everyone[:half] if me < half else everyone[half:]
+        run(transport.communicator(mine), "a sub-communicator")
+        run(transport.communicator(everyone), "the job's communicator after the others")
+    if timeouts and n > 1:
+        if me == 0:
+            _check_timeout(transport.communicator(everyone), options)
+        done.append("timeout")
+        if log is not None:
+            log("timeout")
+    return done
+
+
+def _check_timeout(comm: Communicator, options: CollectiveOptions) -> None:
+    patience = Patience("conformance timeout", options, lambda: "the other members",
+                        name_absent=lambda members: f"instances {list(members)}")
+    try:
+        comm.allgather(np.zeros(8, np.uint8), patience)
+    except CollectiveTimeoutError as exc:
+        others = [m for m in comm.members if m != comm.members[comm.rank]]
+        if f"instances {others}" not in str(exc):
+            raise AssertionError(f"the timeout does not name the absent members: {exc}")
+        return
+    raise AssertionError(f"an all-gather over {comm.members} that only member {comm.rank} "
+                         "called returned instead of timing out")
