@@ -102,7 +102,7 @@ from ipu_node.systems import SystemModel
 
 from collectives._accounting import CallRecord
 from collectives.gcl_options import METHODS
-from collectives.schedules import Pricer as _Pricer, split_groups
+from collectives.schedules import Pricer as _Pricer, folded_order, split_groups
 
 if TYPE_CHECKING:
     from ipu_node.system import IPUSystem
@@ -439,6 +439,20 @@ class HardwareCostModel:
                 self._splits[key] = parts
         return self._splits[key]
 
+    def is_open_chain(self, groups: tuple[tuple[int, ...], ...]) -> bool:
+        """Whether every group lies inside one IPU-Link domain and its ring, members in
+        order, closes over more than two IPU-Link hops (an open chain such as half a torus
+        column, where a :data:`collectives.schedules.FOLDED` ring, whose hops are at most
+        two, may pay), cached."""
+        key = (groups, "open chain")
+        if key not in self._splits:
+            model = self.model
+            is_open = all(len({model.domain_of(i) for i in g}) == 1
+                          and len(route(model, g[-1], g[0])) > 2 for g in groups)
+            with self._lock:
+                self._splits[key] = is_open
+        return self._splits[key]
+
     def _flows(self, ipus: list[int], pattern: tuple) -> list[tuple[int, int]]:
         n = len(ipus)
         if pattern[0] == "pairs":
@@ -448,5 +462,7 @@ class HardwareCostModel:
         if pattern[0] == "line":  # each way: a fragment being reduced, one being broadcast
             return [f for a, b in zip(ipus, ipus[1:]) for f in ((a, b), (a, b), (b, a), (b, a))]
         orders = (ipus, mirrored_ring(self.model, ipus))
+        if len(pattern) > 2 and pattern[2]:  # folded (collectives.schedules.FOLDED)
+            orders = tuple(folded_order(o) for o in orders)
         return [(orders[ring][i], orders[ring][(i + d) % n])
                 for ring, d in pattern[1] for i in range(n)]

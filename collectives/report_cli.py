@@ -8,8 +8,8 @@ Prints :func:`collectives.run_report.summary` and writes two PNG files beside th
 * ``<stem>-breakdown.png``: the step breakdown, the step estimate's terms when the report has
   one (:func:`collectives.run_report.use_model_card`), else the modelled seconds of the run's
   collectives per op and schedule;
-* ``<stem>-scaling.png``: what_if over POD sizes (POD16, POD64, POD128, POD256, all IPUs as
-  replicas of one IPU): samples/s and step time of the report's model card, or without a card
+* ``<stem>-scaling.png``: what_if over POD sizes (POD16, POD64, POD128, POD256, all IPUs in
+  replicas of the run's IPUs per replica; one IPU without a card): samples/s and step time of the report's model card, or without a card
   the modelled seconds of the run's collectives re-priced on every POD.
 
 Exit status: 0, or 2 with a message for a missing or malformed report.
@@ -80,7 +80,7 @@ def _draw(report: dict, out_dir: str, stem: str) -> tuple[str, str]:
     est = report.get("step_estimate")
     if est:
         terms = {k: v * 1e3 for k, v in est["breakdown"].items() if k != "host_io"}
-        title = f"{report['system']}: modelled step {est['step_s'] * 1e3:.2f} ms"
+        title = f"{report['system']}: modelled step {est['step_s'] * 1e3:.4g} ms"
     else:
         terms = {f"{c['op']}\n{c['method'][:28]}": c["modelled_s"] * 1e3
                  for c in report["collectives"]}
@@ -98,7 +98,9 @@ def _draw(report: dict, out_dir: str, stem: str) -> tuple[str, str]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot(SCALING_SYSTEMS, values, marker="o", color="tab:blue", label=label)
     ax.set_ylabel(label)
-    ax.set_xlabel("what_if: POD size (every IPU a replica)")
+    k = (est or {}).get("config", {}).get("ipus_per_replica", 1)
+    ax.set_xlabel("what_if: POD size (every IPU in a replica"
+                  + (f" of {k} IPUs)" if k > 1 else ")"))
     if rates:
         ax2 = ax.twinx()
         ax2.plot(SCALING_SYSTEMS, rates, marker="s", color="tab:orange", label="samples/s")

@@ -48,6 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from ipu_node.chips import Chip, chip_of_system
+from ipu_node.ipu_infeed_queue import dequeued_bytes
 from ipu_node.systems import canonical_system_name, get_system_model
 
 from collectives.cost_model import ALL_REDUCE_OPS, HardwareCostModel
@@ -154,7 +155,7 @@ class ModelCard:
 
     @classmethod
     def from_run(cls, records: Sequence = (), *, pipeline=None, micro_batch: int = 1,
-                 flops_per_item: float | None = None, steps: int = 1,
+                 flops_per_item: float | None = None, steps: int = 1, infeed=None,
                  **fields) -> "ModelCard":
         """A card from a run, without re-running it.
 
@@ -169,7 +170,13 @@ class ModelCard:
           ``grad_dtype`` and the clock's ``compute_efficiency``, over the items of its
           ``gradient_accumulation_count * repeat_count`` micro-batches of ``micro_batch``
           items; ``stage_shares`` from each stage's share of that compute;
-        * other fields as given (``input_bytes_per_item``, optimizer state, ...).
+        * ``input_bytes_per_item`` as given, or from the run's infeeds: ``infeed``, the
+          :func:`ipu_node.ipu_infeed_queue.dequeued_bytes` of the run (default: this
+          process's, read now): per replica, the bytes of every queue's dequeued elements
+          over its iterations (the most dequeues of one queue), averaged over the replicas,
+          over ``micro_batch`` items per element (a TF-IPU dataset batched to the
+          micro-batch, one element per micro-batch); 0 when no queue was dequeued;
+        * other fields as given (optimizer state, ...).
 
         Raises:
             ValueError: neither all-reduces in ``records`` nor ``params``; neither
@@ -194,7 +201,26 @@ class ModelCard:
             flops_per_item, shares = _flops_of_pipeline(
                 pipeline, micro_batch, fields.get("grad_dtype", "float16"))
             fields.setdefault("stage_shares", shares)
+        if "input_bytes_per_item" not in fields:
+            fields["input_bytes_per_item"] = _input_bytes_per_item(infeed, micro_batch)
         return cls(flops_per_item=flops_per_item, **fields)
+
+
+def _input_bytes_per_item(infeed, micro_batch: int) -> float:
+    """Bytes per item fed by the run's infeeds (``ModelCard.from_run``)."""
+    if infeed is None:
+        infeed = dequeued_bytes()
+    fed: dict[int, float] = {}
+    iterations: dict[int, int] = {}
+    for nbytes, counts in infeed.values():
+        for replica, n in counts.items():
+            fed[replica] = fed.get(replica, 0) + nbytes * n
+            iterations[replica] = max(iterations.get(replica, 0), n)
+    if not fed:
+        return 0
+    per_element = sum(fed[r] / iterations[r] for r in fed) / len(fed)
+    per_item = per_element / micro_batch
+    return int(per_item) if float(per_item).is_integer() else per_item
 
 
 def _flops_of_pipeline(report, micro_batch: int, dtype: str) -> tuple[float, tuple]:

@@ -26,7 +26,10 @@ import sys
 import numpy as np
 
 import ipu_node
+from collectives import call_records
 from collectives.optimizers import CrossReplicaOptimizer
+from collectives.run_report import use_model_card
+from collectives.step_model import ModelCard
 from collectives.strategies import IPUMultiReplicaStrategy, PerReplica
 from ipu_node.data import Dataset
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue
@@ -153,6 +156,11 @@ def main(argv=None) -> float:
                 print(f"epoch {epoch + 1}/{args.epochs} loss={np.mean(step_losses):.6f} "
                       f"test_accuracy={accuracy:.4f}", flush=True)
     report = last_report()
+    # the run's own card (parameters from its all-reduces, FLOPs from Stage(flops=), input
+    # bytes from its infeed) in the IPUPOD_REPORT_DIR report: its step estimate and what_if
+    card = ModelCard.from_run(call_records(), pipeline=report, micro_batch=micro,
+                              steps=args.epochs * steps)
+    use_model_card(card, micro_batch=micro, gradient_accumulation=g)
     save_checkpoint(args.checkpoint_dir, instance,
                     {**params, "losses": np.array(losses), "test_accuracy": np.array(accuracy)})
     if instance == 0:

@@ -35,7 +35,7 @@ from ipu_node.loops import _body_arguments
 from ipu_node.operation import Operation
 from ipu_node.replica import current_replica_context
 
-__all__ = ["IPUInfeedQueue"]
+__all__ = ["IPUInfeedQueue", "dequeued_bytes", "reset_dequeued_bytes"]
 
 _DEPRECATED = {
     "feed_name": "No change needed. feed_name is now automatically generated.",
@@ -45,6 +45,25 @@ _DEPRECATED = {
 }
 _uids = itertools.count()
 _END = object()
+# feed name -> (bytes per element, {global replica index: elements dequeued}), every queue
+# of this process (read by collectives.step_model.ModelCard.from_run)
+_DEQUEUED: dict[str, tuple[int, dict[int, int]]] = {}
+_DEQUEUED_LOCK = threading.Lock()
+
+
+def dequeued_bytes() -> dict[str, tuple[int, dict[int, int]]]:
+    """What the :class:`IPUInfeedQueue` s of this process fed so far (since the last
+    :func:`reset_dequeued_bytes`): ``{feed_name: (bytes per element, {global replica index:
+    elements dequeued})}``. Bytes are the element's components' ``nbytes`` as fed to the
+    IPU (numpy arrays of the dataset's element spec); a copy, safe to keep."""
+    with _DEQUEUED_LOCK:
+        return {name: (nbytes, dict(counts)) for name, (nbytes, counts) in _DEQUEUED.items()}
+
+
+def reset_dequeued_bytes() -> None:
+    """Forgets what :func:`dequeued_bytes` reports (the queues themselves are unchanged)."""
+    with _DEQUEUED_LOCK:
+        _DEQUEUED.clear()
 
 
 def check_deprecated(cls_name: str, deprecated: dict, allowed: dict) -> None:
@@ -170,6 +189,13 @@ class IPUInfeedQueue:
         """The dataset's element spec (a nest of ``TensorSpec``)."""
         return self._structure
 
+    @property
+    def element_nbytes(self) -> int:
+        """Bytes of one element (every component's shape times its dtype's itemsize): what
+        one dequeue moves from the host to a replica."""
+        return sum(int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+                   for spec in self._flat_specs)
+
     def get_next(self) -> None:
         """Obsolete (TF-IPU): loops dequeue the queue.
 
@@ -228,7 +254,11 @@ class IPUInfeedQueue:
                     self._buffer[k] = self._checked(element, k)
             self._iterations[replica] = iteration + 1
             self._dequeued = True
-            return self._buffer.pop(index)
+            element = self._buffer.pop(index)
+        with _DEQUEUED_LOCK:
+            counts = _DEQUEUED.setdefault(self._feed_name, (self.element_nbytes, {}))[1]
+            counts[replica] = counts.get(replica, 0) + 1
+        return element
 
     def _checked(self, element: Any, index: int) -> Any:
         leaves, treedef = _nest.flatten(element)

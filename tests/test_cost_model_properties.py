@@ -10,7 +10,7 @@ import functools
 import pytest
 
 from collectives.cost_model import HardwareCostModel
-from collectives.schedules import LINE, RINGS
+from collectives.schedules import FOLDED, LINE, RINGS, Pricer, folded_order
 from ipu_node.systems import get_system_model
 
 OPS = ("cross_replica_sum", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
@@ -63,21 +63,55 @@ def test_auto_is_never_beaten_by_a_flat_method(system):
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_monotone_in_consecutive_group_size(system):
     """CONSECUTIVE(k) groups (all of them running at once) never get cheaper as k doubles,
-    except from half a torus (an open half of each torus column: 8 of POD16, 32 of a
-    POD64) to the whole closed torus, where the model is up to 15 % cheaper (module
-    docstring of collectives.schedules: the half torus has half the bisection)."""
+    for every op but all_to_all, except from half of each torus column (8 of POD16, 32 of a
+    POD64) to the closed column, bounded (module docstring of collectives.schedules: the
+    half columns' cut bound, checked by the next test)."""
     cost = full(system)
     n = cost.model.num_ipus
     domain = len(cost.model.domains[0])
-    for size in (8, 2049, 1 << 16, 1 << 20, RESNET50_FP16):
-        k, prev = 2, 0.0
-        while k <= n:
-            t = cost.estimate("cross_replica_sum", size, groups=consecutive(n, k))
-            if k == domain and domain >= 16 and cost.model.grid_cols == 4:
-                assert t >= prev / 1.15, (size, k)
-            else:
-                assert t >= prev, (size, k)
-            prev, k = t, k * 2
+    for op in OPS[:-1]:
+        for size in (8, 2049, 1 << 16, 1 << 20, RESNET50_FP16):
+            size *= n if op == "reduce_scatter" else 1   # a whole element per member
+            k, prev = 2, 0.0
+            while k <= n:
+                t = cost.estimate(op, size, groups=consecutive(n, k))
+                if k == domain and domain >= 16 and cost.model.grid_cols == 4:
+                    assert t >= prev / 1.2, (op, size, k)
+                else:
+                    assert t >= prev, (op, size, k)
+                prev, k = t, k * 2
+
+
+def test_half_torus_columns_are_bound_by_their_cut():
+    """Why CONSECUTIVE 32 may cost more than 64 on a POD64: both halves of a column
+    reduce ``S' = S/4`` at once across a cut of 2 IPU-Link bundles per direction, so their
+    column phase needs at least ``S'/B`` (B: one bundle's bandwidth); the closed column's
+    ring beats that bound, and the half column's schedule respects it."""
+    cost = full("POD64")
+    pricer = Pricer(cost)
+    bundle = next(l for l in cost.model.links_at(0) if 4 in (l.a, l.b))
+    s_col = RESNET50_FP16 / 4
+    bound = s_col / bundle.bandwidth_bytes_per_s
+    across = {}
+    for k in (32, 64):
+        _, outer, _, _ = cost.split(tuple(consecutive(64, k)), "machine")
+        across[k] = pricer.auto("all_reduce", outer, s_col)[0]
+    assert across[64] < bound <= across[32], (across, bound)
+    # the folded ring makes the latency-bound half column as cheap as the whole
+    assert cost.estimate("cross_replica_sum", 1 << 16, groups=consecutive(64, 32)) == \
+        pytest.approx(cost.estimate("cross_replica_sum", 1 << 16), rel=1e-9)
+
+
+def test_folded_order_and_where_it_is_tried():
+    assert folded_order([0, 1, 2, 3, 4, 5]) == [0, 2, 4, 5, 3, 1]
+    assert folded_order([7, 8, 9]) == [7, 9, 8]
+    cost = full("POD64")
+    assert cost.is_open_chain(((0, 4, 8, 12, 16, 20, 24, 28),))        # half a column
+    assert not cost.is_open_chain((tuple(range(0, 64, 4)),))          # a closed column
+    assert not cost.is_open_chain(((0, 1, 2, 3),))                    # a machine's ring
+    assert cost.is_open_chain((tuple(range(32)),))                    # rows 0-7: open
+    t, name = cost.choose("cross_replica_sum", 1 << 20, groups=consecutive(64, 32))
+    assert FOLDED in name, name
 
 
 def test_bigger_pods_never_make_the_whole_pod_all_reduce_cheaper():
@@ -151,3 +185,14 @@ def test_pipelined_replica_reduces_each_stage_share_on_its_ipu():
         cost.estimate_shares("cross_replica_sum", [1] * 5)
     with pytest.raises(ValueError, match=">= 0"):
         cost.estimate_shares("cross_replica_sum", [-1])
+
+
+def test_pipelined_replicas_price_the_same_whatever_the_instances():
+    """examples/train_digits_pipelined.py's layout (4 replicas x 2 IPUs on POD16) at -n 1
+    and -n 2: the same per-stage all-reduce (exec-pipeline's note: 6.45 vs 9.45 us before)."""
+    model = get_system_model("POD16")
+    one = HardwareCostModel.for_layout(model, 1, 4, ipus_per_replica=2)
+    two = HardwareCostModel.for_layout(model, 2, 2, ipus_per_replica=2)
+    shares = [64 * 10 * 4 + 10 * 4, 10 * 10 * 4 + 10 * 4]
+    assert one.estimate_shares("cross_replica_sum", shares) == \
+        two.estimate_shares("cross_replica_sum", shares) > 0

@@ -147,3 +147,54 @@ def test_card_from_a_pipelined_run_declares_its_flops(isolated):
         report.compute_phase_s / max(report.repeat_count, 1))
     with pytest.raises(ValueError, match="flops_per_item or the run's pipeline report"):
         ModelCard.from_run(params=10)
+
+
+def test_card_from_a_pipelined_run_with_an_infeed_reads_its_input_bytes(isolated):
+    """A 2-stage pipeline of 2 replicas on POD16 fed by an IPUInfeedQueue of micro-batches
+    of 4 items (x: 4x8 float32, y: 4 int64 = 160 bytes): the card's input bytes per item
+    come from the queue (40), and predict on the card is what_if from the run."""
+    from collectives.optimizers import CrossReplicaOptimizer
+    from collectives.strategies import IPUMultiReplicaStrategy
+    from ipu_node.data import Dataset
+    from ipu_node.ipu_compiler import compile as ipu_compile
+    from ipu_node.ipu_infeed_queue import IPUInfeedQueue, dequeued_bytes, reset_dequeued_bytes
+    from ipu_node.optimizers import GradientDescentOptimizer
+    from ipu_node.pipelining_ops import OptimizerFunctionOutput, last_report, pipeline
+    from ipu_node.variables import Variable
+    from tests.pipeline_models import (ListOutfeed, configure, hidden_stage, init_weights,
+                                       loss_stage, make_elements)
+
+    replicas, g, repeats = 2, 4, 2
+    configure(ipus_per_replica=2, replicas=replicas)
+    weights = init_weights(5, sizes=(8, 16, 3))
+    elements = make_elements(6, g * repeats * replicas)
+    infeed = IPUInfeedQueue(Dataset.from_tensor_slices(
+        (np.stack([x for x, _ in elements]), np.stack([y for _, y in elements]))))
+    assert infeed.element_nbytes == 160
+    reset_dequeued_bytes()
+    C.reset_stats()
+
+    def body():
+        w0, w1 = (Variable(w, f"W{i}") for i, w in enumerate(weights))
+        opt = CrossReplicaOptimizer(GradientDescentOptimizer(0.1))
+        pipeline([hidden_stage(w0, first=True, flops=1e6), loss_stage(w1, flops=1e6)], g,
+                 repeat_count=repeats, infeed_queue=infeed, outfeed_queue=ListOutfeed(),
+                 optimizer_function=lambda loss: OptimizerFunctionOutput(opt, loss))
+    with IPUMultiReplicaStrategy().scope():
+        ipu_compile(body)
+    fed = dequeued_bytes()[infeed.feed_name]
+    assert fed == (160, {0: g * repeats, 1: g * repeats})
+    card = ModelCard.from_run(C.call_records(), pipeline=last_report(), micro_batch=4,
+                              steps=repeats)
+    assert card.input_bytes_per_item == 40
+    assert card.params == 8 * 16 + 16 * 3 and card.stage_shares == pytest.approx((0.5, 0.5))
+    cfg = StepConfig("POD16", replicas, ipus_per_replica=2, micro_batch=4,
+                     gradient_accumulation=g)
+    est = predict(card, cfg)
+    assert est.breakdown["host_io"] > 0
+    assert what_if(card, StepConfig("POD16", 1, ipus_per_replica=2, micro_batch=4),
+                   replicas=replicas, gradient_accumulation=g) == est
+    assert ModelCard.from_run(C.call_records(), pipeline=last_report(), micro_batch=4,
+                              steps=repeats, infeed={}).input_bytes_per_item == 0
+    reset_dequeued_bytes()
+    assert dequeued_bytes() == {}
