@@ -151,3 +151,16 @@ def test_the_bytes_a_peer_parks_are_bounded():
     box.admit(("0,1", 2, 1), 60)
     box.post(("0,1", 3, 1), np.zeros(1000, np.uint8))
     box.admit(("0,1", 3, 1), 1000)   # posted by a call: no buffering needed
+
+
+def test_a_tensor_far_ahead_of_this_instance_is_refused():
+    from collectives.transports.grpc import AHEAD_PER_MEMBER, AHEAD_SLACK
+    box = _Mailbox()
+    window = AHEAD_PER_MEMBER * 2 + AHEAD_SLACK
+    box.admit(("0,1", window, 1), 8)             # a peer up to the window ahead: accepted
+    with pytest.raises(WireError, match="far ahead of this instance's 0"):
+        box.admit(("0,1", window + 1, 1), 8)
+    box.at("0,1", 10)                             # this instance moved on: so does the window
+    box.admit(("0,1", 10 + window, 1), 8)
+    with pytest.raises(WireError, match="far ahead"):
+        box.admit(("0,1,2,3", 10 + 4 * AHEAD_PER_MEMBER + AHEAD_SLACK + 1, 2), 8)

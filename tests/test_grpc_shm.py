@@ -107,7 +107,7 @@ def test_switch_reads_the_environment(monkeypatch):
 # -- a hand-made client ---------------------------------------------------------------
 
 def _header(nbytes=100, **fields):
-    fields = {"sequence": 999, **fields}
+    fields = {"sequence": 99, **fields}
     return ppb.TensorHeader(communicator="0,1,2", source=0, op="allgather", dtype="uint8",
                             shape=[nbytes], nbytes=nbytes, chunk_index=0, chunk_count=1,
                             **fields)
@@ -153,7 +153,7 @@ def test_offer_from_another_host_is_not_mapped(mixed_hosts):
     try:
         offer = ring.offer("elsewhere/0")
         raw = grpc.insecure_channel(ts[1].address).stream_unary("/ipupod.peer.Peer/Exchange")
-        raw(iter([encode_offer(offer), encode_chunk(_header(sequence=12345), bytes(100))]),
+        raw(iter([encode_offer(offer), encode_chunk(_header(sequence=123), bytes(100))]),
             metadata=OK, timeout=5)
         assert not ring.attached
     finally:

@@ -111,7 +111,7 @@ def _peer_stub(address):
 
 def _chunks(nbytes=100, source=1, **override):
     data = np.arange(nbytes, dtype=np.uint8)
-    for header, start, stop in chunk_headers("0,1,2", 999, source, "allgather", nbytes):
+    for header, start, stop in chunk_headers("0,1,2", 99, source, "allgather", nbytes):
         for k, v in override.items():
             setattr(header, k, v) if not isinstance(v, list) else header.ClearField(k)
         yield ppb.Chunk(header=header, payload=data[start:stop].tobytes())

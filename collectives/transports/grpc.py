@@ -63,6 +63,15 @@ EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
 #: more is refused (the stream fails, naming the bound). ipupod assumption: a peer runs at
 #: most a call or two ahead, and the largest tensor on the wire is MAX_TENSOR_BYTES (16 GiB)
 MAX_BUFFERED_BYTES_PER_PEER = MAX_TENSOR_BYTES
+#: exchanges a peer's tensor may be ahead of this instance's own position on a communicator
+#: (:meth:`_Mailbox.admit`): ``AHEAD_PER_MEMBER * members + AHEAD_SLACK``. Every call starts
+#: with the members' agreement (dissemination rounds that depend on every member), so a
+#: legitimate peer is never more than one call ahead; one call makes at most about 2P
+#: exchanges (a ring's reduce-scatter and all-gather) plus log2 P agreement rounds. ipupod
+#: assumption: twice that bound, so no correct program is refused and a replay or flood of
+#: invented future calls is.
+AHEAD_PER_MEMBER = 4
+AHEAD_SLACK = 256
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:
@@ -89,6 +98,7 @@ class _Mailbox:
         self._buffered: dict[int, int] = {}          # source -> bytes not yet taken
         self._reserved: dict[tuple[str, int, int], int] = {}   # counted in _buffered
         self._taken: dict[tuple[str, int], int] = {}  # (communicator, source) -> last sequence
+        self._position: dict[str, int] = {}   # communicator -> this instance's exchange
 
     def put(self, key: tuple[str, int, int], value: np.ndarray) -> None:
         with self.cond:
@@ -109,19 +119,31 @@ class _Mailbox:
                 self._buffered[key[2]] -= reserved
         return value
 
+    def at(self, communicator: str, sequence: int) -> None:
+        """This instance's communicator ``communicator`` starts its exchange ``sequence``."""
+        self._position[communicator] = sequence   # one writer per communicator (its caller)
+
     def admit(self, key: tuple[str, int, int], nbytes: int) -> None:
-        """Refuse a tensor for a call of its sender that this instance already finished, or
-        one that would buffer more than ``max_buffered_bytes`` of that sender's tensors that
-        no call has posted a buffer for (a peer cannot park unbounded memory here).
+        """Refuse a tensor for a call of its sender that this instance already finished, one
+        far ahead of this instance's own exchanges on that communicator (see
+        :data:`AHEAD_PER_MEMBER`), or one that would buffer more than ``max_buffered_bytes``
+        of that sender's tensors that no call has posted a buffer for (a peer cannot park
+        unbounded memory here).
 
         Raises:
             WireError: naming the tensor and the bound.
         """
         communicator, sequence, source = key
+        window = AHEAD_PER_MEMBER * (communicator.count(",") + 1) + AHEAD_SLACK
         with self.cond:
             if sequence <= self._taken.get((communicator, source), -1):
                 raise WireError(f"tensor {key}: the call of sequence {sequence} on "
                                 f"{communicator!r} from instance {source} has finished")
+            position = self._position.get(communicator, 0)
+            if sequence > position + window:
+                raise WireError(f"tensor {key}: exchange {sequence} on {communicator!r} from "
+                                f"instance {source} is far ahead of this instance's "
+                                f"{position} (at most {window} ahead)")
             if key in self._posted:
                 return
             buffered = self._buffered.get(source, 0) + nbytes
@@ -351,6 +373,7 @@ class GrpcCommunicator(Communicator):
         seq = self._seq
         self._seq += 1
         mailbox = t.mailbox
+        mailbox.at(self.name, seq)
         waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
                    if j != self.rank and outs[j].size}
         for j, key in waiting.items():
