@@ -302,6 +302,11 @@ class CountingCommunicator(Communicator):
         self.bytes_sent += sum(send_counts) - send_counts[self.rank]
         return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv)
 
+    def alltoallv_parts(self, send_parts, recv_parts, patience: Patience) -> None:
+        self.bytes_sent += sum(p.nbytes for j, parts in enumerate(send_parts)
+                               if j != self.rank for p in parts)
+        self.inner.alltoallv_parts(send_parts, recv_parts, patience)
+
     def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
         self.bytes_sent += send.nbytes - send.nbytes // self.size
         return self.inner.alltoall_to(send, recv, patience)

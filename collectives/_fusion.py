@@ -185,14 +185,23 @@ def fused_per_dtype(arrays: Sequence[np.ndarray],
     """``call(flat, dtype)`` once per dtype on the concatenation (in list order) of the
     arrays of that dtype; returns the arrays' parts of the results, in the arrays' shapes
     (views of the result buffers)."""
+    return grouped_per_dtype(arrays, lambda group, dtype: call(
+        np.ascontiguousarray(group[0]).reshape(-1) if len(group) == 1 else
+        np.concatenate([a.reshape(-1) for a in group]), dtype))
+
+
+def grouped_per_dtype(arrays: Sequence[np.ndarray],
+                      call: Callable[[list, np.dtype], np.ndarray]) -> list[np.ndarray]:
+    """``call(group, dtype)`` once per dtype on the list of the arrays of that dtype (in
+    list order), which returns the 1-D result of their concatenation (packed or not: the
+    caller's choice); returns the arrays' parts of the results, in the arrays' shapes
+    (views of the result buffers)."""
     out: list = [None] * len(arrays)
     by_dtype: dict = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
     for dtype, idx in by_dtype.items():
-        flat = (np.ascontiguousarray(arrays[idx[0]]).reshape(-1) if len(idx) == 1 else
-                np.concatenate([arrays[i].reshape(-1) for i in idx]))
-        total = call(flat, dtype)
+        total = call([arrays[i] for i in idx], dtype)
         pos = 0
         for i in idx:
             n = arrays[i].size

@@ -127,6 +127,19 @@ class _Checks:
                              scratch)
         self.expect("alltoallv into a scratch buffer", np.asarray(got)[:sum(recv_counts)],
                     want)
+        # the same bytes in scattered parts: member j's split after its first byte (a
+        # zero-byte part included), received into separate arrays of the same split
+        def parts(data: np.ndarray) -> list[np.ndarray]:
+            return [data[:1], data[1:1], data[1:]] if data.size else []
+
+        send_parts = [parts(send[sum(send_counts[:j]):sum(send_counts[:j + 1])])
+                      for j in range(n)]
+        recv_parts = [parts(np.zeros(recv_counts[i], np.uint8)) for i in range(n)]
+        comm.alltoallv_parts(send_parts, recv_parts, self.patience("alltoallv_parts"))
+        got = np.concatenate([_bytes(me, recv_counts[me], salt=me) if i == me else
+                              np.concatenate(recv_parts[i] or [np.zeros(0, np.uint8)])
+                              for i in range(n)])
+        self.expect("alltoallv_parts, uneven", got, want)
 
     def equal_blocks(self) -> None:
         comm, n, me = self.comm, self.comm.size, self.comm.rank

@@ -62,26 +62,78 @@ def _adasum(a: np.ndarray, b: np.ndarray, out=None) -> np.ndarray:
     return (ca * a64 + cb * b64).astype(a.dtype).reshape(a.shape)
 
 
-def allreduce_flat(engine, comm, members: Sequence[int], flat: np.ndarray, op: str) -> np.ndarray:
-    """Reduce a 1-D contiguous array over ``comm`` with ``op`` (Sum/Min/Max/Product; Average
-    reduces as Sum). Returns a new array."""
-    if comm is None or flat.size == 0:
-        return flat.copy()
-    P, me, item = comm.size, comm.rank, flat.itemsize
-    counts = split_counts(flat.size, P)
-    mine = counts[me]
-    recv = comm.alltoallv(flat.view(np.uint8), [c * item for c in counts], [mine * item] * P,
-                          patience_for(engine, "hvd.allreduce", members, True))
-    pieces = list(np.frombuffer(recv[:mine * item * P], flat.dtype).reshape(P, mine))
-    out = np.empty(flat.size, flat.dtype)
-    lo = sum(counts[:me])
-    if mine:  # this member's chunk, reduced straight into its place in the result
-        tree_reduce(pieces, _combiner(op), out=out[lo:lo + mine])
-    got = comm.allgatherv_into(out.view(np.uint8), [c * item for c in counts],
-                               patience_for(engine, "hvd.allreduce", members, True))
-    if not np.shares_memory(got, out):  # (a transport that returned a new buffer)
-        out[...] = np.frombuffer(np.asarray(got, np.uint8)[:flat.nbytes], flat.dtype)
+def _parts(arrays: Sequence[np.ndarray], lo: int, hi: int) -> list[np.ndarray]:
+    """Elements ``[lo, hi)`` of the arrays' concatenation, as views of the arrays (1-D)."""
+    out, at = [], 0
+    for a in arrays:
+        n = a.size
+        if at + n > lo and at < hi:
+            out.append(a.reshape(-1)[max(lo - at, 0):min(hi, at + n) - at])
+        at += n
+        if at >= hi:
+            break
     return out
+
+
+def _scale_into(chunk: np.ndarray, factor: float) -> None:
+    """``chunk`` scaled as :func:`scale`, in place (same bytes)."""
+    if factor == 1.0:
+        return
+    if chunk.dtype in (np.float32, np.float64):
+        np.multiply(chunk, chunk.dtype.type(factor), out=chunk)
+    else:
+        chunk[...] = scale(chunk, factor)
+
+
+def allreduce_group(engine, comm, members: Sequence[int], arrays: Sequence[np.ndarray],
+                    op: str, postscale: float = 1.0) -> np.ndarray:
+    """Reduce the concatenation of ``arrays`` (contiguous, one dtype) over ``comm`` with
+    ``op`` (Sum/Min/Max/Product; Average reduces as Sum), times ``postscale`` (as
+    :func:`scale`). Returns one new 1-D array: the arrays' results one after the other.
+
+    Each member's chunk of the concatenation (Horovod's uneven split) travels from and is
+    reduced out of the arrays themselves (the transport's ``alltoallv_parts``), straight
+    into its place in the result, scaled there (1/P of the elements per member), and an
+    in-place all-gather completes the result.
+    """
+    dtype = arrays[0].dtype
+    n = sum(a.size for a in arrays)
+    if comm is None or n == 0:
+        whole = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else \
+            np.zeros(0, dtype)
+        _scale_into(whole, postscale)
+        return whole
+    P, me, item = comm.size, comm.rank, dtype.itemsize
+    counts = split_counts(n, P)
+    at = [sum(counts[:j]) for j in range(P + 1)]
+    mine = counts[me]
+    recv = np.empty((P - 1) * mine, dtype)
+    rows = {j: recv[(j - (j > me)) * mine:(j - (j > me) + 1) * mine]
+            for j in range(P) if j != me}
+    own = _parts(arrays, at[me], at[me + 1])
+    sizes = [p.size for p in own]
+    offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+
+    def split(row):
+        return [row[offsets[k]:offsets[k + 1]].view(np.uint8) for k in range(len(sizes))]
+
+    send_parts = [[] if j == me else [p.view(np.uint8) for p in _parts(arrays, at[j], at[j + 1])]
+                  for j in range(P)]
+    recv_parts = [[] if j == me else split(rows[j]) for j in range(P)]
+    comm.alltoallv_parts(send_parts, recv_parts,
+                         patience_for(engine, "hvd.allreduce", members, True))
+    whole = np.empty(n, dtype)
+    combine, owned = _combiner(op), [j != me for j in range(P)]
+    for k, part in enumerate(own):  # this member's chunk, reduced straight into its place
+        lo, hi = offsets[k], offsets[k + 1]
+        pieces = [part if j == me else rows[j][lo:hi] for j in range(P)]
+        tree_reduce(pieces, combine, owned, out=whole[at[me] + lo:at[me] + hi])
+    _scale_into(whole[at[me]:at[me + 1]], postscale)
+    got = comm.allgatherv_into(whole.view(np.uint8), [c * item for c in counts],
+                               patience_for(engine, "hvd.allreduce", members, True))
+    if not np.shares_memory(got, whole):  # (a transport that returned a new buffer)
+        whole[...] = np.frombuffer(np.asarray(got, np.uint8)[:whole.nbytes], dtype)
+    return whole
 
 
 def adasum_tensors(engine, comm, members, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._fusion import fused_per_dtype
+from collectives._fusion import grouped_per_dtype
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
 from collectives.horovod import _data
 from collectives.horovod._state import ProcessSet, global_process_set, state
@@ -101,8 +101,8 @@ def _allreduce_data(call: _Call, sig: Signature, arrays: list[np.ndarray]) -> li
     if op == Adasum:
         reduced = _data.adasum_tensors(call.engine, call.comm, call.members, arrays)
         return [_data.scale(r, post) for r in reduced]
-    return fused_per_dtype(arrays, lambda flat, dtype: _data.scale(  # Horovod's fusion
-        _data.allreduce_flat(call.engine, call.comm, call.members, flat, op), post))
+    return grouped_per_dtype(arrays, lambda group, dtype: _data.allreduce_group(
+        call.engine, call.comm, call.members, group, op, post))  # Horovod's fusion
 
 
 def grouped_allreduce(tensors: Sequence, name: str | None = None, op=None,

@@ -79,6 +79,29 @@ class Communicator(ABC):
         member order: in ``recv[:sum(recv_counts)]`` when given (a scratch buffer the caller
         reuses; a single member may return ``send`` instead)."""
 
+    def alltoallv_parts(self, send_parts: Sequence[Sequence[np.ndarray]],
+                        recv_parts: Sequence[Sequence[np.ndarray]],
+                        patience: Patience) -> None:
+        """:meth:`alltoallv` of scattered buffers, with no packing by the caller: the uint8
+        arrays ``send_parts[j]`` (in order) go to member j, whose ``recv_parts[rank]`` have
+        the same sizes in the same order; the bytes from member j land in the uint8 arrays
+        ``recv_parts[j]``. This member's own lists are ignored (the caller reads its own
+        parts in place). This default packs, runs :meth:`alltoallv` and unpacks; MPI sends
+        every part as it lies (one message per part)."""
+        me = self.rank
+        empty = np.zeros(0, np.uint8)
+        sends = [empty if j == me or not send_parts[j] else np.concatenate(send_parts[j])
+                 for j in range(self.size)]
+        recv_counts = [0 if j == me else sum(p.nbytes for p in recv_parts[j])
+                       for j in range(self.size)]
+        got = self.alltoallv(np.concatenate(sends) if sends else empty,
+                             [s.nbytes for s in sends], recv_counts, patience)
+        at = 0
+        for j in range(self.size):
+            for part in (() if j == me else recv_parts[j]):
+                part[...] = got[at:at + part.nbytes]
+                at += part.nbytes
+
     def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
         """:meth:`alltoallv` with equal blocks (``len(send) / size`` bytes to and from every
         member) into ``recv`` (``uint8[len(send)]``, which the caller allocated for the
