@@ -148,11 +148,12 @@ class Ledger:
                               "ipus_per_replica": ipus_per_replica})
 
     def add_signed(self, signature: "CallSignature", transport_bytes: int,
-                   wall_s: float) -> None:
+                   wall_s: float) -> float | None:
         """:meth:`add` of one call of ``signature``: the engine's path, on every call. It
         keeps a compact entry (a :class:`CallRecord` is made when :meth:`records` asks) and
         adds to the signature's own totals; a cost model that reads the signature only
-        (``signature_only = True``) is asked once per signature."""
+        (``signature_only = True``) is asked once per signature. Returns the call's modelled
+        seconds (None without a cost model)."""
         model = _cost_model if _cost_model is not None else self.cost_model
         modelled = None
         if model is not None:
@@ -177,6 +178,7 @@ class Ledger:
             if modelled is not None:
                 signature.total_modelled_s += modelled
                 signature.modelled_calls += 1
+        return modelled
 
     def _fold_signed(self) -> None:
         """Move the signatures' totals into the per-op totals (under the lock)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -177,4 +177,27 @@ def unpack(bucket: Bucket, result: np.ndarray, layout: str, k: int,
         block = shape[:s] + (shape[s] // k,) + shape[s + 1:]
         out.append(np.concatenate([rows[q, at:at + n].reshape(block) for q in range(k)],
                                   axis=d))
+    return out
+
+
+def fused_per_dtype(arrays: Sequence[np.ndarray],
+                    call: Callable[[np.ndarray, np.dtype], np.ndarray]) -> list[np.ndarray]:
+    """``call(flat, dtype)`` once per dtype on the concatenation (in list order) of the
+    arrays of that dtype; returns the arrays' parts of the results, in the arrays' shapes
+    (views of the result buffers). Horovod's tensor fusion (collectives.horovod) and the
+    strategies' gradient sum use it; the ops' nests use :func:`plan`/:func:`pack`/
+    :func:`unpack`, which also bound the buffers and lay out scatter-like ops."""
+    out: list = [None] * len(arrays)
+    by_dtype: dict = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    for dtype, idx in by_dtype.items():
+        flat = (np.ascontiguousarray(arrays[idx[0]]).reshape(-1) if len(idx) == 1 else
+                np.concatenate([arrays[i].reshape(-1) for i in idx]))
+        total = call(flat, dtype)
+        pos = 0
+        for i in idx:
+            n = arrays[i].size
+            out[i] = total[pos:pos + n].reshape(arrays[i].shape)
+            pos += n
     return out

@@ -9,6 +9,8 @@ record fixed by the op, dtype, shape, size and group, and the GCL method charged
 
 from __future__ import annotations
 
+from ipu_node.clock import charge_collective
+
 from collectives._accounting import CallSignature, CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.gcl_options import GCLOptions
@@ -58,4 +60,7 @@ class CallRecorder:
             signature = self._signatures[key] = self.ledger.signature(
                 desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes, desc.group,
                 groups, self.ipus_per_replica)
-        self.ledger.add_signed(signature, sent, wall_s)
+        modelled = self.ledger.add_signed(signature, sent, wall_s)
+        if modelled is not None and not desc.op.startswith("host "):
+            # every local replica waits in this call: their IPUs' modelled clocks pay it
+            charge_collective(modelled, desc.op)

@@ -17,6 +17,7 @@ from collectives.errors import CollectiveError
 from collectives.gcl_options import GCLOptions
 from collectives.memory import keep_freed_memory
 from collectives.options import CollectiveOptions
+from collectives.run_report import enable_at_exit as enable_report_at_exit
 from collectives.transports import create_transport
 
 logger = logging.getLogger("collectives")
@@ -71,6 +72,7 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
                 lambda exc: None if isinstance(exc, CollectiveError) else engine.abort(exc))
             if system.process_count > 1:
                 atexit.register(_finish, engine)
+            enable_report_at_exit(system, engine.ledger)  # if IPUPOD_REPORT_DIR is set
     return engine
 
 

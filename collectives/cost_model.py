@@ -7,11 +7,13 @@ one for every configured system (:meth:`HardwareCostModel.for_system`), so every
 :func:`collectives.set_cost_model` overrides it. Modelled seconds say what the real POD would
 take; they are never wall time. Sizes are bytes, times seconds.
 
-**Where replicas sit.** Global replica ``r`` sits on the IPUs of the job's layout: in a
-single-instance job the IPUs the instance attached, in a multi-instance job the IPUs
-:func:`ipu_node.selection.assign_instance_ipus` gives every instance (the same on every
-instance, so all agree on modelled time). A replica's tensor is charged to the *first* IPU
-of the replica (ipupod simplification for ``ipus_per_replica > 1``).
+**Where replicas sit.** Global replica ``r`` of a job of ``R`` replicas of ``k`` IPUs sits on
+IPUs ``r*k .. r*k+k-1`` of the POD (:meth:`HardwareCostModel.for_replicas`: the partition's
+IPUs in id order), however many host instances emulate the job: the hardware does not know
+how it is emulated, so the modelled time of a collective depends on the POD, its replicas and
+their IPUs only (before issue 13 it followed the instances' IPU assignment). A replica's
+tensor is on its *first* IPU; :meth:`HardwareCostModel.estimate_shares` prices a pipelined
+replica whose stage ``j`` holds its share on its ``j``-th IPU, all stages at once.
 
 **Links and steps.** A *flow* moves ``c`` bytes from one IPU to another along
 :func:`ipu_node.routing.route`: IPU-Links inside an IPU-Link domain; PCIe to the IPU-Gateway,
@@ -61,8 +63,18 @@ all_to_all             (always direct: every pair sends S/n in one step, any met
 * ``broadcast``: one step in which every member sends its whole input to every other member
   (then reduces locally), paying the latency once ("the network latency cost is paid only
   once", ``syncful.maxBroadcastSize``, anchors §2.2).
-* ``auto`` (if a record carries it): :meth:`GCLOptions.modelled_method` with the default
-  options: broadcast while ``n * S <= 2048``, else ``bidirectional_ring_pair``.
+* ``auto`` (what a record carries unless ``GCL_OPTIONS`` names a method): the cheapest
+  schedule the model knows (:mod:`collectives.schedules`): every flat method above, a chain
+  all-reduce, and hierarchical schedules by IPU-Machine (the POD64 torus' rows, then its
+  columns) and by IPU-Link domain (reduce-scatter inside each POD64, all-reduce across them
+  over the GW-Links, all-gather), each phase itself ``auto``. The minimum of schedules affine
+  in the bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
+  :meth:`HardwareCostModel.choose` names the schedule.
+
+**Latencies** have no source (seeds-inventory §1.2 GAP): the per-hop latencies of
+:mod:`ipu_node.links` (IPU-Link 0.5 us, PCIe 1 us, GW-Link 5 us) and
+:data:`HOST_NETWORK_LATENCY_S` are ipupod assumptions; bandwidths come from the datasheets
+(:mod:`ipu_node.chips`).
 
 Local reductions on the IPUs, the BSP syncs and the compute are not charged here.
 
@@ -89,7 +101,8 @@ from ipu_node.selection import assign_instance_ipus
 from ipu_node.systems import SystemModel
 
 from collectives._accounting import CallRecord
-from collectives.gcl_options import METHODS, GCLOptions
+from collectives.gcl_options import METHODS
+from collectives.schedules import Pricer as _Pricer, split_groups
 
 if TYPE_CHECKING:
     from ipu_node.system import IPUSystem
@@ -101,24 +114,17 @@ HOST_NETWORK_BYTES_PER_S = 100e9 / 8
 #: :data:`ipu_node.links.GW_LINK_LATENCY_S`).
 HOST_NETWORK_LATENCY_S = GW_LINK_LATENCY_S
 
+# Step profiles depend on the system model and the IPU groups only, so every cost model of
+# a process shares them (systems are built once per process, ipu_node.systems).
+_PROFILES: dict[tuple, StepProfile] = {}
+_PROFILES_LOCK = threading.Lock()
+_MAX_PROFILES = 4096
+
 #: Op names charged as an all-reduce.
 ALL_REDUCE_OPS = frozenset({"cross_replica_sum", "cross_replica_mean", "cross_replica_reduce"})
 #: Every op name the model charges (the ``op`` of a CallRecord).
 KNOWN_OPS = ALL_REDUCE_OPS | {"reduce_scatter", "all_gather", "all_to_all", "broadcast",
                               "host broadcast", "host reduce"}
-
-# method -> (the rings as (ring, direction), data split between them, steps-per-phase rule)
-_RINGS = {
-    "clockwise_ring": (((0, 1),), 1, "full"),
-    "anticlockwise_ring": (((0, -1),), 1, "full"),
-    "bidirectional_ring_pair": (((0, 1), (0, -1)), 2, "full"),
-    "meet_in_middle_ring": (((0, 1), (0, -1)), 1, "half"),
-    "quad_directional_ring": (((0, 1), (0, -1), (1, 1), (1, -1)), 4, "full"),
-}
-# op -> (ring phases, fragment as a fraction of S: "n" for S/n, "1" for S)
-_RING_SHAPE = {"all_reduce": (2, "n"), "reduce_scatter": (1, "n"), "all_gather": (1, "1"),
-               "broadcast": (2, "n")}
-
 
 @dataclass(frozen=True)
 class StepProfile:
@@ -146,18 +152,23 @@ def flow_seconds_per_byte(link: Link, load: int) -> float:
     return max(1.0 / per_link, load / link.bandwidth_bytes_per_s)
 
 
-def step_profile(model: SystemModel, flows: Sequence[tuple[int, int]]) -> StepProfile:
-    """The :class:`StepProfile` of ``flows`` (``(src_ipu, dst_ipu)`` pairs) moving at once.
+def step_profile(model: SystemModel, flows: Sequence[tuple[int, int]],
+                 extra: Sequence[tuple[int, int]] = ()) -> StepProfile:
+    """The :class:`StepProfile` of ``flows`` (``(src_ipu, dst_ipu)`` pairs) moving at once,
+    with the ``extra`` flows moving beside them (they load the links; the profile is the
+    slowest of ``flows``).
 
     Raises:
         UnknownIPUError: an id is not an IPU of ``model``.
     """
     load: dict[tuple[Link, object], int] = {}
     paths = []
-    fan_out: dict[int, int] = {}
-    for src, _ in flows:
-        fan_out[src] = fan_out.get(src, 0) + 1
-    for src, dst in flows:
+    everything = list(flows) + list(extra)
+    dests: dict[int, set] = {}
+    for src, dst in everything:
+        dests.setdefault(src, set()).add(dst)
+    fan_out = {src: len(d) for src, d in dests.items()}  # distinct destinations
+    for index, (src, dst) in enumerate(everything):
         if src == dst:
             continue
         node, path = src, []
@@ -168,7 +179,8 @@ def step_profile(model: SystemModel, flows: Sequence[tuple[int, int]]) -> StepPr
             load[key] = load.get(key, 0) + 1
             path.append((link, key))
             node = link.other(node)
-        paths.append(path)
+        if index < len(flows):
+            paths.append(path)
     terms = {(sum(l.latency_s for l, _ in p), max(flow_seconds_per_byte(l, load[k])
                                                    for l, k in p)) for p in paths}
     # keep the flows no other flow beats in both latency and seconds per byte
@@ -212,7 +224,8 @@ class HardwareCostModel:
     Args:
         model: the POD.
         replica_ipus: ``replica_ipus[r]`` are the IPU ids of global replica ``r``.
-        num_instances: instances of the job (for the host collectives).
+        num_instances: instances of the job (for the host collectives only: the IPUs'
+            collectives do not depend on how many host processes emulate the POD).
 
     Raises:
         ValueError: no replicas, a replica without IPUs, or ``num_instances < 1``.
@@ -231,7 +244,7 @@ class HardwareCostModel:
         self.model = model
         self.replica_ipus = tuple(tuple(ipus) for ipus in replica_ipus)
         self.num_instances = num_instances
-        self._profiles: dict[tuple, StepProfile] = {}
+        self._splits: dict[tuple, object] = {}
         self._lock = threading.Lock()
 
     #: the estimate depends on the record's signature only (op, operator, method, dtype,
@@ -239,28 +252,50 @@ class HardwareCostModel:
     signature_only = True
 
     @classmethod
+    def for_replicas(cls, model: SystemModel, num_replicas: int, ipus_per_replica: int = 1,
+                     num_instances: int = 1) -> "HardwareCostModel":
+        """The model of ``num_replicas`` replicas of ``ipus_per_replica`` IPUs on ``model``,
+        replica ``r`` on IPUs ``r*k .. r*k+k-1`` (the partition's IPUs in id order: machine
+        by machine, so consecutive replicas are IPU-Link neighbours).
+
+        Raises:
+            ValueError: not enough IPUs in ``model`` or a count < 1.
+        """
+        if num_replicas < 1 or ipus_per_replica < 1:
+            raise ValueError(f"need num_replicas >= 1 and ipus_per_replica >= 1, got "
+                             f"{num_replicas} and {ipus_per_replica}")
+        need = num_replicas * ipus_per_replica
+        if need > model.num_ipus:
+            raise ValueError(f"{num_replicas} replicas x {ipus_per_replica} IPUs = {need} IPUs "
+                             f"do not fit {model.name}'s {model.num_ipus}")
+        k = ipus_per_replica
+        return cls(model, [tuple(range(r * k, r * k + k)) for r in range(num_replicas)],
+                   num_instances)
+
+    @classmethod
     def for_layout(cls, model: SystemModel, num_instances: int, num_local_replicas: int,
                    ipus_per_replica: int = 1) -> "HardwareCostModel":
-        """The model of a job laid out by :func:`ipu_node.selection.assign_instance_ipus`.
+        """The model of a job of ``num_instances`` instances of ``num_local_replicas``
+        replicas each: :meth:`for_replicas` of the job's total replicas. Where the job's
+        instances sit (:func:`ipu_node.selection.assign_instance_ipus`) does not change its
+        modelled IPU collectives: the hardware does not know how it is emulated.
 
         Raises:
             ValueError, NotEnoughIPUsError: as ``assign_instance_ipus``.
         """
-        per_instance = assign_instance_ipus(model, num_instances, num_local_replicas,
-                                            ipus_per_replica)
-        return cls(model, [ipus[i:i + ipus_per_replica] for ipus in per_instance
-                           for i in range(0, len(ipus), ipus_per_replica)], num_instances)
+        assign_instance_ipus(model, num_instances, num_local_replicas, ipus_per_replica)
+        return cls.for_replicas(model, num_instances * num_local_replicas, ipus_per_replica,
+                                num_instances)
 
     @classmethod
     def for_system(cls, system: "IPUSystem") -> "HardwareCostModel | None":
-        """The model of ``system``'s job (None when the system has no hardware model):
-        one instance uses the IPUs it attached, several the layout of :meth:`for_layout`."""
+        """The model of ``system``'s job (None when the system has no hardware model): its
+        total replicas laid out by :meth:`for_replicas`, whatever the number of instances."""
         if system.model is None:
             return None
         if system.process_count == 1:
-            ipus = [ipu.id for ipu in system.devices[0].ipus]
-            ipr = system.ipus_per_replica
-            return cls(system.model, [ipus[i:i + ipr] for i in range(0, len(ipus), ipr)])
+            replicas = len(system.devices[0].ipus) // system.ipus_per_replica
+            return cls.for_replicas(system.model, replicas, system.ipus_per_replica)
         return cls.for_layout(system.model, system.process_count, system.num_local_replicas,
                               system.ipus_per_replica)
 
@@ -276,47 +311,92 @@ class HardwareCostModel:
                              method=record.method, shape=record.shape)
 
     def estimate(self, op: str, nbytes: int, *, groups: Sequence[Sequence[int]] | None = None,
-                 method: str = "auto", shape: Sequence[int] | None = None,
-                 max_broadcast_size: int = GCLOptions.max_broadcast_size) -> float:
+                 method: str = "auto", shape: Sequence[int] | None = None) -> float:
         """Modelled seconds of ``op`` on ``nbytes`` bytes per replica, without running it.
 
         Args:
             op: a name of :data:`KNOWN_OPS`.
-            nbytes: input bytes of one replica.
+            nbytes: input bytes of one replica (on the replica's first IPU).
             groups: global replica indices of every group (default: all replicas, one group).
-            method: a GCL method (``auto`` resolves as GCL options with
-                ``syncful.maxBroadcastSize = max_broadcast_size`` do).
+            method: a GCL method; ``auto`` takes the cheapest schedule the model knows
+                (:meth:`choose`).
             shape: input shape (reduce_scatter pads ``shape[0]`` elements to a multiple of n;
                 default: ``nbytes`` one-byte elements).
 
         Raises:
             ValueError: an unknown op or method, or a replica outside the layout.
         """
+        return self.choose(op, nbytes, groups=groups, method=method, shape=shape)[0]
+
+    def choose(self, op: str, nbytes: int, *, groups: Sequence[Sequence[int]] | None = None,
+               method: str = "auto", shape: Sequence[int] | None = None) -> tuple[float, str]:
+        """``(modelled seconds, schedule)`` of ``op``: for ``auto`` the cheapest of the flat
+        methods and the hierarchical schedules (module docstring), named e.g.
+        ``"hierarchical[domain](...)"``; else ``method`` itself. Arguments as
+        :meth:`estimate`."""
         kind = _op_kind(op)
         if method not in METHODS:
             raise ValueError(f"unknown GCL method {method!r}; known: {', '.join(METHODS)}")
         if kind in ("host broadcast", "host reduce"):
-            return self._host_s(kind, nbytes)
-        groups = tuple(tuple(g) for g in (groups or (range(len(self.replica_ipus)),)))
+            return self._host_s(kind, nbytes), "host network"
+        ipu_groups = self._ipu_groups(groups, 0)
+        return self._price(kind, ipu_groups, nbytes, method, shape)
+
+    def estimate_shares(self, op: str, ipu_nbytes: Sequence[int], *,
+                        groups: Sequence[Sequence[int]] | None = None,
+                        method: str = "auto") -> float:
+        """Modelled seconds of ``op`` when each replica holds ``ipu_nbytes[j]`` bytes on
+        its ``j``-th IPU (a pipelined replica: stage ``j``'s variables on stage ``j``'s IPU)
+        and the ``j``-th IPUs of the group's replicas reduce their share concurrently with
+        the other stages: the slowest stage, each priced with the flows of every stage on
+        the links (they share the POD's links).
+
+        Raises:
+            ValueError: more shares than the replicas' IPUs, a negative share, or as
+                :meth:`estimate`.
+        """
+        kind = _op_kind(op)
+        if method not in METHODS:
+            raise ValueError(f"unknown GCL method {method!r}; known: {', '.join(METHODS)}")
+        if any(b < 0 for b in ipu_nbytes):
+            raise ValueError(f"ipu_nbytes must be >= 0, got {list(ipu_nbytes)}")
+        width = min(len(ipus) for ipus in self.replica_ipus)
+        if len(ipu_nbytes) > width:
+            raise ValueError(f"{len(ipu_nbytes)} per-IPU shares, but a replica has only "
+                             f"{width} IPUs")
+        stages = [j for j, b in enumerate(ipu_nbytes) if b > 0]
+        if not stages or kind in ("host broadcast", "host reduce"):
+            return self._host_s(kind, sum(ipu_nbytes)) if stages else 0.0
+        all_groups = tuple(g for j in stages for g in self._ipu_groups(groups, j))
+        worst = 0.0
+        for j in stages:
+            own = self._ipu_groups(groups, j)
+            t = self._price(kind, own, ipu_nbytes[j], method, None, contend=all_groups)[0]
+            worst = max(worst, t)
+        return worst
+
+    # -- internals ------------------------------------------------------------------
+
+    def _ipu_groups(self, groups, stage: int) -> tuple[tuple[int, ...], ...]:
+        groups = groups or (range(len(self.replica_ipus)),)
+        try:
+            return tuple(tuple(self.replica_ipus[r][stage] for r in g) for g in groups)
+        except IndexError:
+            raise ValueError(f"groups {[tuple(g) for g in groups]} name a replica outside "
+                             f"the job's {len(self.replica_ipus)} replicas") from None
+
+    def _price(self, kind: str, groups: tuple[tuple[int, ...], ...], nbytes: float,
+               method: str, shape, contend=None) -> tuple[float, str]:
         n = len(groups[0])
         if n < 2 or nbytes == 0:
-            return 0.0
-        if method == "auto":
-            method = GCLOptions(max_broadcast_size=max_broadcast_size).modelled_method(n, nbytes)
-        fragment = nbytes / n
+            return 0.0, method
         if kind == "reduce_scatter":
             elements = int(shape[0]) if shape else nbytes
-            fragment = math.ceil(elements / n) * (nbytes / max(elements, 1))
-        if kind == "all_to_all" or method == "broadcast":
-            chunk = {"all_reduce": nbytes, "all_gather": nbytes, "broadcast": nbytes}.get(
-                kind, fragment)
-            pattern = "root" if kind == "broadcast" else "pairs"
-            return self._profile(groups, (pattern,)).time_s(chunk)
-        rings, split, steps_rule = _RINGS[method]
-        phases, frac = _RING_SHAPE[kind]
-        chunk = (fragment if frac == "n" else nbytes) / split
-        steps = n - 1 if steps_rule == "full" else math.ceil((n - 1) / 2)
-        return phases * steps * self._profile(groups, ("ring", rings)).time_s(chunk)
+            nbytes = math.ceil(elements / n) * (nbytes / max(elements, 1)) * n
+        pricer = _Pricer(self, contend)
+        if method == "auto":
+            return pricer.auto(kind, groups, nbytes)
+        return pricer.flat(kind, groups, nbytes, method), method
 
     def _host_s(self, kind: str, nbytes: int) -> float:
         m = self.num_instances
@@ -331,22 +411,33 @@ class HardwareCostModel:
             return ring
         return min(ring, math.ceil(math.log2(m)) * step(nbytes))
 
-    def _profile(self, groups: tuple[tuple[int, ...], ...], pattern: tuple) -> StepProfile:
-        key = (groups, pattern)
-        profile = self._profiles.get(key)
+    def profile(self, groups: tuple[tuple[int, ...], ...], pattern: tuple,
+                contend: tuple[tuple[int, ...], ...] | None = None) -> StepProfile:
+        """The :class:`StepProfile` of ``pattern`` (``("pairs",)``, ``("root",)`` or
+        ``("ring", rings)``) run by every IPU group of ``groups`` at once; with ``contend``
+        the flows of those IPU groups load the links too (the profile keeps the flows of
+        ``groups``' slowest)."""
+        key = (self.model, groups, pattern, contend)
+        profile = _PROFILES.get(key)
         if profile is None:
-            flows = [f for g in groups for f in self._flows(self._ipus_of(g), pattern)]
-            profile = step_profile(self.model, flows)
-            with self._lock:
-                self._profiles[key] = profile
+            flows = [f for g in groups for f in self._flows(list(g), pattern)]
+            extra = [f for g in (contend or ()) if g not in groups
+                     for f in self._flows(list(g), pattern)]
+            profile = step_profile(self.model, flows, extra)
+            with _PROFILES_LOCK:
+                if len(_PROFILES) >= _MAX_PROFILES:
+                    _PROFILES.clear()
+                _PROFILES[key] = profile
         return profile
 
-    def _ipus_of(self, group: Sequence[int]) -> list[int]:
-        try:
-            return [self.replica_ipus[r][0] for r in group]
-        except IndexError:
-            raise ValueError(f"group {tuple(group)} names a replica outside the job's "
-                             f"{len(self.replica_ipus)} replicas") from None
+    def split(self, groups: tuple[tuple[int, ...], ...], level: str):
+        """:func:`collectives.schedules.split_groups` of ``groups`` by ``level``, cached."""
+        key = (groups, level)
+        if key not in self._splits:
+            parts = split_groups(self.model, groups, level)
+            with self._lock:
+                self._splits[key] = parts
+        return self._splits[key]
 
     def _flows(self, ipus: list[int], pattern: tuple) -> list[tuple[int, int]]:
         n = len(ipus)
@@ -354,6 +445,8 @@ class HardwareCostModel:
             return [(a, b) for a in ipus for b in ipus if a != b]
         if pattern[0] == "root":
             return [(ipus[0], b) for b in ipus[1:]]
+        if pattern[0] == "line":  # each way: a fragment being reduced, one being broadcast
+            return [f for a, b in zip(ipus, ipus[1:]) for f in ((a, b), (a, b), (b, a), (b, a))]
         orders = (ipus, mirrored_ring(self.model, ipus))
         return [(orders[ring][i], orders[ring][(i + d) % n])
                 for ring, d in pattern[1] for i in range(n)]

@@ -52,13 +52,12 @@ class GCLOptions:
     use_forwarding: str = "auto"
 
     def modelled_method(self, group_size: int, nbytes: int) -> str:
-        """The algorithm the cost model charges for a collective of ``nbytes`` per replica
-        over groups of ``group_size`` replicas (never ``"auto"``)."""
-        if self.method != "auto":
-            return self.method
-        if group_size * nbytes <= self.max_broadcast_size:
-            return "broadcast"
-        return "bidirectional_ring_pair"
+        """The method a call's record carries for the cost model: the configured one;
+        ``"auto"`` stays ``"auto"`` and the cost model takes the cheapest schedule it knows
+        (:mod:`collectives.schedules`), so ``max_broadcast_size`` no longer makes a step in
+        modelled time. ``group_size`` and ``nbytes`` are kept for callers."""
+        del group_size, nbytes
+        return self.method
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None,

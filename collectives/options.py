@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -34,8 +35,8 @@ def _seconds(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be > 0 seconds")
+    if not math.isfinite(value) or value <= 0:   # nan would switch every timeout off
+        raise ValueError(f"{name}={raw!r} must be a finite number of seconds > 0")
     return value
 
 

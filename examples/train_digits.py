@@ -7,17 +7,31 @@ replicas of an ipupod job.
 
 Every replica computes the loss and gradients of its own shard of each global batch (the
 model is this file's own numpy forward and backward pass); ``cross_replica_sum`` adds the
-gradients of all replicas, so each step equals one step on the whole global batch. Every
-instance writes its checkpoint (``instance_<i>.npz``) atomically. The last line printed is
-``test_accuracy=<float>``.
+gradients of all replicas, so each step equals one step on the whole global batch. The last
+line printed is ``test_accuracy=<float>``.
+
+Checkpoints: after every epoch each instance writes ``instance_<i>.npz`` in
+``--checkpoint-dir``: parameters, momentum buffers (``velocity``), epochs and steps done, the
+losses so far, the last epoch's data order and the state of the generator that draws the data
+order. ``--resume`` continues from it (from scratch when there is none), so a run stopped
+after any epoch (``--stop-after-epoch K``, or a kill) and resumed writes checkpoints with the
+same bytes as a run that was never stopped, at every layout. Writes are atomic: a temporary
+file in the same directory, fsync, rename, fsync of the directory; the temporary files of a
+write that was killed are removed by the next run. The instances of a job must resume from
+checkpoints of the same epoch (they write the same bytes; a kill between two instances'
+writes is detected and named).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import io
+import json
 import os
+import signal
 import sys
-import tempfile
+import zipfile
 
 import numpy as np
 from tqdm import tqdm
@@ -41,6 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--checkpoint-dir", default=os.path.join("runs", "train_digits"))
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir (if there is one)")
+    p.add_argument("--stop-after-epoch", type=int, default=None, metavar="K",
+                   help="stop once K epochs are done (the checkpoint is written); resume later "
+                        "with --resume")
     return p.parse_args(argv)
 
 
@@ -84,21 +103,95 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray, scale: float):
     return loss, grads
 
 
+def flat(tensors: dict) -> np.ndarray:
+    """The checkpoint's form of a dict of parameter-shaped arrays: one vector."""
+    return np.concatenate([tensors[k].ravel() for k in PARAM_NAMES])
+
+
+def unflat(vector: np.ndarray, like: dict) -> dict:
+    out, start = {}, 0
+    for k in PARAM_NAMES:
+        size = like[k].size
+        out[k] = vector[start:start + size].reshape(like[k].shape)
+        start += size
+    return out
+
+
+#: test hook: SIGKILL this process after the temporary file of a checkpoint write is
+#: complete, before it is renamed (a kill during the write)
+KILL_DURING_WRITE_ENV = "TRAIN_DIGITS_TEST_KILL_DURING_WRITE"
+#: a fixed time stamp for the members of a checkpoint, so equal arrays give equal bytes
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def _npz_bytes(arrays: dict) -> bytes:
+    """``arrays`` as an .npz (readable by ``np.load``) whose bytes depend on the arrays
+    only (``np.savez`` stamps each member with the current time)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
+        for name in sorted(arrays):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.asanyarray(arrays[name]), allow_pickle=False)
+            zf.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_TIME), member.getvalue())
+    return buffer.getvalue()
+
+
+def _temp_prefix(instance: int) -> str:
+    return f".instance_{instance}.npz.tmp-"
+
+
+def remove_stale_temporaries(directory: str, instance: int) -> list[str]:
+    """Remove the temporary files a killed checkpoint write of ``instance`` left."""
+    stale = glob.glob(os.path.join(glob.escape(directory), _temp_prefix(instance) + "*"))
+    for path in stale:
+        os.unlink(path)
+    return stale
+
+
 def save_checkpoint(directory: str, instance: int, arrays: dict) -> str:
-    """Write ``instance_<i>.npz`` atomically: a temporary file in the same folder, then rename."""
+    """Write ``instance_<i>.npz`` atomically: a temporary file in the same directory, fsync,
+    rename over the old checkpoint, fsync of the directory (so the rename survives a crash).
+    """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"instance_{instance}.npz")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".instance_{instance}.", suffix=".npz")
+    tmp = os.path.join(directory, f"{_temp_prefix(instance)}{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            f.write(_npz_bytes(arrays))
             f.flush()
             os.fsync(f.fileno())
+        kill_at = os.environ.get(KILL_DURING_WRITE_ENV)
+        if kill_at is not None and "epoch" in arrays and kill_at == str(int(arrays["epoch"])):
+            os.kill(os.getpid(), signal.SIGKILL)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return path
+
+
+def load_checkpoint(directory: str, instance: int) -> dict | None:
+    """The arrays of ``instance_<i>.npz``, or None when there is none."""
+    path = os.path.join(directory, f"instance_{instance}.npz")
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _rng_state(rng: np.random.Generator) -> np.ndarray:
+    return np.frombuffer(json.dumps(rng.bit_generator.state).encode(), np.uint8)
+
+
+def _set_rng_state(rng: np.random.Generator, state: np.ndarray) -> None:
+    rng.bit_generator.state = json.loads(state.tobytes().decode())
 
 
 def main(argv=None) -> float:
@@ -131,12 +224,16 @@ def main(argv=None) -> float:
             return cross_replica_mean(np.float64(loss), name="loss"), new_params, velocity
 
         steps = len(x_train) // args.global_batch_size
-        losses = []
+        state = _start_state(args, instance, strategy, params, velocity)
+        params, velocity, losses = state["params"], state["velocity"], state["losses"]
+        rng, accuracy = state["rng"], state["accuracy"]
+        last = args.epochs if args.stop_after_epoch is None else \
+            min(args.epochs, args.stop_after_epoch)
         # On stdout, so that the epoch lines, the bar and the final line keep their order.
-        bar = tqdm(total=args.epochs * steps, disable=instance != 0, mininterval=1.0,
-                   desc="training", unit="step", file=sys.stdout)
-        for epoch in range(args.epochs):
-            order = np.random.default_rng((args.seed, epoch)).permutation(len(x_train))
+        bar = tqdm(total=args.epochs * steps, initial=len(losses), disable=instance != 0,
+                   mininterval=1.0, desc="training", unit="step", file=sys.stdout)
+        for epoch in range(state["epoch"], last):
+            order = rng.permutation(len(x_train))
             for s in range(steps):
                 batch = order[s * args.global_batch_size:(s + 1) * args.global_batch_size]
                 mine = [batch[(offset + r) * shard:(offset + r + 1) * shard]
@@ -148,16 +245,53 @@ def main(argv=None) -> float:
                 losses.append(float(loss))
                 bar.update()
             accuracy = float((forward(params, x_test)[1].argmax(1) == y_test).mean())
+            save_checkpoint(args.checkpoint_dir, instance, {
+                **params, "velocity": flat(velocity), "epoch": np.int64(epoch + 1),
+                "step": np.int64(len(losses)), "losses": np.array(losses),
+                "test_accuracy": np.array(accuracy), "data_order": order,
+                "rng_state": _rng_state(rng)})
             if instance == 0:
                 bar.write(f"epoch {epoch + 1}/{args.epochs} loss={np.mean(losses[-steps:]):.6f}"
                           f" test_accuracy={accuracy:.4f}")
         bar.close()
 
-    save_checkpoint(args.checkpoint_dir, instance,
-                    {**params, "losses": np.array(losses), "test_accuracy": np.array(accuracy)})
     if instance == 0:
         print(f"test_accuracy={accuracy:.4f}", flush=True)
     return accuracy
+
+
+def _start_state(args, instance: int, strategy, params: dict, velocity: dict) -> dict:
+    """Where training starts: from scratch, or (``--resume``) from this instance's
+    checkpoint, after checking that every instance resumes from the same epoch."""
+    remove_stale_temporaries(args.checkpoint_dir, instance)
+    rng = np.random.default_rng([args.seed, 2])   # draws each epoch's data order
+    state = {"params": params, "velocity": velocity, "losses": [], "rng": rng,
+             "accuracy": float("nan"), "epoch": 0}
+    saved = load_checkpoint(args.checkpoint_dir, instance) if args.resume else None
+    if saved is not None:
+        _set_rng_state(rng, saved["rng_state"])
+        state.update(params={k: saved[k] for k in PARAM_NAMES},
+                     velocity=unflat(saved["velocity"], params),
+                     losses=[float(v) for v in saved["losses"]], epoch=int(saved["epoch"]),
+                     accuracy=float(saved["test_accuracy"]))
+        if len(state["losses"]) != int(saved["step"]):
+            raise SystemExit(f"checkpoint of instance {instance} in {args.checkpoint_dir}: "
+                             f"{len(state['losses'])} losses for {int(saved['step'])} steps")
+    if args.resume:
+        _check_same_epoch(strategy, state["epoch"], args.checkpoint_dir)
+    return state
+
+
+def _check_same_epoch(strategy, epoch: int, directory: str) -> None:
+    """Every replica resumes from ``epoch`` (a kill between two instances' checkpoint
+    writes leaves them one epoch apart: named, instead of training on diverged states)."""
+    def count(e):
+        return cross_replica_sum(np.array([e, e * e, 1.0]), name="resume-epoch")
+    total, squares, n = strategy.run(count, args=(float(epoch),))[0]
+    if total * total != squares * n:   # not all equal
+        raise SystemExit(f"the instances' checkpoints in {directory} are at different epochs "
+                         f"(this one: {epoch}; mean {total / n:g}): a kill between two "
+                         "instances' writes? Remove the newer ones and --resume again")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 
 Configuration (:class:`IPUConfig`), the modelled POD hardware (systems, gc-info device ids,
 selection orders, links, occupancy, memory), simulated IPUs and TF devices, replica contexts
-and the executor that runs replica functions. This package imports no other ipupod package.
+and the executor that runs replica functions; the execution model's datasets, infeed and
+outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's module names:
+``ipu_node.loops``, ``ipu_node.ipu_infeed_queue``, ...), ``Variable``, ``optimizers``,
+``pipelining_ops`` and each IPU's modelled timeline (``clock``). This package imports no
+other ipupod package.
 """
 
 from ipu_node.config import IPUConfig, MergeRemoteBuffersBehaviour, SelectionOrder
@@ -13,6 +17,15 @@ from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigErro
                              IPUOutOfMemoryError, NotConfiguredError, NotEnoughIPUsError,
                              NotInReplicaError, UnknownDeviceError, UnknownIPUError,
                              UnknownSystemError)
+from ipu_node.errors import (FailedPreconditionError, InvalidArgumentError, NotPlacedOnIPUError,
+                             OutOfRangeError)
+from ipu_node import data, ipu_compiler, ipu_infeed_queue, ipu_outfeed_queue, loops, scopes
+from ipu_node.data import Dataset
+from ipu_node.ipu_infeed_queue import IPUInfeedQueue
+from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
+from ipu_node.operation import Operation
+from ipu_node import clock, optimizers, pipelining_ops
+from ipu_node.variables import Variable
 from ipu_node.links import Link, LinkKind
 from ipu_node.memory import IPUMemory, MemoryUsage
 from ipu_node.placement import free, memory_usage, place
@@ -35,4 +48,10 @@ __all__ = [
     "transfer_time_s", "host_transfer_time_s", "IPUMemory", "MemoryUsage", "place", "free",
     "memory_usage", "format_topology_table", "IPUPOD_SYSTEM", "IPUPOD_OCCUPANCY_DIR",
     "IPUPOD_JOB_ID", "DEFAULT_SYSTEM",
+    # execution model (feeds, loops, compile, scopes)
+    "data", "ipu_compiler", "ipu_infeed_queue", "ipu_outfeed_queue", "loops", "scopes",
+    "Dataset", "IPUInfeedQueue", "IPUOutfeedQueue", "IPUOutfeedMode", "Operation",
+    "InvalidArgumentError", "FailedPreconditionError", "OutOfRangeError", "NotPlacedOnIPUError",
+    # execution model (Variables, optimizers, pipelining, the modelled clock)
+    "Variable", "optimizers", "pipelining_ops", "clock",
 ]

@@ -37,6 +37,8 @@ class _ConfigGroup:
     """A node of the config tree: fixed attribute names, validated on assignment."""
 
     _fields: dict[str, Any] = {}
+    #: fields whose values are secrets: repr() shows only whether they are set
+    _secret_fields: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         for name, default in self._fields.items():
@@ -48,6 +50,12 @@ class _ConfigGroup:
             valid = ", ".join(sorted(self._fields))
             raise AttributeError(
                 f"{type(self).__name__} has no option {name!r}; valid options: {valid}")
+        default = self._fields[name]
+        if isinstance(default, type) and issubclass(default, _ConfigGroup) \
+                and not isinstance(value, default):   # a group is replaced by a group only
+            raise TypeError(f"{type(self).__name__}.{name} is a group of options "
+                            f"({default.__name__}); it cannot be set to "
+                            f"{type(value).__name__} {value!r}")
         check = getattr(self, f"_check_{name}", None)
         object.__setattr__(self, name, check(value) if check else value)
         self.__dict__.setdefault("_explicit", set()).add(name)
@@ -57,7 +65,11 @@ class _ConfigGroup:
         return name in self.__dict__.get("_explicit", ())
 
     def __repr__(self) -> str:
-        items = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._fields)
+        def shown(k: str) -> str:
+            if k in self._secret_fields:
+                return "'<set>'" if getattr(self, k) else "''"
+            return repr(getattr(self, k))
+        items = ", ".join(f"{k}={shown(k)}" for k in self._fields)
         return f"{type(self).__name__}({items})"
 
 
@@ -132,6 +144,7 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
 
     _fields = {"process_count": 0, "process_index": 0, "transport": "auto",
                "coordinator_address": "", "job_token": "", "listen_address": ""}
+    _secret_fields = frozenset({"job_token"})
 
     def _check_process_count(self, value: Any) -> int:
         return _int_at_least("process_count", value, 0)
@@ -155,6 +168,27 @@ class MultiReplicaDistributionConfig(_ConfigGroup):
         if not isinstance(value, str):
             raise TypeError(f"job_token must be a str, not {type(value).__name__}")
         return value
+
+
+class ExecutionConfig(_ConfigGroup):
+    """``IPUConfig.execution`` (ipupod's own group): how the modelled clock prices compute.
+
+    ``compute_efficiency``: the fraction of the IPU's peak FLOP/s a stage pass sustains, in
+    (0, 1]; a pass of ``flops`` operations takes ``flops / (peak * compute_efficiency)``
+    modelled seconds (:mod:`ipu_node.clock`). Default 0.5: ipupod assumption, no measured
+    figure in the seeds or anchors; large dense matmuls run near peak, whole models with
+    normalisation, element-wise ops and exchange well below it, and half of peak sits between
+    the two. Set it from a profile of the real model when one exists.
+    """
+
+    _fields = {"compute_efficiency": 0.5}
+
+    def _check_compute_efficiency(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 < value <= 1:
+            raise ValueError(f"execution.compute_efficiency must be a number in (0, 1], "
+                             f"got {value!r}")
+        return float(value)
 
 
 class ExperimentalConfig(_ConfigGroup):
@@ -211,6 +245,11 @@ class IPUConfig(_ConfigGroup):
     ``system`` is ipupod's own option too: the emulated system (``"POD16"``, ``"C2-16"``, ...,
     see :mod:`ipu_node.systems`); ``""`` (the default) means ``$IPUPOD_SYSTEM``, else POD16.
 
+    ``allow_recompute`` (TF-IPU's option, reference execution-model.md §1.9): pipelines
+    recompute each stage's forward before its backward (the numbers do not change; the
+    modelled time pays the extra forward and the stash holds only stage inputs).
+    ``execution`` is ipupod's group for the modelled clock (:class:`ExecutionConfig`).
+
     ``auto_select_ipus`` is an int (one TF device) or a list of ints, entry ``N`` being the
     number of IPUs of ``/device:IPU:N`` (seed 004:1496-1514); devices are named, not listed,
     so strings such as ``"/device:IPU:0"`` are rejected. ``select_ipus`` takes ``gc-info``
@@ -231,6 +270,8 @@ class IPUConfig(_ConfigGroup):
         "ipu_model": IPUModelConfig,
         "experimental": ExperimentalConfig,
         "optimizations": OptimizationsConfig,
+        "execution": ExecutionConfig,
+        "allow_recompute": False,
     }
 
     def _check_auto_select_ipus(self, value: Any) -> int | list[int]:
@@ -248,6 +289,11 @@ class IPUConfig(_ConfigGroup):
         if not isinstance(value, dict):
             raise TypeError(f"gcl_poplar_options must be a dict, not {type(value).__name__}")
         return dict(value)
+
+    def _check_allow_recompute(self, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"allow_recompute must be a bool, not {type(value).__name__}")
+        return value
 
     def _check_system(self, value: Any) -> str:
         if value == "":

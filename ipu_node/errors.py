@@ -58,3 +58,29 @@ class IPUOutOfMemoryError(IPUError, MemoryError):
         self.needed_bytes = needed_bytes
         self.available_bytes = available_bytes
         self.largest = largest
+
+
+class InvalidArgumentError(IPUError, ValueError):
+    """A tensor the device cannot take (TF's ``InvalidArgumentError``), e.g. a feed element
+    with a dimension of size 0."""
+
+
+class FailedPreconditionError(IPUError, RuntimeError):
+    """An operation run in a state that does not allow it (TF's ``FailedPreconditionError``),
+    e.g. the last value of an outfeed taken before anything was enqueued."""
+
+
+class OutOfRangeError(IPUError, RuntimeError):
+    """A feed asked for more elements than its dataset has left (TF's ``OutOfRangeError``;
+    on the hardware a fatal error [004:2552]). The message names the feed, the replica and the
+    iteration."""
+
+
+class NotPlacedOnIPUError(IPUError, RuntimeError):
+    """``ipu_compiler.compile`` called outside ``ipu_scope('/device:IPU:0')`` and outside a
+    strategy's scope: the computation would not run on an IPU [004:39-41]."""
+
+
+class OccupancyDirError(IPUError, OSError):
+    """The directory of the IPU lock files cannot be used safely: it cannot be created, is
+    not a directory, belongs to another user or is open to others (names it and why)."""

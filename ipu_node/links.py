@@ -8,10 +8,15 @@ second in each direction. All figures are *modelled*: they say what the real POD
 
 Hardware numbers and where they come from:
 
-* IPU-Link: "10x IPU-Links, 320GB/s chip to chip bandwidth" (seed 001:247-248), so
-  32 GB/s per link (seeds-inventory §1.1, DERIVED; anchors §2.5).
-* Host link: "PCIe Gen4 x16, 64 GB/s bidirectional bandwidth to host" (seed 001:257-258).
-  The 64 GB/s count both directions; a one-way transfer gets half, 32 GB/s.
+* IPU-Link: "10x IPU-Links, 320GB/s chip to chip bandwidth" (seed 001:247-248), 32 GB/s per
+  link counting both directions as the same slide counts PCIe ("64 GB/s bidirectional"), so
+  16 GB/s per link per direction; the Bow-2000's "IPU-Link - 512Gbps" per port (anchors §2.5)
+  is 2 such links both ways (:mod:`ipu_node.chips` has the reasoning).
+* PCIe link of an IPU to its host side (the IPU-Gateway of its IPU-Machine, or the server of
+  a C2 system): "PCIe Gen4 x16, 64 GB/s bidirectional bandwidth to host" (seed 001:257-258).
+  The 64 GB/s count both directions; a one-way transfer gets half, 32 GB/s. Behind the
+  gateway the host server is reached over the machine's "1x 100GbE RoCEv2 NIC" (anchors
+  §2.5), shared by its 4 IPUs (:data:`HOST_NIC_BYTES_PER_S`).
 * GW-Link: "2x 100Gbps Gateway-Links" per machine (Bow-2000 datasheet, anchors §2.5; the seeds
   name GW-Links only at 004:2190 and give no figure), so 12.5 GB/s per GW-Link.
 * Latencies: the seeds and datasheets give none (seeds-inventory §1.2 GAP). The three
@@ -29,12 +34,16 @@ GB = 1e9  # datasheets count decimal gigabytes
 
 #: IPU-Links per GC200 (seed 001:247).
 IPU_LINKS_PER_IPU = 10
-#: Bandwidth of one IPU-Link, bytes/s: 320 GB/s over 10 links (seed 001:247-248).
-IPU_LINK_BYTES_PER_S = 320 * GB / IPU_LINKS_PER_IPU
+#: Bandwidth of one IPU-Link, bytes/s in each direction: 320 GB/s over 10 links, both
+#: directions counted (seed 001:247-248), i.e. 16 GB/s.
+IPU_LINK_BYTES_PER_S = 320 * GB / IPU_LINKS_PER_IPU / 2
 #: PCIe Gen4 x16 to the host, both directions together, bytes/s (seed 001:257-258).
 PCIE_BIDIRECTIONAL_BYTES_PER_S = 64 * GB
 #: PCIe Gen4 x16, one direction, bytes/s (half of the bidirectional figure).
 PCIE_BYTES_PER_S = PCIE_BIDIRECTIONAL_BYTES_PER_S / 2
+#: The IPU-Machine's host NIC, bytes/s one way: "1x 100GbE RoCEv2 NIC" (anchors §2.5), shared
+#: by the machine's IPUs.
+HOST_NIC_BYTES_PER_S = 100e9 / 8
 #: GW-Links per IPU-Machine ("2x 100Gbps", Bow-2000 datasheet, anchors §2.5).
 GW_LINKS_PER_MACHINE = 2
 #: Bandwidth of one GW-Link, bytes/s: 100 Gbit/s (Bow-2000 datasheet, anchors §2.5).

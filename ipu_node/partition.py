@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipu_node.errors import IPUBusyError
-from ipu_node.occupancy import MACHINE_SCOPE, Lease, Occupancy
+from ipu_node.occupancy import MACHINE_SCOPE, PARTITION_DEVICE, Lease, Occupancy
 from ipu_node.selection import candidate_ipu_sets
 from ipu_node.systems import SystemModel
 
@@ -50,8 +50,11 @@ def reserve_partition(model: SystemModel, num_ipus: int, *, job: str,
     Raises:
         NotEnoughIPUsError: ``model`` has fewer IPUs.
         IPUBusyError: every set of that size has an IPU attached elsewhere (names one holder).
+        OccupancyDirError: the lock directory is unusable or unsafe (one line naming it).
     """
     occupancy = occupancy or Occupancy(model.name, MACHINE_SCOPE)
+    occupancy.make_dirs()
+    occupancy.reclaim_stale_scopes()   # partitions of launchers that were SIGKILLed
     busy = []
     for ipus, device_id in candidate_ipu_sets(model, num_ipus):
         try:
@@ -59,7 +62,7 @@ def reserve_partition(model: SystemModel, num_ipus: int, *, job: str,
         except IPUBusyError as exc:
             busy.append(str(exc))
             continue
-        info = occupancy.holder_info(device=f"partition of job {job}")
+        info = occupancy.holder_info(device=PARTITION_DEVICE.format(job=job))
         lease.write_holder_info({ipu: info for ipu in ipus})
         return Partition(tuple(ipus), device_id, lease)
     raise IPUBusyError(f"no {num_ipus} free IPUs on {model.name} for a partition: "

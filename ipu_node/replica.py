@@ -134,3 +134,24 @@ class ReplicaExecutor:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+_runner = threading.local()
+
+
+def set_active_runner(runner: Callable[[Callable[[], Any]], list] | None):
+    """Install ``runner`` for this thread; returns the previous one (to restore it).
+
+    A runner is ``runner(fn) -> list``: it calls ``fn()`` once per local replica (in replica
+    contexts) and returns the results in local replica order. A strategy installs its own in
+    its ``scope()`` so that ``ipu_compiler.compile`` runs on every local replica (ipu_node may
+    not import the strategies).
+    """
+    previous = getattr(_runner, "fn", None)
+    _runner.fn = runner
+    return previous
+
+
+def active_runner() -> Callable[[Callable[[], Any]], list] | None:
+    """The runner installed in this thread by :func:`set_active_runner`, or None."""
+    return getattr(_runner, "fn", None)

@@ -77,7 +77,7 @@ def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
     return _path(model, _search(model, src, same_domain, dst), src, dst)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=2048)  # every IPU of the largest POD (256) of several models
 def _routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
     # A full search reaches every node by the same links as one stopped at that node.
     inside, anywhere = _search(model, src, True), _search(model, src, False)

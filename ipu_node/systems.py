@@ -17,6 +17,12 @@ and ``IPUPOD_SYSTEM`` or an explicit name chooses another (:func:`get_system_mod
     §2.5): the four IPUs of a machine form a ring, and IPU ``j`` of machine ``m`` is linked to
     IPU ``j`` of machines ``m +- 1`` (mod machines, the rack cabling closing the loop). POD4 has
     only the ring. The IPUs reach their machine's IPU-Gateway ``gw<m>`` over PCIe.
+``BOW-POD16``, ``BOW-POD64``, ``BOW-POD128``, ``BOW-POD256``
+    The same machines, links and domains with Bow-2000 machines of 4 Bow IPUs (Bow-2000
+    datasheet: "same fabric", IPU-Link / GW-Link / Sync-Link as the IPU-M2000, anchors §2.5;
+    Bow Pod256 via GW-Link switches). The Bow IPU is the GC200 design at 1.85 GHz (seed
+    001:207-222); its version string stays ``ipu2`` (ipupod's ``ipu_model.version`` knows
+    ``ipu1``/``ipu2``). :mod:`ipu_node.chips` has the chips' numbers (``SystemModel.chip``).
 ``POD128``, ``POD256``
     2 and 4 POD64s, each its own IPU-Link domain (64 IPUs, as the V-IPU option
     ``ipuLinkDomainSize=64``, anchors §1.2), joined by GW-Links, 2 x 100 Gbps per machine
@@ -50,9 +56,12 @@ MACHINES_PER_POD64 = 16
 C2_CARD_IPU_LINKS = 4
 #: ipupod assumption: IPU-Links between vertically adjacent IPUs of the ladder ("||").
 C2_LADDER_IPU_LINKS = 3
-#: ipupod assumption: IPU-Links between ring neighbours inside an IPU-M2000.
+#: ipupod assumption: IPU-Links between ring neighbours inside an IPU-M2000 (the 6 of an IPU's
+#: 10 links, seed 001:247, that do not leave the machine, 3 per neighbour).
 M2000_RING_IPU_LINKS = 3
-#: ipupod assumption: IPU-Links between IPU ``j`` of two adjacent machines (torus rows).
+#: IPU-Links between IPU ``j`` of two adjacent machines (torus rows): each of the machine's
+#: "8 IPU-Link ports" (anchors §2.5; one per IPU and neighbour machine) carries "512Gbps"
+#: (Bow-2000 datasheet, anchors §2.5) = 2 links of 16 GB/s per direction (ipu_node.chips).
 M2000_RACK_IPU_LINKS = 2
 
 #: PCI domains of the 16 IPUs of the seeds' C2 server, by IPU id (seed 004:752-767).
@@ -107,6 +116,7 @@ class SystemModel:
         domains: IPU ids of each IPU-Link domain.
         grid_cols: columns of the grid the selection orders walk (2 for the ladder, 4 for M2000s).
         no_transit: named nodes a route may end at but not pass through (the host server).
+        chip: name of the chip in :mod:`ipu_node.chips` (``"GC200"``, ``"Bow"``, ``"GC2"``).
     """
 
     name: str
@@ -118,6 +128,7 @@ class SystemModel:
     domains: tuple[tuple[int, ...], ...]
     grid_cols: int
     no_transit: frozenset[str] = field(default_factory=frozenset)
+    chip: str = "GC200"
 
     @property
     def num_ipus(self) -> int:
@@ -191,7 +202,7 @@ def _build_c2_16() -> SystemModel:
     return SystemModel(
         name="C2-16", description="8 C2 cards x 2 ipu1 IPUs, IPU-Link ladder (seed 004:1339-1381)",
         board_type="C2", target="PCIe", ipus=ipus, links=tuple(links),
-        domains=(tuple(range(16)),), grid_cols=2, no_transit=frozenset({"host"}))
+        domains=(tuple(range(16)),), grid_cols=2, no_transit=frozenset({"host"}), chip="GC2")
 
 
 def _ipu_m_host(machine: int) -> str:
@@ -223,7 +234,8 @@ def _m2000_torus_links(first_machine: int, rows: int) -> list[Link]:
     return links
 
 
-def _build_pod(name: str, machines_per_domain: int, num_domains: int) -> SystemModel:
+def _build_pod(name: str, machines_per_domain: int, num_domains: int,
+               chip: str = "GC200") -> SystemModel:
     machines = machines_per_domain * num_domains
     ipus = _m2000_ipus(machines, machines_per_domain)
     links: list[Link] = []
@@ -240,10 +252,12 @@ def _build_pod(name: str, machines_per_domain: int, num_domains: int) -> SystemM
     domains = tuple(tuple(range(d * per_domain, (d + 1) * per_domain))
                     for d in range(num_domains))
     shape = "ring" if machines_per_domain == 1 else f"{machines_per_domain}x4 torus"
-    desc = (f"{machines} IPU-M2000 x 4 ipu2 IPUs, IPU-Link {shape}"
+    board = "Bow-2000" if chip == "Bow" else "IPU-M2000"
+    desc = (f"{machines} {board} x 4 {chip} IPUs, IPU-Link {shape}"
             + (f", {num_domains} IPU-Link domains joined by GW-Links" if num_domains > 1 else ""))
     return SystemModel(name=name, description=desc, board_type="M2000", target="Fabric",
-                       ipus=ipus, links=tuple(links), domains=domains, grid_cols=IPUS_PER_M2000)
+                       ipus=ipus, links=tuple(links), domains=domains, grid_cols=IPUS_PER_M2000,
+                       chip=chip)
 
 
 _BUILDERS: dict[str, Callable[[], SystemModel]] = {
@@ -253,6 +267,10 @@ _BUILDERS: dict[str, Callable[[], SystemModel]] = {
     "POD64": functools.partial(_build_pod, "POD64", MACHINES_PER_POD64, 1),
     "POD128": functools.partial(_build_pod, "POD128", MACHINES_PER_POD64, 2),
     "POD256": functools.partial(_build_pod, "POD256", MACHINES_PER_POD64, 4),
+    "BOW-POD16": functools.partial(_build_pod, "BOW-POD16", 4, 1, "Bow"),
+    "BOW-POD64": functools.partial(_build_pod, "BOW-POD64", MACHINES_PER_POD64, 1, "Bow"),
+    "BOW-POD128": functools.partial(_build_pod, "BOW-POD128", MACHINES_PER_POD64, 2, "Bow"),
+    "BOW-POD256": functools.partial(_build_pod, "BOW-POD256", MACHINES_PER_POD64, 4, "Bow"),
 }
 
 #: Names of the known systems.

@@ -22,7 +22,10 @@ from launch import env as envnames
 from launch.errorfile import write_error_file
 from launch.supervise import die_with_parent
 
-USAGE = "usage: python -m launch.bootstrap (script.py | -m module | -c command) [args...]"
+USAGE = ("usage: python -m launch.bootstrap (script.py | -m module | -c command | "
+         "--exec program) [args...]")
+#: signals the guard of a non-Python program passes on to it
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -35,22 +38,58 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _fail(exit_code: int, error: str, tb: str) -> None:
+def _record(exit_code: int, error: str, tb: str, signum: int = 0) -> None:
     path = os.environ.get(envnames.ERROR_FILE)
     if path:
         instance = int(os.environ.get(envnames.INSTANCE_INDEX, "0"))
         try:
-            write_error_file(path, instance, exit_code, error, tb)
+            write_error_file(path, instance, exit_code, error, tb, signal=signum)
         except OSError as exc:  # the job still has to end
             print(f"bootstrap: could not write the error file {path}: {exc}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _fail(exit_code: int, error: str, tb: str) -> None:
+    _record(exit_code, error, tb)
     os._exit(exit_code)
+
+
+def _guard(argv: list[str]) -> int:
+    """Run a non-Python program as a child and end the way it ended, recording a failure
+    in the error file first (the launcher learns it at once, with the exit code or signal).
+
+    Signals in :data:`_FORWARDED` are passed on; the child dies with this guard
+    (PR_SET_PDEATHSIG), and the guard dies of the child's signal, so mpirun sees the same
+    status as without it. Inherited file descriptors stay open (MPI programs need PMI's).
+    """
+    import subprocess
+    try:
+        proc = subprocess.Popen(argv, close_fds=False,
+                                preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+    except OSError as exc:
+        print(f"bootstrap: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr)
+        _fail(127, f"cannot run {argv[0]!r}: {exc.strerror}", "")
+    for signum in _FORWARDED:
+        signal.signal(signum, lambda s, _f: proc.send_signal(s))
+    code = proc.wait()
+    if code > 0:
+        _fail(code, "", "")
+    if code < 0:
+        _record(0, "", "", signum=-code)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 def _run(argv: list[str]) -> None:
     if not argv:
         raise SystemExit(USAGE)
+    if argv[0] == "--exec":
+        if len(argv) < 2:
+            raise SystemExit(USAGE)
+        raise SystemExit(_guard(argv[1:]))
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit(USAGE)

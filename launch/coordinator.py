@@ -8,8 +8,12 @@ longer than ``heartbeat_timeout_s`` is declared lost and the job is aborted, nam
 launcher aborts it at once when it sees a child die.
 
 Every call must carry the job token (metadata ``ipupod-job-token``); a missing or foreign
-token is refused with ``UNAUTHENTICATED``. Malformed requests are refused with
-``INVALID_ARGUMENT``; the server keeps serving.
+token is refused with ``UNAUTHENTICATED`` before the request is parsed
+(:class:`protos.guard.TokenInterceptor`). Malformed requests are refused with
+``INVALID_ARGUMENT`` and one log line; the server keeps serving. A caller cannot hold the
+server's threads: each instance may have :data:`MAX_BLOCKING_CALLS_PER_INSTANCE` blocking
+calls (Register, Barrier) in flight, more are refused with ``RESOURCE_EXHAUSTED``; barrier
+names are bounded in length and number.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from protos import (MAX_CONTROL_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecut
                     server_options)
 from protos import coordinator_pb2 as pb
 from protos import coordinator_pb2_grpc as pb_grpc
+from protos.guard import TokenInterceptor
 from launch.errors import LaunchError
 
 logger = logging.getLogger(__name__)
@@ -33,6 +38,14 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 5.0
 #: longest a Register or Barrier call blocks before answering complete=false, seconds
 MAX_WAIT_S = 5.0
+#: blocking calls (Register, Barrier) one instance may have in flight; ipupod assumption: an
+#: instance makes one at a time, the second covers a retry racing its predecessor. With
+#: the server's 2 * num_instances + 4 threads, 4 always stay free for heartbeats and aborts.
+MAX_BLOCKING_CALLS_PER_INSTANCE = 2
+#: longest barrier name, characters, and most barriers waiting at once (ipupod assumption:
+#: names are short labels, and instances pass one barrier at a time)
+MAX_BARRIER_NAME = 256
+MAX_OPEN_BARRIERS = 64
 
 
 def check_token(context: grpc.ServicerContext, token: str) -> None:
@@ -77,6 +90,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._barriers: dict[str, set[int]] = {}
         self._barrier_done: set[str] = set()
         self._aborted: tuple[int, str] | None = None
+        self._blocking = [0] * num_instances
 
     # -- state --------------------------------------------------------------------------
 
@@ -136,6 +150,14 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"instance {instance} is not in [0, {self.num_instances})")
 
+    def _enter_blocking(self, context, instance: int) -> None:
+        """Count a blocking call of ``instance`` (lock held); refuse one too many."""
+        if self._blocking[instance] >= MAX_BLOCKING_CALLS_PER_INSTANCE:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"instance {instance} already has {self._blocking[instance]} "
+                          "blocking calls in flight")
+        self._blocking[instance] += 1
+
     def _wait(self, done, wait_s: float) -> bool:
         """Wait (holding the condition) until ``done()`` or abort, at most ``wait_s``."""
         deadline = time.monotonic() + max(0.0, min(wait_s, MAX_WAIT_S))
@@ -156,13 +178,19 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                           f"{self.num_instances}")
         if not request.peer_address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "peer_address is empty")
+        if len(request.peer_address) > 256:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "peer_address is too long")
         with self._cond:
-            self._peers[request.instance] = request.peer_address
-            self._host_ids[request.instance] = request.host_id[:256]
-            self._last_seen[request.instance] = time.monotonic()
-            self._left.discard(request.instance)
-            self._cond.notify_all()
-            complete = self._wait(lambda: all(self._peers), request.wait_s)
+            self._enter_blocking(context, request.instance)
+            try:
+                self._peers[request.instance] = request.peer_address
+                self._host_ids[request.instance] = request.host_id[:256]
+                self._last_seen[request.instance] = time.monotonic()
+                self._left.discard(request.instance)
+                self._cond.notify_all()
+                complete = self._wait(lambda: all(self._peers), request.wait_s)
+            finally:
+                self._blocking[request.instance] -= 1
             return pb.PeerTable(complete=complete, peer_addresses=self._peers,
                                 host_ids=self._host_ids, status=self._status_locked())
 
@@ -176,16 +204,27 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         check_token(context, self.token)
         self._check_instance(context, request.instance)
         name = request.name
+        if len(name) > MAX_BARRIER_NAME:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"barrier name of {len(name)} characters (limit {MAX_BARRIER_NAME})")
         with self._cond:
             self._last_seen[request.instance] = time.monotonic()
-            if name not in self._barrier_done:
-                entered = self._barriers.setdefault(name, set())
-                entered.add(request.instance)
-                if len(entered) == self.num_instances:
-                    self._barrier_done.add(name)
-                    del self._barriers[name]
-                    self._cond.notify_all()
-            complete = self._wait(lambda: name in self._barrier_done, request.wait_s)
+            if name not in self._barrier_done and name not in self._barriers \
+                    and len(self._barriers) >= MAX_OPEN_BARRIERS:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{len(self._barriers)} barriers are open already")
+            self._enter_blocking(context, request.instance)
+            try:
+                if name not in self._barrier_done:
+                    entered = self._barriers.setdefault(name, set())
+                    entered.add(request.instance)
+                    if len(entered) == self.num_instances:
+                        self._barrier_done.add(name)
+                        del self._barriers[name]
+                        self._cond.notify_all()
+                complete = self._wait(lambda: name in self._barrier_done, request.wait_s)
+            finally:
+                self._blocking[request.instance] -= 1
             return pb.BarrierResponse(complete=complete, status=self._status_locked())
 
     def Heartbeat(self, request, context):
@@ -225,7 +264,8 @@ class CoordinatorServer:
         self.coordinator = Coordinator(num_instances, token, heartbeat_timeout_s)
         self._executor = ServingExecutor(2 * num_instances + 4, "coordinator")
         self._server = grpc.server(self._executor,
-                                   options=server_options(MAX_CONTROL_MESSAGE_BYTES))
+                                   options=server_options(MAX_CONTROL_MESSAGE_BYTES),
+                                   interceptors=[TokenInterceptor(token)])
         pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, self._server)
         host = address.rsplit(":", 1)[0]
         try:

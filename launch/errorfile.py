@@ -15,9 +15,10 @@ from launch.errors import InstanceFailure
 
 
 def write_error_file(path: str, instance: int, exit_code: int, error: str,
-                     traceback_text: str = "") -> None:
-    """Record a failure at ``path`` (temp file + rename, so a reader never sees half)."""
-    record = {"instance": instance, "exit_code": exit_code, "error": error,
+                     traceback_text: str = "", signal: int = 0) -> None:
+    """Record a failure at ``path`` (temp file + rename, so a reader never sees half);
+    ``signal``: the signal that ended the instance's program, or 0."""
+    record = {"instance": instance, "exit_code": exit_code, "signal": signal, "error": error,
               "traceback": traceback_text, "time": time.time(), "pid": os.getpid(),
               "host": socket.gethostname()}
     directory = os.path.dirname(path) or "."
@@ -34,6 +35,7 @@ def read_error_file(path: str) -> InstanceFailure | None:
             record = json.load(f)
         return InstanceFailure(instance=int(record["instance"]),
                                exit_code=int(record["exit_code"]),
+                               signal=int(record.get("signal", 0)),
                                error=str(record.get("error", "")),
                                time=float(record["time"]))
     except (OSError, ValueError, KeyError, TypeError):

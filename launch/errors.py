@@ -55,3 +55,26 @@ class InstanceFailedError(RuntimeError):
         super().__init__(root_cause.describe())
         self.root_cause = root_cause
         self.failures = failures
+
+
+
+class JobInterruptedError(LaunchError):
+    """poprun received SIGINT or SIGTERM and stopped the job (the instances' own failures
+    that followed are consequences, not the cause).
+
+    Attributes:
+        signum: the signal poprun received (passed on to the instances).
+        killed: whether part of the job was still running ``grace_s`` after the signal was
+            passed on and was killed (SIGKILL), e.g. a program that ignores SIGTERM.
+        exit_code: ``128 + signum`` (130 for SIGINT, 143 for SIGTERM), as a shell reports it.
+    """
+
+    def __init__(self, signum: int, killed: bool = False, grace_s: float = 0.0):
+        import signal as _signal
+        self.signum, self.killed, self.exit_code = signum, killed, 128 + signum
+        name = _signal.Signals(signum).name
+        text = f"received {name}; the job was stopped"
+        if killed:
+            text += (f" (instances still running {grace_s:g} s after {name} were killed with "
+                     "SIGKILL)")
+        super().__init__(text)

@@ -19,18 +19,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Callable, Sequence, TextIO
 
 from launch import env as envnames
 from launch.errorfile import read_error_file
-from launch.errors import InstanceFailedError, InstanceFailure, LaunchError
+from launch.errors import InstanceFailedError, InstanceFailure, JobInterruptedError, LaunchError
 from launch.mpirun import instance_command
 from launch.output import LineTagger, stream_writer
 from launch.plan import InstancePlacement, LaunchPlan
-from launch.supervise import GRACE_PERIOD_S, forward_signals, root_cause
+from launch.supervise import (GRACE_PERIOD_S, check_program, forward_signals, make_workdir,
+                              root_cause)
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +104,16 @@ class LocalBackend:
                 root cause.
             LaunchError: an instance could not be started (the others were stopped).
         """
-        workdir = tempfile.mkdtemp(prefix="poprun-")
+        check_program(instance_command(plan.command))
+        workdir = make_workdir()
         instances: list[_Instance] = []
+        signals = forward_signals(lambda s: self._signal_all(instances, s),
+                                  lambda: self._signal_all(instances, signal.SIGKILL),
+                                  lambda: any(i.proc.poll() is None for i in instances))
         try:
             self._start(plan, workdir, instances)
-            with forward_signals(lambda s: self._signal_all(instances, s),
-                                 lambda: self._signal_all(instances, signal.SIGKILL),
-                                 lambda: any(i.proc.poll() is None for i in instances)):
-                self._supervise(instances)
+            with signals:
+                self._supervise(instances, signals)
         finally:
             self._kill_all(instances)
             for inst in instances:
@@ -119,6 +121,8 @@ class LocalBackend:
                     reader.join(timeout=5)
             shutil.rmtree(workdir, ignore_errors=True)
         self.states = {i.index: i.state for i in instances}
+        if signals.received is not None:
+            raise JobInterruptedError(signals.received, signals.killed, signals.grace_s)
         failures = [i.failure for i in instances if i.failure is not None]
         if not failures:
             return 0
@@ -144,7 +148,9 @@ class LocalBackend:
                 raise LaunchError(f"could not start instance {placement.index} "
                                   f"({' '.join(command)}): {exc}") from exc
             inst = _Instance(placement, proc, error_file)
+            shown = plan.only_output_from_instance in (None, placement.index)
             for pipe, kind, write in ((proc.stdout, "stdout", out), (proc.stderr, "stderr", err)):
+                write = write if shown else _discard  # --only-output-from-instance
                 tagger = LineTagger(f"[1,{placement.index}]<{kind}>:", write)
                 reader = threading.Thread(target=_pump, args=(pipe, tagger), daemon=True,
                                           name=f"poprun-{kind}-{placement.index}")
@@ -154,16 +160,19 @@ class LocalBackend:
 
     # -- supervise ----------------------------------------------------------------------
 
-    def _supervise(self, instances: list[_Instance]) -> None:
-        """Wait until every instance ended; on the first failure, stop the others."""
+    def _supervise(self, instances: list[_Instance], signals: forward_signals) -> None:
+        """Wait until every instance ended; on the first failure, stop the others (unless
+        poprun received a signal: ``signals`` then owns the stopping)."""
         stop_at: float | None = None      # when to SIGTERM the survivors
         kill_at: float | None = None      # when to SIGKILL them
         while any(i.state is InstanceState.RUNNING for i in instances):
             now = time.monotonic()
             for inst in instances:
                 if inst.state is InstanceState.RUNNING and inst.proc.poll() is not None:
-                    self._ended(inst, stopping=stop_at is not None)
-                    if inst.failure is not None and stop_at is None:
+                    self._ended(inst, stopping=stop_at is not None
+                                or signals.received is not None)
+                    if inst.failure is not None and stop_at is None \
+                            and signals.received is None:
                         stop_at = now + self.stop_wait_s
                         logger.info("%s; stopping the other instances",
                                     inst.failure.describe())
@@ -197,19 +206,29 @@ class LocalBackend:
 
     @staticmethod
     def _signal_all(instances: Sequence[_Instance], signum: int) -> None:
+        """``signum`` to every running instance's process group (its own session: what the
+        program started goes too)."""
         for inst in instances:
             if inst.proc.poll() is None:
-                try:
-                    inst.proc.send_signal(signum)
-                except ProcessLookupError:
-                    pass
+                _signal_group(inst.proc, signum)
 
     @staticmethod
     def _kill_all(instances: Sequence[_Instance]) -> None:
+        """SIGKILL what is left of every instance's process group, and reap the instances."""
         for inst in instances:
-            if inst.proc.poll() is None:
-                inst.proc.kill()
+            _signal_group(inst.proc, signal.SIGKILL)
             inst.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _discard(text: str) -> None:
+    """Where the output of an instance hidden by ``--only-output-from-instance`` goes."""
 
 
 def _pump(pipe, tagger: LineTagger) -> None:

@@ -16,18 +16,20 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from launch import env as envnames
 from launch.errorfile import read_error_file
-from launch.errors import InstanceFailedError, InstanceFailure, LaunchError
+from launch import env as envnames
+from launch.errors import InstanceFailedError, InstanceFailure, JobInterruptedError, LaunchError
+from launch.hydra import error_file_path, mpirun_command_line, mpirun_environment
 from launch.output import FileTailer, LineTagger, instance_output_paths, stream_writer
 from launch.plan import LaunchPlan
 from launch.supervise import GRACE_PERIOD_S  # noqa: F401 - the grace period, re-exported
-from launch.supervise import die_with_parent, forward_signals, root_cause
+from launch.supervise import (check_program, die_with_parent, forward_signals, kill_tree,
+                              make_workdir, root_cause)
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +53,21 @@ def find_mpirun() -> str:
                       "this environment with: pip install mpich mpi4py")
 
 
-def instance_command(command: Sequence[str]) -> list[str]:
+def instance_command(command: Sequence[str], guard: bool = False) -> list[str]:
     """``command``, with a Python program run under :mod:`launch.bootstrap`.
 
     ``python [interpreter options] (script | -m mod | -c cmd) args`` becomes
     ``python [interpreter options] -m launch.bootstrap (script | -m mod | -c cmd) args``;
-    any other program is left as it is (it gets no fail-fast guarantee beyond mpirun's).
+    any other program is left as it is, or with ``guard`` (mpirun, which does not end a job
+    when an instance exits non-zero) runs under ``python -m launch.bootstrap --exec``, which
+    records how it ended in the error file that the launcher watches.
     A bare ``python``/``python3`` (no directory) means the interpreter running poprun, the
     one ipupod is installed in, whether or not its environment is activated.
     """
     command = list(command)
     if not command or not _PYTHON.match(os.path.basename(command[0])):
+        if guard and command:
+            return [sys.executable, "-m", "launch.bootstrap", "--exec", *command]
         return command
     if os.sep not in command[0]:
         command[0] = sys.executable
@@ -113,7 +119,8 @@ def remove_leftover_segments(before: set[str]) -> list[str]:
         The names removed.
     """
     removed = []
-    for name in sorted(_mpich_segments() - before - _mapped_segments()):
+    new = _mpich_segments() - before
+    for name in sorted(new - _mapped_segments() if new else ()):
         try:
             os.unlink(os.path.join(_SHM_DIR, name))
             removed.append(name)
@@ -128,11 +135,13 @@ def _unknown_order(failures: list[InstanceFailure]) -> InstanceFailure:
     known from outside. Say so, naming every one, instead of guessing."""
     names = ", ".join(str(f.instance) for f in failures)
     signals = sorted({f.signal for f in failures if f.signal})
-    how = " or ".join(_signal_name(s) for s in signals) or "an error"
+    codes = sorted({f.exit_code for f in failures if not f.signal})
+    how = " or ".join([_signal_name(s) for s in signals]
+                      + [f"exit code {c}" for c in codes]) or "an error"
     return InstanceFailure(-1, exit_code=failures[0].exit_code, signal=failures[0].signal,
-                           error=f"instances {names} were killed by {how}; mpirun ends the "
-                                 "other instances the same way, so which failed first is "
-                                 "unknown")
+                           error=f"instances {names} {'ended with' if codes else 'were killed by'} "
+                                 f"{how}; mpirun ends the other instances with signals, so "
+                                 "which failed first is unknown")
 
 
 def _signal_name(signum: int) -> str:
@@ -140,6 +149,57 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+#: seconds mpirun gets to end the job itself once an instance recorded a failure, before
+#: poprun sends it SIGTERM (Hydra does not end a job whose instance exits non-zero without
+#: having called MPI_Init: a program that fails before its first collective)
+STOP_WAIT_S = 1.0
+#: seconds between checks of the job (mpirun alive? an error file written?)
+POLL_INTERVAL_S = 0.05
+
+
+def supervise_mpirun(proc: subprocess.Popen, workdir: str, signals: forward_signals,
+                     stop_wait_s: float = STOP_WAIT_S,
+                     grace_s: float = GRACE_PERIOD_S) -> int:
+    """Wait for mpirun to end; returns its exit status (negative: killed by that signal).
+
+    Once an instance has written its error file (``error.<i>.json`` in ``workdir``, by
+    :mod:`launch.bootstrap`), mpirun gets ``stop_wait_s`` to end the job, then SIGTERM
+    (Hydra passes it on to every instance), then after ``grace_s`` mpirun and everything
+    under it get SIGKILL. While ``signals`` handles a signal sent to poprun, it owns the
+    escalation instead.
+    """
+    stop_at = kill_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if stop_at is None and signals.received is None and _any_error_file(workdir):
+            stop_at = now + stop_wait_s
+        if kill_at is None and stop_at is not None and now >= stop_at:
+            logger.info("an instance failed and mpirun did not end the job: stopping it")
+            proc.send_signal(signal.SIGTERM)
+            kill_at = now + grace_s
+        if kill_at is not None and now >= kill_at:
+            kill_tree(proc.pid)
+            kill_at = float("inf")
+        time.sleep(POLL_INTERVAL_S)
+    return proc.returncode
+
+
+def _any_error_file(workdir: str) -> bool:
+    try:
+        return any(n.startswith("error.") and n.endswith(".json") for n in os.listdir(workdir))
+    except OSError:
+        return False
+
+
+def _mpirun_failure(returncode: int) -> InstanceFailure:
+    """The job's failure when no instance said why: mpirun's own status (a negative status
+    is the signal that killed mpirun, never reported as an exit code)."""
+    if returncode < 0:
+        return InstanceFailure(instance=-1, signal=-returncode,
+                               error=f"mpirun was killed by {_signal_name(-returncode)}")
+    return InstanceFailure(instance=-1, exit_code=returncode)
 
 
 def _decode_status(status: int) -> tuple[int, int]:
@@ -166,21 +226,16 @@ class MpirunBackend:
         self.spawn = spawn
 
     def command_line(self, plan: LaunchPlan, workdir: str) -> list[str]:
-        """The full mpirun command for ``plan``, writing output files into ``workdir``."""
-        cmd = [self.mpirun, "-print-all-exitcodes",
-               "-outfile-pattern", os.path.join(workdir, "out.%r"),
-               "-errfile-pattern", os.path.join(workdir, "err.%r"),
-               "-genv", "PYTHONUNBUFFERED", "1"]
-        program = instance_command(plan.command)
-        for k, placement in enumerate(plan.instances):
-            if k:
-                cmd.append(":")
-            cmd += ["-n", "1"]
-            error_file = os.path.join(workdir, f"error.{placement.index}.json")
-            for name, value in envnames.instance_env(plan, placement, error_file).items():
-                cmd += ["-env", name, value]
-            cmd += program
-        return cmd
+        """The full mpirun command for ``plan``, writing output files into ``workdir``
+        (:func:`launch.hydra.mpirun_command_line`; no secret is on it)."""
+        return mpirun_command_line(plan, self.mpirun, workdir, instance_command(plan.command, guard=True))
+
+    def environment(self, plan: LaunchPlan) -> dict[str, str]:
+        """mpirun's environment for ``plan``: poprun's, plus what every instance gets
+        alike, the job token among them (:func:`launch.hydra.mpirun_environment`)."""
+        env = mpirun_environment(plan, os.environ)
+        env.pop(envnames.PARENT_PID, None)   # an outer launcher's: not this job's parent
+        return env
 
     def run(self, plan: LaunchPlan) -> int:
         """Run the job to its end.
@@ -192,7 +247,8 @@ class MpirunBackend:
             InstanceFailedError: an instance failed (the others were stopped).
             LaunchError: mpirun could not be started.
         """
-        workdir = tempfile.mkdtemp(prefix="poprun-")
+        check_program(instance_command(plan.command))
+        workdir = make_workdir()
         try:
             return self._run(plan, workdir)
         finally:
@@ -202,14 +258,17 @@ class MpirunBackend:
         out, err = stream_writer(self.stdout), stream_writer(self.stderr)
         sources = []
         for p in plan.instances:
+            if plan.only_output_from_instance not in (None, p.index):
+                continue  # --only-output-from-instance: the others' files are not followed
             out_path, err_path = instance_output_paths(workdir, p.index)
             sources.append((out_path, LineTagger(f"[1,{p.index}]<stdout>:", out)))
             sources.append((err_path, LineTagger(f"[1,{p.index}]<stderr>:", err)))
         cmd = self.command_line(plan, workdir)
         logger.info("Running command: %s", " ".join(cmd))
         segments_before = _mpich_segments()
+        env = self.environment(plan)
         try:
-            proc = self.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = self.spawn(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         except OSError as exc:
             raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
@@ -218,24 +277,28 @@ class MpirunBackend:
         relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
                                  daemon=True)
         relay.start()
-        with forward_signals(proc.send_signal, proc.kill, lambda: proc.poll() is None):
+        signals = forward_signals(proc.send_signal, lambda: kill_tree(proc.pid),
+                                  lambda: proc.poll() is None)
+        with signals:
             try:
-                returncode = proc.wait()
+                returncode = supervise_mpirun(proc, workdir, signals)
             finally:
                 if proc.poll() is None:
-                    proc.kill()
+                    kill_tree(proc.pid)
                     proc.wait()
         relay.join(timeout=10)
         tailer.stop()
         failures = self._failures(plan, workdir, statuses)
-        if returncode == 0 and not failures:
-            return 0
         removed = remove_leftover_segments(segments_before)
         if removed:
-            logger.info("removed %d shared-memory segments the failed job left: %s",
+            logger.info("removed %d shared-memory segments the job left: %s",
                         len(removed), ", ".join(removed))
+        if signals.received is not None:
+            raise JobInterruptedError(signals.received, signals.killed, signals.grace_s)
+        if returncode == 0 and not failures:
+            return 0
         if not failures:
-            failures = [InstanceFailure(instance=-1, exit_code=returncode)]
+            failures = [_mpirun_failure(returncode)]
         if len(failures) > 1 and all(f.time is None for f in failures):
             raise InstanceFailedError(_unknown_order(failures), failures)
         raise InstanceFailedError(root_cause(failures), failures)
@@ -255,7 +318,7 @@ class MpirunBackend:
                   statuses: list[int]) -> list[InstanceFailure]:
         failures = []
         for p in plan.instances:
-            recorded = read_error_file(os.path.join(workdir, f"error.{p.index}.json"))
+            recorded = read_error_file(error_file_path(workdir, p.index))
             if recorded is not None:
                 failures.append(recorded)
             elif p.index < len(statuses) and statuses[p.index]:

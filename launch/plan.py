@@ -45,6 +45,18 @@ class LaunchPlan:
         job_token: the secret every gRPC call of the job carries, else "".
         system: the emulated POD the instances model (``"POD16"``); "" lets them choose.
         partition_ipus: the IPU ids reserved for the job (empty: none reserved).
+        report_dir: where every instance writes its run report (``IPUPOD_REPORT_DIR``,
+            :mod:`collectives.run_report`); "" for none.
+        hosts: the hosts of the job, in order (instances are divided evenly among them).
+        remote_hosts: those of ``hosts`` that are not this machine (started over ssh).
+        job_env: extra variables every instance gets (``NAME=value`` pairs, not secret:
+            ``-x NAME=value`` of ``--mpi-global-args``, ``IPUOF_VIPU_API_*``,
+            ``POPDIST_EXECUTABLE_CACHE_PATH``).
+        instance_env_extra: per instance index, extra variables only it gets
+            (``--mpi-local-args``/``--instance-mpi-local-args`` ``-x``).
+        mpirun_args: extra global options for Hydra's mpiexec (translated from Open MPI
+            flags, e.g. ``("-iface", "eth0", "-bind-to", "core")``).
+        only_output_from_instance: show the output of this instance only (None: all).
     """
 
     command: tuple[str, ...]
@@ -59,21 +71,49 @@ class LaunchPlan:
     job_token: str = field(default="", repr=False)
     system: str = ""
     partition_ipus: tuple[int, ...] = ()
+    report_dir: str = ""
+    hosts: tuple[str, ...] = ("localhost",)
+    remote_hosts: tuple[str, ...] = ()
+    job_env: tuple[tuple[str, str], ...] = ()
+    instance_env_extra: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+    mpirun_args: tuple[str, ...] = ()
+    only_output_from_instance: int | None = None
+
+    def extra_env_of(self, index: int) -> dict[str, str]:
+        """The extra variables of instance ``index`` alone (they win over ``job_env``)."""
+        env: dict[str, str] = {}
+        for i, pairs in self.instance_env_extra:
+            if i == index:
+                env.update(pairs)
+        return env
+
+
+#: the largest instance, replica or IPU count a plan accepts. ipupod assumption: the largest
+#: modelled system (POD256) has 256 IPUs, so no real job comes near; the bound is checked
+#: before anything that grows with a count is allocated (``-n 100000000000`` is refused at
+#: once, not after filling memory).
+MAX_COUNT = 1 << 16
 
 
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} {value} is more than any system can run (at most "
+                         f"{MAX_COUNT}; the largest modelled system, POD256, has 256 IPUs)")
 
 
 def plan_replicas(num_instances: int, num_replicas: int,
                   hosts: Sequence[str] = ("localhost",)) -> list[InstancePlacement]:
     """Split ``num_replicas`` evenly and in order over ``num_instances`` instances, and the
-    instances evenly and in order over ``hosts``.
+    instances evenly and in order over ``hosts`` (as Graphcore's poprun: "The instances are
+    divided evenly among the hosts"): with 4 instances on ``h1,h2``, instances 0 and 1 run on
+    ``h1`` (local instance indices 0, 1) and 2 and 3 on ``h2`` (0, 1).
 
     Raises:
-        ValueError: a count is not positive, or ``num_replicas`` is not a multiple of
-            ``num_instances`` (poprun's rule: "Must be divisible by --num-instances").
+        ValueError: a count is not positive, ``num_replicas`` is not a multiple of
+            ``num_instances`` (poprun's rule: "Must be divisible by --num-instances"), or
+            ``num_instances`` not a multiple of the number of hosts.
     """
     _positive("--num-instances", num_instances)
     _positive("--num-replicas", num_replicas)
@@ -82,8 +122,12 @@ def plan_replicas(num_instances: int, num_replicas: int,
                          f"--num-instances ({num_instances})")
     if not hosts:
         raise ValueError("no hosts given")
+    if num_instances % len(hosts):
+        raise ValueError(f"--num-instances ({num_instances}) must be divisible by the number "
+                         f"of hosts ({len(hosts)}: {','.join(hosts)}); poprun divides the "
+                         "instances evenly among the hosts")
     local = num_replicas // num_instances
-    per_host = -(-num_instances // len(hosts))
+    per_host = num_instances // len(hosts)
     return [InstancePlacement(index=i, host=hosts[i // per_host],
                               local_instance_index=i % per_host,
                               replica_index_offset=i * local, num_local_replicas=local)
@@ -96,8 +140,11 @@ LAUNCHERS = ("mpirun", "local")
 def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int | None = None,
               ipus_per_replica: int = 1, transport: str = "mpi", job_id: str = "",
               launcher: str = "mpirun", job_token: str = "",
-              system: str = "", transports: Sequence[str] | None = None) -> LaunchPlan:
-    """A :class:`LaunchPlan` (``num_replicas`` defaults to ``num_instances``).
+              system: str = "", transports: Sequence[str] | None = None,
+              hosts: Sequence[str] = ("localhost",), remote_hosts: Sequence[str] = (),
+              **options) -> LaunchPlan:
+    """A :class:`LaunchPlan` (``num_replicas`` defaults to ``num_instances``); ``options``
+    are further :class:`LaunchPlan` fields (``job_env``, ``mpirun_args``, ``report_dir``, ...).
 
     ``transports`` are the transport names the caller knows (poprun passes
     ``ipu_node.transport_names.INSTANCE_TRANSPORTS``: launch imports no ipu_node, so the
@@ -105,7 +152,7 @@ def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int 
 
     Raises:
         ValueError: no command, counts as in :func:`plan_replicas`, an unknown launcher or
-            transport, or the MPI transport without mpirun.
+            transport, the MPI transport without mpirun, or remote hosts without mpirun.
     """
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; known: {', '.join(LAUNCHERS)}")
@@ -118,7 +165,11 @@ def make_plan(command: Sequence[str], num_instances: int = 1, num_replicas: int 
         raise ValueError("no program given: poprun [options] program [args...]")
     num_replicas = num_instances if num_replicas is None else num_replicas
     _positive("--ipus-per-replica", ipus_per_replica)
-    instances = tuple(plan_replicas(num_instances, num_replicas))
+    if remote_hosts and launcher != "mpirun":
+        raise ValueError(f"hosts {','.join(remote_hosts)} are not this machine: instances on "
+                         "other hosts are started by mpirun (--launcher mpirun)")
+    instances = tuple(plan_replicas(num_instances, num_replicas, tuple(hosts)))
     return LaunchPlan(tuple(command), num_instances, num_replicas, ipus_per_replica,
                       instances, transport, job_id, launcher, job_token=job_token,
-                      system=system)
+                      system=system, hosts=tuple(hosts), remote_hosts=tuple(remote_hosts),
+                      **options)

@@ -11,19 +11,39 @@ This module parses and validates text it is given; ``poprun.popdist`` reads the 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import secrets
+import stat
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from launch.errors import LaunchError
+from launch.supervise import private_dir
+
 #: jobs that take part in training, in instance order
 TRAINING_JOBS = ("chief", "worker")
-#: jobs that exist in TF clusters but not in ipupod
-UNSUPPORTED_JOBS = ("ps", "evaluator")
+#: jobs TF clusters may list that do not train: accepted and counted as TF's RunConfig counts
+#: them (seed 004:2993-3058: ``num_ps_replicas`` counts ``ps``; an ``evaluator`` is not part
+#: of the training cluster); ipupod starts no instance for them (no parameter servers: the
+#: strategies allreduce)
+OTHER_JOBS = ("ps", "evaluator")
 
 
 class TFConfigError(ValueError):
     """TF_CONFIG is malformed; the message says what is wrong and where."""
+
+
+#: seconds a task other than instance 0 waits for instance 0's token file
+TOKEN_WAIT_S = 60.0
+_TOKEN_POLL_S = 0.05
+_HOW_TO_SET = ("set the same secret in IPUPOD_JOB_TOKEN for every task, e.g. "
+               "export IPUPOD_JOB_TOKEN=$(python3 -c 'import secrets; "
+               "print(secrets.token_hex(16))')")
 
 
 def _check_address(job: str, i: int, address: Any) -> str:
@@ -93,7 +113,36 @@ class TFConfig:
                 for a in self.cluster.job_tasks(job)]
 
     @property
+    def num_worker_replicas(self) -> int:
+        """RunConfig's count: chief and worker tasks (0 on an evaluator)."""
+        return 0 if self.task_type == "evaluator" else len(self.addresses)
+
+    @property
+    def num_ps_replicas(self) -> int:
+        """RunConfig's count of ``ps`` tasks (0 on an evaluator)."""
+        return 0 if self.task_type == "evaluator" else len(
+            self.cluster.as_dict().get("ps", []))
+
+    @property
+    def is_chief(self) -> bool:
+        """RunConfig's rule: the chief task, or worker 0 when the cluster has no chief."""
+        if self.task_type == "chief":
+            return True
+        return (self.task_type == "worker" and self.task_index == 0
+                and "chief" not in self.cluster.jobs)
+
+    @property
     def instance_index(self) -> int:
+        """This task's instance (chief first, then workers).
+
+        Raises:
+            TFConfigError: a ``ps`` or ``evaluator`` task (not an ipupod instance).
+        """
+        if self.task_type not in TRAINING_JOBS:
+            raise TFConfigError(
+                f"TF_CONFIG task.type {self.task_type!r}: ipupod runs chief and worker tasks "
+                "as instances; ps and evaluator tasks do not train (start only the chief and "
+                "workers)")
         offset = 0 if self.task_type == "chief" else len(
             self.cluster.as_dict().get("chief", []))
         return offset + self.task_index
@@ -107,11 +156,90 @@ class TFConfig:
         """Instance 0's address, where the coordinator listens."""
         return self.addresses[0]
 
-    def default_token(self) -> str:
-        """A job token derived from the cluster (every instance computes the same): it keeps
-        other clusters' calls out, but is no secret; set IPUPOD_JOB_TOKEN for one."""
+    def token_path(self) -> str:
+        """Where instance 0 leaves the job token for the other tasks: a file named after
+        the cluster in this user's private directory ``<tmp>/ipupod-tfconfig-<uid>``."""
         text = json.dumps(self.cluster.as_dict(), sort_keys=True)
-        return "tfconfig-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+        name = "cluster-" + hashlib.sha256(text.encode()).hexdigest()[:24] + ".token"
+        return os.path.join(tempfile.gettempdir(), f"ipupod-tfconfig-{os.getuid()}", name)
+
+
+def cluster_token(tf: TFConfig, wait_s: float | None = None) -> str:
+    """The job token of a TF_CONFIG cluster started without ``IPUPOD_JOB_TOKEN``: a secret
+    (not derivable from the public addresses) that instance 0 creates and writes to
+    :meth:`TFConfig.token_path` (0600, in a 0700 directory, owner-checked, ``O_NOFOLLOW``),
+    and that the other tasks read from there. This needs the tasks to share that directory
+    (one host); elsewhere, set ``IPUPOD_JOB_TOKEN``. Instance 0 removes the file when it
+    ends (:func:`remove_cluster_token`).
+
+    Args:
+        wait_s: how long another task waits for instance 0's file (default
+            :data:`TOKEN_WAIT_S`).
+
+    Raises:
+        LaunchError: the directory or file is unsafe, or no token appeared in time (the
+            message says how to set one).
+    """
+    path = tf.token_path()
+    private_dir(os.path.dirname(path))
+    if tf.instance_index == 0:
+        token = secrets.token_hex(16)
+        _write_private(path, token)
+        return token
+    deadline = time.monotonic() + (TOKEN_WAIT_S if wait_s is None else wait_s)
+    while True:
+        token = _read_private(path)
+        if token:
+            return token
+        if time.monotonic() > deadline:
+            raise LaunchError(f"no job token for this TF_CONFIG cluster: instance 0 did not "
+                              f"write {path} in time (another host?); {_HOW_TO_SET}")
+        time.sleep(_TOKEN_POLL_S)
+
+
+def remove_cluster_token(tf: TFConfig) -> None:
+    """Instance 0, at its end: remove the token file (a later run makes a new secret)."""
+    try:
+        os.unlink(tf.token_path())
+    except OSError:
+        pass
+
+
+def _write_private(path: str, text: str) -> None:
+    """``text`` into ``path`` atomically: a new 0600 file beside it, renamed over it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read_private(path: str) -> str | None:
+    """The token in ``path``, or None while there is none.
+
+    Raises:
+        LaunchError: the file is a symlink, not a regular file of this user, or readable by
+            others.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        why = "is a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise LaunchError(f"the job token file {path} {why}; refusing it") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise LaunchError(f"the job token file {path} is not a private file of this user "
+                              f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); refusing it")
+        return os.read(fd, 4096).decode(errors="replace").strip() or None
+    finally:
+        os.close(fd)
 
 
 def parse_tf_config(text: str) -> TFConfig:
@@ -136,12 +264,9 @@ def parse_tf_config(text: str) -> TFConfig:
         raise TFConfigError('TF_CONFIG has no "task" object (e.g. {"type": "worker", '
                             '"index": 0})')
     for job, tasks in cluster.items():
-        if job in UNSUPPORTED_JOBS:
-            raise TFConfigError(f"TF_CONFIG cluster has a {job!r} job; ipupod runs "
-                                f"{' and '.join(TRAINING_JOBS)} tasks only")
-        if job not in TRAINING_JOBS:
+        if job not in TRAINING_JOBS + OTHER_JOBS:
             raise TFConfigError(f"TF_CONFIG cluster has an unknown job {job!r}; known: "
-                                f"{', '.join(TRAINING_JOBS)}")
+                                f"{', '.join(TRAINING_JOBS + OTHER_JOBS)}")
         if not isinstance(tasks, list) or not tasks:
             raise TFConfigError(f"TF_CONFIG cluster.{job} must be a non-empty list of "
                                 "'host:port' strings")
@@ -156,7 +281,12 @@ def parse_tf_config(text: str) -> TFConfig:
                 raise TFConfigError(f"TF_CONFIG address {address!r} appears twice "
                                     f"({seen[address]} and {job}[{i}])")
             seen[address] = f"{job}[{i}]"
+    if not any(job in cluster for job in TRAINING_JOBS):
+        raise TFConfigError("TF_CONFIG cluster has no chief or worker task")
     task_type, index = task.get("type"), task.get("index")
+    if task_type == "evaluator" and "evaluator" not in cluster and index in (0, None):
+        index = 0  # RunConfig: an evaluator need not be listed in the cluster
+        return TFConfig(ClusterSpec.from_dict(cluster), task_type, index)
     if task_type not in cluster:
         raise TFConfigError(f"TF_CONFIG task.type {task_type!r} is not a job of the cluster "
                             f"({', '.join(cluster)})")

@@ -1,24 +1,31 @@
 """``poprun``: start a program as a job of several instances, each with its share of replicas.
 
-    poprun [-n N] [--num-replicas R] [--ipus-per-replica K] [--system NAME]
-           [--print-topology [yes|no]] [--launcher mpirun|local] [--transport mpi|grpc]
-           [-v] program [args...]
+    poprun [options] program [program args]
 
-``-n`` is ipupod's short form of ``--num-instances`` (Graphcore's poprun has only the long
-form). The command line becomes a frozen :class:`launch.plan.LaunchPlan`, which a backend
-runs and supervises: ``mpirun`` (MPICH's, with the MPI transport) or ``local`` (poprun's own
-children, with the gRPC transport and a coordinator hosted here). Default: mpirun with MPI
-when the MPICH mpirun is installed, else local with gRPC; ``-v`` says which and why.
+The options are Graphcore's poprun's (see :mod:`poprun.options`; ``poprun --help``) plus
+ipupod's ``-n``, ``--system``, ``--launcher``, ``--transport`` and ``--dry-run``. The
+command line becomes a frozen :class:`launch.plan.LaunchPlan` (:func:`plan_from_args`, pure
+apart from reading the host's addresses), which a backend runs and supervises: ``mpirun``
+(MPICH's, with the MPI transport; also across hosts, through Hydra's ssh launcher) or
+``local`` (poprun's own children, with the gRPC transport and a coordinator hosted here).
+Default: mpirun with MPI when the MPICH mpirun is installed, else local with gRPC; ``-v``
+says which and why. Log lines look like Graphcore's: ``hh:mm:ss.mmm pid POPRUN [I] ...``.
+
+Options that only mean something on a real POD are emulated where there is something to
+emulate (the partition name, its registry, the executable cache directory, the IPU-Link
+domains, the V-IPU variables) and otherwise say in one line (``-v``) that they have no effect.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import json
 import logging
+import os
 import secrets
 import sys
 import uuid
+from dataclasses import replace
 
 from ipu_node.env import system_name
 from ipu_node.errors import IPUBusyError, IPUError
@@ -27,77 +34,20 @@ from ipu_node.partition import reserve_partition
 from ipu_node.systems import SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
 from ipu_node.transport_names import INSTANCE_TRANSPORTS
-from launch.errors import InstanceFailedError, LaunchError
-from launch.mpirun import MpirunBackend, find_mpirun
-from launch.plan import LAUNCHERS, LaunchPlan, make_plan
+from launch.errors import InstanceFailedError, JobInterruptedError, LaunchError
+from launch.hydra import mpirun_command_line
+from launch.mpirun import MpirunBackend, find_mpirun, instance_command
+from launch.plan import LaunchPlan, make_plan
+from poprun import hardware
+from poprun.hosts import expand_hosts, is_this_machine, read_hostfile
+from poprun.options import UsageError, build_parser, export_config, find_program, parse_args
+from poprun.partitions import PartitionError, prepare_named_partition
+
+__all__ = ["main", "plan_from_args", "choose_backend", "run_plan", "coordinator_bind_address",
+           "VERSION"]
 
 logger = logging.getLogger("poprun")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (and exit code 2)."""
-
-    def error(self, message: str):
-        message = message.replace("program, args", "program")
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="poprun", description=(
-        "Run a program as a job of instances of emulated IPUs. Replicas are divided evenly "
-        "among the instances."))
-    parser.add_argument("-n", "--num-instances", type=_count, default=1, metavar="N",
-                        help="number of instances (processes) (default: 1)")
-    parser.add_argument("--num-replicas", type=_count, default=None, metavar="R",
-                        help="total number of replicas; must be divisible by --num-instances "
-                             "(default: the number of instances)")
-    parser.add_argument("--ipus-per-replica", type=_count, default=1, metavar="K",
-                        help="IPUs per replica (default: 1)")
-    parser.add_argument("--system", default=None, metavar="NAME",
-                        help="the emulated system: C2-16, POD4, POD16, POD64, POD128, POD256 "
-                             "(default: $IPUPOD_SYSTEM, else POD16)")
-    parser.add_argument("--print-topology", nargs="?", const="yes", default="no",
-                        choices=_YES_NO, metavar="yes|no",
-                        help="print the table of hosts, instances, replicas and IPUs first")
-    parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
-                        help="what starts the instances: MPICH's mpirun, or poprun itself "
-                             "(default: mpirun if installed, else local)")
-    parser.add_argument("--transport", choices=INSTANCE_TRANSPORTS, default=None,
-                        help="how instances exchange collective data (default: mpi with "
-                             "mpirun, grpc with local)")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="say what poprun does (-vv: more)")
-    parser.add_argument("program", help="the program to run, e.g. python train.py")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments")
-    return parser
-
-
-_YES_NO = ("yes", "no", "1", "0")
-
-
-def _bare_flags_say_yes(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--print-topology`` alone means ``--print-topology yes`` (poprun's booleans take
-    yes/no/1/0), without taking the program's name as its value."""
-    # Options that take a value, from the parser itself: the word after one is not the program.
-    value_options = {s for a in parser._actions if a.nargs != 0 for s in a.option_strings}
-    out = []
-    for i, arg in enumerate(argv):
-        out.append(arg)
-        if arg == "--print-topology" and (i + 1 == len(argv) or argv[i + 1] not in _YES_NO):
-            out.append("yes")
-        if not arg.startswith("-") and (i == 0 or argv[i - 1] not in value_options):
-            return out + argv[i + 1:]  # the program: the rest is its own
-    return out
+VERSION = "ipupod poprun 0.1 (Graphcore poprun command line, SDK 2.x-3.x)"
 
 
 def _topology(model: SystemModel, plan: LaunchPlan) -> str:
@@ -109,7 +59,7 @@ def _topology(model: SystemModel, plan: LaunchPlan) -> str:
     return format_topology_table(model, num_instances=plan.num_instances,
                                  num_replicas=plan.num_replicas,
                                  ipus_per_replica=plan.ipus_per_replica,
-                                 within=plan.partition_ipus or None)
+                                 hosts=plan.hosts, within=plan.partition_ipus or None)
 
 
 def choose_backend(launcher: str | None, transport: str | None,
@@ -137,6 +87,70 @@ def choose_backend(launcher: str | None, transport: str | None,
     return launcher, transport, "both given"
 
 
+def _hosts(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """``(hosts, remote hosts)`` of ``--host``/``--hostfile`` (default: this machine)."""
+    if args.host and args.hostfile:
+        raise UsageError("--host and --hostfile are mutually exclusive")
+    if args.hostfile:
+        hosts = read_hostfile(args.hostfile)
+    elif args.host:
+        hosts = expand_hosts(args.host)
+    else:
+        return ["localhost"], []
+    return hosts, [h for h in hosts if not is_this_machine(h)]
+
+
+def plan_from_args(args: argparse.Namespace, program: list[str],
+                   find: "callable" = find_mpirun) -> tuple[LaunchPlan, list[str]]:
+    """The launch plan of a parsed command line, and the notes (one line each) on options
+    that have no effect or were translated. Starts nothing, creates nothing.
+
+    Raises:
+        ValueError: the command line is inconsistent (one line naming what; UsageError,
+            HostError and MpiArgsError are ValueErrors).
+    """
+    hosts, remote = _hosts(args)
+    launcher, transport = args.launcher, args.transport
+    if remote and launcher is None:
+        launcher = "mpirun"
+    launcher, transport, why = choose_backend(launcher, transport, find)
+    notes = [f"launcher {launcher}, transport {transport}: {why}"]
+    num_replicas = args.num_replicas or args.num_instances
+    options, more = hardware.emulated_options(args, launcher, num_replicas)
+    notes += more
+    job_id = args.vipu_partition or uuid.uuid4().hex[:12]
+    plan = make_plan(program, args.num_instances, num_replicas, args.ipus_per_replica,
+                     transport=transport, job_id=job_id, launcher=launcher,
+                     job_token=secrets.token_hex(16) if transport == "grpc" else "",
+                     system=system_name(args.system), transports=INSTANCE_TRANSPORTS,
+                     hosts=hosts, remote_hosts=remote,
+                     report_dir=os.path.abspath(args.report_dir) if args.report_dir else "",
+                     **options)
+    if remote:
+        notes.append(f"hosts {','.join(hosts)}: {','.join(remote)} started over ssh by "
+                     "mpirun (Hydra)")
+    return plan, notes
+
+
+def coordinator_bind_address(plan: LaunchPlan) -> str:
+    """Where poprun's gRPC coordinator listens: loopback for a job on this machine; across
+    hosts, the address given in ``--host`` for this machine (the others must reach it).
+
+    Raises:
+        ValueError: a job across hosts whose ``--host`` names this machine only by a loopback
+            name, or not at all (poprun must run on one of the hosts).
+    """
+    if not plan.remote_hosts:
+        return "127.0.0.1:0"
+    here = [h for h in plan.hosts if h not in plan.remote_hosts]
+    usable = [h for h in here if h != "localhost" and not h.startswith("127.")]
+    if not usable:
+        raise ValueError("--transport grpc across hosts: poprun hosts the coordinator, so "
+                         "--host must name this machine by an address the other hosts reach "
+                         f"(hosts given: {','.join(plan.hosts)})")
+    return f"{usable[0]}:0"
+
+
 def run_plan(plan: LaunchPlan) -> int:
     """Run ``plan`` with its backend; with the grpc transport, host its coordinator here.
 
@@ -146,7 +160,8 @@ def run_plan(plan: LaunchPlan) -> int:
     coordinator = None
     if plan.transport == "grpc":
         from launch.coordinator import CoordinatorServer
-        coordinator = CoordinatorServer(plan.num_instances, plan.job_token)
+        coordinator = CoordinatorServer(plan.num_instances, plan.job_token,
+                                        coordinator_bind_address(plan))
         plan = replace(plan, coordinator_address=coordinator.address)
         logger.info("coordinator listening on %s", coordinator.address)
     try:
@@ -161,50 +176,140 @@ def run_plan(plan: LaunchPlan) -> int:
             coordinator.stop(grace_s=0)
 
 
+class _GraphcoreFormatter(logging.Formatter):
+    """``hh:mm:ss.mmm pid POPRUN [I] message``, as Graphcore's poprun logs."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = self.formatTime(record, "%H:%M:%S") + f".{int(record.msecs):03d}"
+        return f"{stamp} {record.process} POPRUN [{record.levelname[0]}] {record.getMessage()}"
+
+
+def _setup_logging(verbose: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_GraphcoreFormatter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h.formatter, _GraphcoreFormatter)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING if verbose == 0 else
+                  logging.INFO if verbose == 1 else logging.DEBUG)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    sys.stderr.write(f"poprun: error: {message}\n")
+    return code
+
+
+def _print_version(fmt: str) -> int:
+    if fmt == "full-json":
+        print(json.dumps({"poprun": VERSION, "python": sys.version.split()[0]}))
+    elif fmt == "full-text":
+        print(f"{VERSION}\npython {sys.version.split()[0]}")
+    else:
+        print(VERSION)
+    return 0
+
+
+def _export(parser, args) -> None:
+    path = args.export_config
+    if os.path.exists(path) and not args.overwrite_config:
+        raise UsageError(f"--export-config {path}: the file exists; add --overwrite-config yes")
+    with open(path, "w") as f:
+        json.dump(export_config(parser, args), f, indent=2, sort_keys=True)
+
+
+def _dry_run(plan: LaunchPlan, model: SystemModel) -> int:
+    """Print what would run, start nothing."""
+    print(_topology(model, plan))
+    if plan.launcher == "mpirun":
+        try:
+            mpirun = find_mpirun()
+        except LaunchError:
+            mpirun = "mpirun"
+        cmd = mpirun_command_line(plan, mpirun, "<workdir>", instance_command(plan.command))
+        print("mpirun command line: " + " ".join(cmd))
+    else:
+        print("instances started by poprun itself: " + " ".join(instance_command(plan.command)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run poprun; returns the exit code (2: bad arguments, nothing started)."""
     parser = build_parser()
-    argv = _bare_flags_say_yes(parser, list(sys.argv[1:] if argv is None else argv))
     try:
-        args = parser.parse_args(argv)
+        args, program = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        return _fail(f"{exc} (see poprun --help)")
     except SystemExit as exc:
         return int(exc.code or 0)
-    logging.basicConfig(format="POPRUN [%(levelname).1s] %(message)s",
-                        level=logging.WARNING - 10 * min(args.verbose, 1))
+    if args.version:
+        return _print_version(args.version_format)
+    _setup_logging(max(args.verbose, 2 if args.debug else 0))
+    if not program:
+        return _fail("no program given: poprun [options] program [program args]")
+    if find_program(program[0]) is None:
+        return _fail(f"{program[0]!r} is neither an option of poprun nor a program (not a file, "
+                     "not on PATH)")
     try:
-        launcher, transport, why = choose_backend(args.launcher, args.transport)
-        plan = make_plan([args.program, *args.args], args.num_instances, args.num_replicas,
-                         args.ipus_per_replica, transport=transport,
-                         job_id=uuid.uuid4().hex[:12], launcher=launcher,
-                         job_token=secrets.token_hex(16) if transport == "grpc" else "",
-                         system=system_name(args.system), transports=INSTANCE_TRANSPORTS)
+        plan, notes = plan_from_args(args, program)
         model = get_system_model(plan.system)
+        hardware.check_ilds(model, plan, args.num_ilds)
         _topology(model, plan)  # a job that does not fit the system starts nothing
-    except (ValueError, IPUError) as exc:
-        sys.stderr.write(f"poprun: error: {exc}\n")
-        return 2
-    logger.info("launcher %s, transport %s: %s", launcher, transport, why)
+        if plan.transport == "grpc":
+            coordinator_bind_address(plan)
+        if args.export_config:
+            _export(parser, args)
+    except (ValueError, IPUError, OSError) as exc:
+        return _fail(str(exc))
+    for note in notes:
+        logger.info("%s", note)
+    if args.dry_run:
+        return _dry_run(plan, model)
+    try:
+        hardware.create_cache_dir(args.executable_cache_path)
+        named = None if not args.vipu_partition else prepare_named_partition(
+            model.name, args.vipu_partition, plan.num_replicas * plan.ipus_per_replica,
+            update=args.update_partition, reset=args.reset_partition)
+    except (PartitionError, OSError) as exc:
+        return _fail(str(exc))
+    except IPUBusyError as exc:
+        return _fail(str(exc), 1)
+    try:
+        return _reserve_and_run(plan, model, args)
+    finally:
+        if named is not None:
+            named.finish(args.remove_partition)
+
+
+def _reserve_and_run(plan: LaunchPlan, model: SystemModel, args: argparse.Namespace) -> int:
+    if args.offline_mode:
+        if args.print_topology:
+            print(_topology(model, plan), flush=True)
+        return _run(plan)
     try:
         partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
                                       job=plan.job_id)
-    except IPUBusyError as exc:
-        sys.stderr.write(f"poprun: error: {exc}\n")
-        return 1
+    except IPUError as exc:  # busy, or an unusable lock directory
+        return _fail(str(exc), 1)
     with partition:
         plan = replace(plan, partition_ipus=partition.ipus)
         logger.info("partition of IPUs %s reserved for job %s", partition.ipus, plan.job_id)
-        if args.print_topology in ("yes", "1"):
+        if args.print_topology:
             print(_topology(model, plan), flush=True)
         try:
             return _run(plan)
         finally:  # every instance has ended: the job's own lock files can go
-            Occupancy(model.name, scope_name(plan.job_id)).discard()
+            if not args.vipu_partition:
+                Occupancy(model.name, scope_name(plan.job_id)).discard()
 
 
 def _run(plan: LaunchPlan) -> int:
     """Run ``plan``; the exit code, with failures reported on stderr."""
     try:
         return run_plan(plan)
+    except JobInterruptedError as exc:   # 130 for SIGINT, 143 for SIGTERM
+        sys.stderr.write(f"poprun: {exc}\n")
+        return exc.exit_code
     except LaunchError as exc:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return 1
@@ -213,7 +318,6 @@ def _run(plan: LaunchPlan) -> int:
         sys.stderr.write(f"poprun: {exc}{others}\n")
         cause = exc.root_cause
         return cause.exit_code or (128 + cause.signal if cause.signal else 1)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ import atexit
 import os
 
 from launch import env as names
-from launch.tf_config import TFConfig, parse_tf_config
+from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cluster_token
 
 #: seconds instance 0 of a TF_CONFIG cluster keeps its coordinator up at exit, waiting for
 #: the other instances to leave
@@ -115,9 +115,105 @@ def getLocalInstanceIndex() -> int:
     return _first(names.MPI_LOCAL_RANK_VARS) or 0
 
 
+def check_popdist_env() -> None:
+    """Check that the ``POPDIST_*``/``IPUPOD_*`` values poprun set agree with each other
+    (a job script that edits one of them gets told, instead of a hang or wrong shards).
+
+    Raises:
+        ValueError: one line naming the variables, their values and the rule broken.
+    """
+    if not isPopdistEnvSet():
+        return
+    total, local = getNumTotalReplicas(), getNumLocalReplicas()
+    offset, ipus = getReplicaIndexOffset(), getNumIpusPerReplica()
+    where = "in the environment poprun gave this instance"
+    for name, value in ((names.NUM_TOTAL_REPLICAS, total), (names.NUM_LOCAL_REPLICAS, local),
+                        (names.NUM_IPUS_PER_REPLICA, ipus)):
+        if value < 1:
+            raise ValueError(f"{name}={value} {where}: must be >= 1")
+    if total % local:
+        raise ValueError(f"{names.NUM_TOTAL_REPLICAS}={total} is not a multiple of "
+                         f"{names.NUM_LOCAL_REPLICAS}={local} {where}")
+    if offset < 0 or offset % local or offset >= total:
+        raise ValueError(f"{names.REPLICA_INDEX_OFFSET}={offset} {where}: must be a multiple "
+                         f"of {names.NUM_LOCAL_REPLICAS}={local} in [0, "
+                         f"{names.NUM_TOTAL_REPLICAS}={total})")
+    for name, value in ((names.NUM_INSTANCES, getNumInstances()),
+                        (names.INSTANCE_INDEX, getInstanceIndex())):
+        given = _int(name)
+        if given is not None and given != value:
+            raise ValueError(f"{name}={given} {where} disagrees with the POPDIST_* values "
+                             f"({names.NUM_TOTAL_REPLICAS}={total}, {names.NUM_LOCAL_REPLICAS}"
+                             f"={local}, {names.REPLICA_INDEX_OFFSET}={offset} give {value})")
+
+
 def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
     """True when ``ipus_per_replica`` matches what poprun was told (or poprun is not used)."""
     return not isPopdistEnvSet() or ipus_per_replica == getNumIpusPerReplica()
+
+
+def init() -> None:
+    """Check this instance's PopDist environment once at start (ipupod's; Graphcore's
+    ``popdist`` has no documented ``init``, anchors §1.3): consistent ``POPDIST_*`` values give
+    nothing, inconsistent ones an error naming them. Calling it again is harmless.
+
+    Raises:
+        ValueError: a variable is not an integer, or the values contradict each other (local
+            replicas not dividing the total, an offset outside the job, an offset that is not
+            a multiple of the local replicas).
+    """
+    total, local = getNumTotalReplicas(), getNumLocalReplicas()
+    offset, ipus = getReplicaIndexOffset(), getNumIpusPerReplica()
+    where = (f"{names.NUM_TOTAL_REPLICAS}={total}, {names.NUM_LOCAL_REPLICAS}={local}, "
+             f"{names.REPLICA_INDEX_OFFSET}={offset}")
+    if total < 1 or local < 1 or ipus < 1:
+        raise ValueError(f"replica counts must be >= 1 ({where}, "
+                         f"{names.NUM_IPUS_PER_REPLICA}={ipus})")
+    if total % local or offset % local or not 0 <= offset < total:
+        raise ValueError(f"inconsistent PopDist environment: {where} (the offset must be a "
+                         "multiple of the local replicas, inside the job)")
+
+
+def getDeviceId(ipusPerReplica: int = 0) -> int:
+    """The ``gc-info`` device id of this instance's IPUs (``select_ipus`` takes it), as
+    poprun placed them in the job's partition (:func:`ipu_node.selection.assign_instance_ipus`);
+    ``ipusPerReplica`` 0 means :func:`getNumIpusPerReplica`.
+
+    Raises:
+        ValueError: ``ipusPerReplica`` differs from poprun's ``--ipus-per-replica``, or this
+            instance's IPUs form no ``gc-info`` device (a count that is not a power of two).
+        NotEnoughIPUsError: the job does not fit the system.
+    """
+    from ipu_node.device_ids import find_device
+    from ipu_node.env import partition_ipus
+    from ipu_node.selection import assign_instance_ipus
+    from ipu_node.systems import get_system_model
+
+    ipus = ipusPerReplica or getNumIpusPerReplica()
+    if not checkNumIpusPerReplica(ipus):
+        raise ValueError(f"getDeviceId({ipusPerReplica}) but poprun was started with "
+                         f"--ipus-per-replica {getNumIpusPerReplica()}")
+    model = get_system_model(os.environ.get(names.SYSTEM) or None)
+    mine = assign_instance_ipus(model, getNumInstances(), getNumLocalReplicas(), ipus,
+                                partition_ipus())[getInstanceIndex()]
+    device = find_device(model, mine)
+    if device is None:
+        raise ValueError(f"the IPUs of instance {getInstanceIndex()} ({mine}) form no gc-info "
+                         f"device of {model.name}")
+    return device.id
+
+
+def execute_on_instances(instances, func, *args, **kwargs):
+    """Run ``func(*args, **kwargs)`` on the instances whose index is in ``instances`` (an
+    int or an iterable of ints) and return its result there; None on the others.
+
+    Unlike Graphcore's, collectives called inside ``func`` are not limited to those
+    instances: they still span the job (ipupod has no sub-communicator per call).
+    """
+    chosen = {instances} if isinstance(instances, int) else set(instances)
+    if getInstanceIndex() in chosen:
+        return func(*args, **kwargs)
+    return None
 
 
 def set_ipu_config(config, ipus_per_replica: int = 1):
@@ -135,7 +231,14 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
         ValueError: ``ipus_per_replica`` differs from poprun's ``--ipus-per-replica``.
         TFConfigError: TF_CONFIG is malformed.
         LaunchError: instance 0 of a TF_CONFIG cluster cannot listen at its address.
+        TypeError: ``config`` is not an ``ipu_node.IPUConfig``.
+        ValueError: the ``POPDIST_*`` values disagree (:func:`check_popdist_env`).
     """
+    from ipu_node import IPUConfig
+    if not isinstance(config, IPUConfig):
+        raise TypeError(f"popdist.set_ipu_config(config=...) needs an ipu_node.IPUConfig, "
+                        f"got {type(config).__name__} {config!r}")
+    check_popdist_env()
     if not checkNumIpusPerReplica(ipus_per_replica):
         raise ValueError(f"set_ipu_config(ipus_per_replica={ipus_per_replica}) but poprun was "
                          f"started with --ipus-per-replica {getNumIpusPerReplica()}")
@@ -165,7 +268,7 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
     mrd.process_count = tf.num_instances
     mrd.process_index = tf.instance_index
     mrd.transport = "grpc"
-    mrd.job_token = os.environ.get(names.JOB_TOKEN) or tf.default_token()
+    mrd.job_token = os.environ.get(names.JOB_TOKEN) or _shared_token(tf)
     mrd.coordinator_address = tf.coordinator_address
     own = tf.addresses[tf.instance_index]
     if tf.instance_index == 0:
@@ -177,6 +280,14 @@ def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
             atexit.register(_stop_hosted_coordinator)
     else:
         mrd.listen_address = own
+
+
+def _shared_token(tf: TFConfig) -> str:
+    """Instance 0 makes the cluster's secret, the others read it (launch.tf_config)."""
+    token = cluster_token(tf)
+    if tf.instance_index == 0:
+        atexit.register(remove_cluster_token, tf)
+    return token
 
 
 def _stop_hosted_coordinator() -> None:
@@ -191,5 +302,6 @@ def _stop_hosted_coordinator() -> None:
 __all__ = [
     "isPopdistEnvSet", "getNumTotalReplicas", "getNumLocalReplicas", "getReplicaIndexOffset",
     "getNumIpusPerReplica", "getNumInstances", "getInstanceIndex", "getLocalInstanceIndex",
-    "checkNumIpusPerReplica", "set_ipu_config", "tf_config",
+    "checkNumIpusPerReplica", "set_ipu_config", "tf_config", "init", "getDeviceId",
+    "execute_on_instances",
 ]

@@ -9,8 +9,12 @@ os.environ.setdefault("IPUPOD_OCCUPANCY_DIR", tempfile.mkdtemp(prefix="ipupod-te
 
 # tests/perrank is run by every instance of a job (test_collectives_multiprocess.py starts it
 # through poprun); a plain run of the suite does not collect it.
+collect_ignore = []
 if "POPDIST_NUM_TOTAL_REPLICAS" not in os.environ:
-    collect_ignore = ["perrank"]
+    collect_ignore.append("perrank")
+# tests/perrank_horovod: every rank of a job runs it (test_horovod_multiprocess.py)
+if "IPUPOD_HVD_PERRANK" not in os.environ:
+    collect_ignore.append("perrank_horovod")
 
 
 @pytest.fixture

@@ -134,7 +134,7 @@ def _offer(ring, **override):
 ])
 def test_malformed_shared_memory_messages_are_refused(mixed_hosts, messages, needle):
     _, ts = mixed_hosts
-    ring = RingWriter()
+    ring = RingWriter(token=TOKEN)
     try:
         raw = grpc.insecure_channel(ts[1].address).stream_unary("/ipupod.peer.Peer/Exchange")
         with pytest.raises(grpc.RpcError) as info:
@@ -149,7 +149,7 @@ def test_malformed_shared_memory_messages_are_refused(mixed_hosts, messages, nee
 def test_offer_from_another_host_is_not_mapped(mixed_hosts):
     """An offer naming another host id is not opened: the bytes must come in payloads."""
     _, ts = mixed_hosts
-    ring = RingWriter()
+    ring = RingWriter(token=TOKEN)
     try:
         offer = ring.offer("elsewhere/0")
         raw = grpc.insecure_channel(ts[1].address).stream_unary("/ipupod.peer.Peer/Exchange")
@@ -196,3 +196,40 @@ def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
     pids = [int(line.split()[-1]) for line in result.stdout.splitlines() if "PID" in line]
     assert len(pids) == 2 and wait_gone(pids, 2) == []
     assert _shm_entries() - before == set()
+
+
+# -- the hand-over (issue 11, deliverable 4): the memfd over SCM_RIGHTS, never a /proc path --
+
+def test_a_ring_is_handed_over_to_a_receiver_with_the_job_token_only(tmp_path):
+    import stat
+
+    from collectives.transports.shm_channel import RingReader, _socket_dir
+    ring = RingWriter(token=TOKEN)
+    try:
+        offer = ring.offer(host_id())
+        assert RingReader.attach(offer, host_id(), "another-job") is None
+        reader = RingReader.attach(offer, host_id(), TOKEN)
+        assert reader is not None and ring.attached
+        reader.close()
+        assert stat.S_IMODE(os.stat(_socket_dir()).st_mode) == 0o700
+        deadline = time.monotonic() + 10
+        while any(n.startswith(f"ring-{os.getpid()}-{offer.nonce.hex()}")
+                  for n in os.listdir(_socket_dir())):   # the hand-over socket goes away
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        ring.close()
+
+
+def test_an_offer_naming_another_processes_file_is_never_opened(tmp_path):
+    """The audit's reproducer: an offer of ``pid`` and ``fd`` of a file some process holds
+    open used to be opened read-write as /proc/<pid>/fd/<fd>, mapped and written into."""
+    from collectives.transports.shm_channel import CONTROL_BYTES, PIECE_BYTES, RingReader
+    victim = tmp_path / "victim"
+    content = b"N" * 16 + bytes(CONTROL_BYTES + PIECE_BYTES - 16)
+    victim.write_bytes(content)
+    with open(victim, "rb+") as held:
+        offer = ppb.ShmRing(host_id=host_id(), pid=os.getpid(), fd=held.fileno(),
+                            nonce=b"N" * 16, capacity=PIECE_BYTES)
+        assert RingReader.attach(offer, host_id(), TOKEN) is None
+    assert victim.read_bytes() == content

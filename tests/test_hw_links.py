@@ -22,10 +22,10 @@ def test_seed_hop_example():  # seed 004:1383
 
 
 def test_ipu_link_time_is_latency_plus_bytes_over_bandwidth():
-    # one "||" bundle: 3 IPU-Links x 32 GB/s (seed 001:247-248)
-    assert transfer_time_s(C2, 1, 3, 96e9) == pytest.approx(1.0 + IPU_LINK_LATENCY_S)
-    # 1 -> 0 -> 2: the slower bundle (96 GB/s) limits, two latencies
-    assert transfer_time_s(C2, 1, 2, 96e9) == pytest.approx(1.0 + 2 * IPU_LINK_LATENCY_S)
+    # one "||" bundle: 3 IPU-Links x 16 GB/s per direction (seed 001:247-248)
+    assert transfer_time_s(C2, 1, 3, 48e9) == pytest.approx(1.0 + IPU_LINK_LATENCY_S)
+    # 1 -> 0 -> 2: the slower bundle (48 GB/s) limits, two latencies
+    assert transfer_time_s(C2, 1, 2, 48e9) == pytest.approx(1.0 + 2 * IPU_LINK_LATENCY_S)
     assert transfer_time_s(C2, 5, 5, 1e9) == 0.0 and route(C2, 5, 5) == []
 
 

@@ -11,10 +11,12 @@ from ipu_node.systems import SYSTEM_NAMES, get_system_model
 
 
 def test_registry_names_and_sizes():
-    assert SYSTEM_NAMES == ("C2-16", "POD4", "POD16", "POD64", "POD128", "POD256")
+    assert SYSTEM_NAMES == ("C2-16", "POD4", "POD16", "POD64", "POD128", "POD256",
+                            "BOW-POD16", "BOW-POD64", "BOW-POD128", "BOW-POD256")
     sizes = {n: get_system_model(n).num_ipus for n in SYSTEM_NAMES}
     assert sizes == {"C2-16": 16, "POD4": 4, "POD16": 16, "POD64": 64, "POD128": 128,
-                     "POD256": 256}
+                     "POD256": 256, "BOW-POD16": 16, "BOW-POD64": 64, "BOW-POD128": 128,
+                     "BOW-POD256": 256}
 
 
 def test_default_is_pod16_and_env_chooses(monkeypatch):

@@ -71,8 +71,8 @@ def test_gc_links_lists_each_link_with_ends_and_state(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = [l.split() for l in lines[2:-1]]
     assert len(rows) == 22 and all(r[0] == "IPU-Link" and r[-1] == "up" for r in rows)
-    assert ["IPU-Link", "0", "1", "4", "128", "0.5us", "up"] in rows
-    assert ["IPU-Link", "1", "3", "3", "96", "0.5us", "up"] in rows
+    assert ["IPU-Link", "0", "1", "4", "64", "0.5us", "up"] in rows
+    assert ["IPU-Link", "1", "3", "3", "48", "0.5us", "up"] in rows
     assert lines[-1] == "22 link bundles: 22 IPU-Link; overall result: passed"
     assert gc_links.main(["--system", "POD128", "-j"]) == 0
     data = json.loads(capsys.readouterr().out)

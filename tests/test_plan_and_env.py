@@ -111,3 +111,16 @@ def test_popdist_rejects_a_garbled_variable(clean_env):
     clean_env.setenv(names.NUM_TOTAL_REPLICAS, "four")
     with pytest.raises(ValueError, match="POPDIST_NUM_TOTAL_REPLICAS='four'"):
         popdist.getNumTotalReplicas()
+
+
+def test_report_dir_reaches_every_instance():
+    from dataclasses import replace
+
+    from launch.env import REPORT_DIR, instance_env
+    from poprun.options import build_parser, parse_args
+    plan = make_plan(["python", "x.py"], 2)
+    assert REPORT_DIR not in instance_env(plan, plan.instances[0])
+    plan = replace(plan, report_dir="/tmp/reports")
+    assert all(instance_env(plan, p)[REPORT_DIR] == "/tmp/reports" for p in plan.instances)
+    args, program = parse_args(build_parser(), ["--report-dir", "out", "python", "x.py"])
+    assert (args.report_dir, program) == ("out", ["python", "x.py"])

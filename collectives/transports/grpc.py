@@ -37,6 +37,7 @@ from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
 from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
     encode_chunk, encode_offer
+from collectives.transports.grpc_wire import MAX_TENSOR_BYTES
 from collectives.transports.shm_channel import MIN_SHM_BYTES, PIECE_BYTES, RingReader, \
     RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
@@ -46,6 +47,7 @@ from protos import (MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES, TOKEN_METADATA
 from protos import coordinator_pb2 as cpb
 from protos import coordinator_pb2_grpc as cpb_grpc
 from protos import peer_pb2 as ppb
+from protos.guard import TokenInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,10 @@ POST_WAIT_S = 0.05
 #: seconds without an answer from the coordinator after which it counts as lost
 COORDINATOR_LOST_S = 5.0
 EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
+#: bytes of one peer's tensors a server keeps before any call posted a buffer for them;
+#: more is refused (the stream fails, naming the bound). ipupod assumption: a peer runs at
+#: most a call or two ahead, and the largest tensor on the wire is MAX_TENSOR_BYTES (16 GiB)
+MAX_BUFFERED_BYTES_PER_PEER = MAX_TENSOR_BYTES
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:
@@ -78,10 +84,14 @@ class _Mailbox:
     a buffer of its own and is copied over when the call takes it.
     """
 
-    def __init__(self):
+    def __init__(self, max_buffered_bytes: int = MAX_BUFFERED_BYTES_PER_PEER):
         self.cond = threading.Condition()
         self._items: dict[tuple[str, int, int], np.ndarray] = {}
         self._posted: dict[tuple[str, int, int], np.ndarray] = {}
+        self.max_buffered_bytes = max_buffered_bytes
+        self._buffered: dict[int, int] = {}          # source -> bytes not yet taken
+        self._reserved: dict[tuple[str, int, int], int] = {}   # counted in _buffered
+        self._taken: dict[tuple[str, int], int] = {}  # (communicator, source) -> last sequence
 
     def put(self, key: tuple[str, int, int], value: np.ndarray) -> None:
         with self.cond:
@@ -91,7 +101,39 @@ class _Mailbox:
             self.cond.notify_all()
 
     def take(self, key: tuple[str, int, int]) -> np.ndarray | None:
-        return self._items.pop(key, None)
+        with self.cond:
+            value = self._items.pop(key, None)
+            if value is not None:
+                communicator, sequence, source = key
+                self._taken[(communicator, source)] = max(
+                    sequence, self._taken.get((communicator, source), -1))
+            reserved = self._reserved.pop(key, 0)
+            if reserved:
+                self._buffered[key[2]] -= reserved
+        return value
+
+    def admit(self, key: tuple[str, int, int], nbytes: int) -> None:
+        """Refuse a tensor for a call of its sender that this instance already finished, or
+        one that would buffer more than ``max_buffered_bytes`` of that sender's tensors that
+        no call has posted a buffer for (a peer cannot park unbounded memory here).
+
+        Raises:
+            WireError: naming the tensor and the bound.
+        """
+        communicator, sequence, source = key
+        with self.cond:
+            if sequence <= self._taken.get((communicator, source), -1):
+                raise WireError(f"tensor {key}: the call of sequence {sequence} on "
+                                f"{communicator!r} from instance {source} has finished")
+            if key in self._posted:
+                return
+            buffered = self._buffered.get(source, 0) + nbytes
+            if buffered > self.max_buffered_bytes:
+                raise WireError(f"tensor {key} of {nbytes} bytes: instance {source} would have "
+                                f"{buffered} bytes waiting here (limit "
+                                f"{self.max_buffered_bytes})")
+            self._buffered[source] = buffered
+            self._reserved[key] = nbytes
 
     def post(self, key: tuple[str, int, int], buffer: np.ndarray) -> None:
         """Let the tensor ``key`` land in ``buffer`` (uint8, its expected size)."""
@@ -136,7 +178,12 @@ class _PeerService:
             response_serializer=ppb.Ack.SerializeToString)
         return grpc.method_handlers_generic_handler("ipupod.peer.Peer", {"Exchange": exchange})
 
+    def _claim(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
+        self.mailbox.admit(key, nbytes)
+        return self.mailbox.claim(key, nbytes)
+
     def _claim_waiting(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
+        self.mailbox.admit(key, nbytes)
         return self.mailbox.claim(key, nbytes, POST_WAIT_S)
 
     def exchange(self, request_iterator, context):
@@ -155,12 +202,13 @@ class _PeerService:
                     if offered or tensors or assembly is not None:
                         raise WireError("a ring offer must be the stream's first message")
                     offered = True
-                    ring = RingReader.attach(offer, self.host) if self.host else None
+                    ring = RingReader.attach(offer, self.host, self.token) if self.host \
+                        else None
                     continue
                 if assembly is None:
                     assembly = Assembly.start(header, self.num_instances,
                                               self._claim_waiting if header.shm_nbytes
-                                              else self.mailbox.claim)
+                                              else self._claim)
                 if header.shm_nbytes:
                     if ring is None:
                         raise WireError("chunk in shared memory, but no ring is mapped")
@@ -387,7 +435,8 @@ class GrpcTransport(Transport):
 
     def _serve(self, address: str, token: str) -> grpc.Server:
         self._executor = ServingExecutor(2 * self.process_count + 2, "grpc-peer")
-        server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES))
+        server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES),
+                             interceptors=[TokenInterceptor(token)])
         self._service = _PeerService(token, self.process_count, self.mailbox,
                                      self.host_id if self.options.grpc_shm else "")
         server.add_generic_rpc_handlers((self._service.handler(),))
@@ -535,7 +584,7 @@ class GrpcTransport(Transport):
         if (self.options.grpc_shm and self.host_id
                 and self.peer_host_ids[member] == self.host_id):
             try:
-                ring = RingWriter()
+                ring = RingWriter(token=self._metadata[0][1])
             except OSError as exc:
                 logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
         outbox = self._outboxes[member] = _Outbox(self._exchanges[member], self._metadata,

@@ -11,6 +11,7 @@ Nothing is pickled.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ MAX_TENSOR_BYTES = 1 << 34
 #: dtypes a header may name (the collectives' dtypes, and raw bytes)
 WIRE_DTYPES = frozenset({"uint8", "float16", "float32", "float64", "int32", "int64", "bool"})
 _MAX_TEXT = 256  # characters of a communicator or op name
+_MAX_DIMS = 32   # dimensions of a tensor on the wire (numpy allows 64; ipupod assumption)
 
 
 class WireError(ValueError):
@@ -161,8 +163,12 @@ class Assembly:
             raise WireError(f"tensor of {header.nbytes} bytes announced; the limit is "
                             f"{MAX_TENSOR_BYTES} bytes")
         itemsize = np.dtype(header.dtype).itemsize
-        elements = int(np.prod(list(header.shape), dtype=np.int64)) if header.shape else 1
-        if any(d < 0 for d in header.shape) or elements * itemsize != header.nbytes:
+        if len(header.shape) > _MAX_DIMS or any(d < 0 for d in header.shape):
+            raise WireError(f"shape of {len(header.shape)} dimensions (at most {_MAX_DIMS}, "
+                            "none negative) announced")
+        # Python ints: no wrap-around (numpy's int64 product of [2**32, 2**32] is 0)
+        elements = math.prod(int(d) for d in header.shape)
+        if elements * itemsize != header.nbytes:
             raise WireError(f"shape {list(header.shape)} of {header.dtype} is not "
                             f"{header.nbytes} bytes")
         needed = max(1, -(-header.nbytes // MAX_CHUNK_BYTES))

@@ -14,12 +14,15 @@ from ipu_node.device import SRAM_BYTES_PER_TILE, TILES_PER_IPU
 from ipu_node.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.errors import IPUError
 from ipu_node.occupancy import Occupancy
+from ipu_node.chips import chip
 from ipu_node.systems import IPUInfo, SystemModel
 from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
 
-#: Tile clock shown per IPU: 1330MHz for ipu2 (gc-monitor, seed 000:453); 1300MHz for ipu1
-#: (C2 example of Graphcore's command-line tools guide, "Device attributes").
-CLOCK_MHZ = {"ipu1": 1300, "ipu2": 1330}
+def clock_mhz(model: SystemModel) -> int:
+    """Tile clock shown per IPU of ``model``, MHz: its chip's (:mod:`ipu_node.chips`): 1330 for
+    the GC200 (gc-monitor, seed 000:453), 1300 for the GC2 (C2 example of Graphcore's
+    command-line tools guide, "Device attributes"), 1850 for a Bow."""
+    return round(chip(model.chip).clock_hz / 1e6)
 
 
 def _bracket(value: int, width: int) -> str:
@@ -68,7 +71,7 @@ def _ipu_attributes(model: SystemModel, ipu: IPUInfo) -> list[tuple[str, str]]:
     attrs = [("board ipu index", str(ipu.board_index)),
              ("board serial number", ipu.serial),
              ("board type", model.board_type),
-             ("clock", f"{CLOCK_MHZ[ipu.version]}MHz"),
+             ("clock", f"{clock_mhz(model)}MHz"),
              ("ipu architecture", ipu.version),
              ("ipu-link domain", str(ipu.domain)),
              ("ipu-link neighbours", ", ".join(neighbours) or "none"),

@@ -17,7 +17,7 @@ import time
 from ipu_node.occupancy import Holder, Occupancy
 from ipu_node.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, model_or_none, parser
-from ipu_node.tools.gc_info import CLOCK_MHZ
+from ipu_node.tools.gc_info import clock_mhz
 
 #: ICU firmware and server version shown for IPU-M2000s (seed 000:437).
 ICU_FW = "2.1.3"
@@ -73,7 +73,7 @@ def format_monitor(model: SystemModel, holders: list[Holder], now: float | None 
     if holders:
         rows = [[str(h.pid), os.path.basename(h.command.split(" ")[0]) or "?",
                  _elapsed(now - h.attached_at), h.user, str(h.ipu_id),
-                 f"{CLOCK_MHZ[model.ipu(h.ipu_id).version]}MHz", "N/A", "N/A", "N/A", h.scope]
+                 f"{clock_mhz(model)}MHz", "N/A", "N/A", "N/A", h.scope]
                 for h in holders if h.ipu_id < model.num_ipus]
         lines.append("| Attached processes | IPU | Board | Partition |")
         lines += _table(["PID", "Command", "Time", "User", "ID", "Clock", "Temp", "Temp",

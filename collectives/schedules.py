@@ -1,0 +1,193 @@
+"""Schedules of a collective over IPU groups: the flat GCL methods and the hierarchical ones.
+
+:class:`Pricer` prices one call for :class:`collectives.cost_model.HardwareCostModel` (its
+``profile(groups, pattern, contend)`` gives the step profiles; see that module's docstring
+for the flat formulas). ``auto`` is the cheapest schedule the model knows:
+
+* every flat method (the rings of ``_RINGS`` and ``broadcast``), whatever
+  ``syncful.maxBroadcastSize`` says: GCL's threshold is its heuristic for the same choice,
+  and pricing both sides of it removes the step a threshold makes in modelled time;
+* **hierarchical** schedules over a level of the POD: the members of a group are split by
+  IPU-Machine (``machine``: the rows of the POD64's 2D torus, the C2 cards of the ladder) or
+  by IPU-Link domain (``domain``: the POD64s of a POD128/POD256). With ``d`` parts of ``k``
+  members (every part the same size, ``k >= 2``, ``d >= 2``):
+
+  - all-reduce = reduce-scatter inside each part + all-reduce of ``S/k`` among the members
+    holding the same fragment (one per part: the torus' columns, or one IPU per POD64 over
+    the GW-Links) + all-gather inside each part: GCL's "reduce-scatter inside each POD64,
+    all-reduce across them, all-gather" (anchors §2.3: CONSECUTIVE inside an IPU-Link
+    domain, ORTHOGONAL across domains "using GW-links only"); by machine it is the
+    rows-then-columns all-reduce of the 2D torus (IPU-POD64 datasheet, anchors §2.5);
+  - reduce-scatter = inside each part, then across (``S/k``);
+  - all-gather = across, then inside each part (``d * S`` per member).
+* :data:`LINE`, for all-reduce: the members as a chain, half the data reduced towards
+  each end and broadcast back, pipelined (no closing hop);
+* the flat ``broadcast`` is a candidate for groups of at most
+  :data:`MAX_FLAT_BROADCAST_MEMBERS` members.
+
+  Each phase is itself priced ``auto`` (the across phase of a POD256 by machine splits again
+  by domain). All groups of the call run every phase at once and share the links.
+
+Every schedule is affine and non-decreasing in the bytes, so their minimum is continuous
+and non-decreasing in the bytes. Sizes are bytes, times modelled seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["Pricer", "split_groups", "RINGS", "LEVELS", "LINE", "MAX_FLAT_BROADCAST_MEMBERS"]
+
+# method -> (the rings as (ring, direction), data split between them, steps-per-phase rule)
+RINGS = {
+    "clockwise_ring": (((0, 1),), 1, "full"),
+    "anticlockwise_ring": (((0, -1),), 1, "full"),
+    "bidirectional_ring_pair": (((0, 1), (0, -1)), 2, "full"),
+    "meet_in_middle_ring": (((0, 1), (0, -1)), 1, "half"),
+    "quad_directional_ring": (((0, 1), (0, -1), (1, 1), (1, -1)), 4, "full"),
+}
+# op -> (ring phases, fragment as a fraction of S: "n" for S/n, "1" for S)
+_RING_SHAPE = {"all_reduce": (2, "n"), "reduce_scatter": (1, "n"), "all_gather": (1, "1"),
+               "broadcast": (2, "n")}
+#: ipupod choice: ``auto`` considers the flat ``broadcast`` method (every member sends to
+#: every other) for groups of at most this many members, one IPU-Link domain; a larger group
+#: gets the broadcast inside each part of a hierarchical schedule instead (pricing every pair
+#: of a POD256 costs seconds of routing, and the hierarchical one is as cheap).
+MAX_FLAT_BROADCAST_MEMBERS = 64
+#: Name of the chain all-reduce (:meth:`Pricer.line`). Not one of GCL's method names:
+#: ipupod's model of an all-reduce on members that form an open chain of IPU-Links (half a
+#: torus column, whose ring would close over the other half's links), whose rings pay
+#: the closing hop; an ipupod assumption that GCL does at least as well there.
+LINE = "bidirectional_line"
+#: Fragments per half the line pipeline may use (a fixed set, so that the minimum over it is
+#: continuous and non-decreasing in the bytes).
+LINE_FRAGMENTS = tuple(2 ** i for i in range(21))
+#: The levels a hierarchical schedule splits a group by (attributes of ``IPUInfo``).
+LEVELS = ("machine", "domain")
+
+Groups = tuple[tuple[int, ...], ...]
+
+
+class _Model(Protocol):  # what Pricer needs of HardwareCostModel
+    model: object
+
+    def profile(self, groups: Groups, pattern: tuple, contend: Groups | None = None): ...
+
+    def split(self, groups: Groups, level: str): ...
+
+
+class Pricer:
+    """Prices one call (one ``contend`` set: the IPU groups of every concurrent collective
+    loading the links, None for just the call's own groups)."""
+
+    def __init__(self, cost: _Model, contend: Groups | None = None):
+        self._cost = cost
+        self._contend = contend
+        self._memo: dict[tuple, tuple[float, str]] = {}
+
+    def flat(self, kind: str, groups: Groups, nbytes: float, method: str,
+             contend: Groups | None = None) -> float:
+        """Modelled seconds of flat ``method`` (not ``auto``) over ``groups``; ``nbytes``
+        per member (reduce_scatter: already padded to a multiple of the group size)."""
+        contend = self._contend if contend is None else contend
+        n = len(groups[0])
+        if n < 2 or nbytes == 0:
+            return 0.0
+        fragment = nbytes / n
+        if kind == "all_to_all" or method == "broadcast":
+            chunk = nbytes if kind in ("all_reduce", "all_gather", "broadcast") else fragment
+            pattern = ("root",) if kind == "broadcast" else ("pairs",)
+            return self._cost.profile(groups, pattern, contend).time_s(chunk)
+        rings, split, steps_rule = RINGS[method]
+        phases, frac = _RING_SHAPE[kind]
+        chunk = (fragment if frac == "n" else nbytes) / split
+        steps = n - 1 if steps_rule == "full" else -(-(n - 1) // 2)
+        return phases * steps * self._cost.profile(groups, ("ring", rings), contend).time_s(
+            chunk)
+
+    def auto(self, kind: str, groups: Groups, nbytes: float,
+             contend: Groups | None = None) -> tuple[float, str]:
+        """``(seconds, schedule name)`` of the cheapest schedule of ``kind`` over ``groups``."""
+        contend = self._contend if contend is None else contend
+        if len(groups[0]) < 2 or nbytes == 0:
+            return 0.0, "none"
+        key = (kind, groups, nbytes, contend)
+        if key in self._memo:
+            return self._memo[key]
+        methods = tuple(RINGS)
+        if kind == "all_to_all" or len(groups[0]) <= MAX_FLAT_BROADCAST_MEMBERS:
+            methods += ("broadcast",)
+        if kind == "all_to_all":
+            methods = ("broadcast",)
+        best = min((self.flat(kind, groups, nbytes, m, contend), m) for m in methods)
+        if kind == "all_reduce" and len(groups[0]) > 2:
+            best = min(best, (self.line(groups, nbytes, contend), LINE))
+        if kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            for level in LEVELS:
+                parts = self._cost.split(groups, level)
+                if parts is None:
+                    continue
+                c_parts = self._cost.split(contend, level) if contend else None
+                candidate = self._hierarchical(kind, level, parts, c_parts, nbytes)
+                best = min(best, candidate)
+        if kind == "all_to_all":
+            best = (best[0], "direct")
+        self._memo[key] = best
+        return best
+
+    def line(self, groups: Groups, nbytes: float, contend: Groups | None = None) -> float:
+        """Modelled seconds of the :data:`LINE` all-reduce over ``groups`` (members in
+        their order as a chain): half the data reduced towards each end and broadcast back,
+        pipelined in ``F`` fragments per half, ``F`` the best of :data:`LINE_FRAGMENTS`:
+        ``(F + 2(n-1) - 1)`` steps in which every link of the chain carries two fragments of
+        ``S/(2F)`` each way (one being reduced, one being broadcast)."""
+        contend = self._contend if contend is None else contend
+        n = len(groups[0])
+        if n < 2 or nbytes == 0:
+            return 0.0
+        profile = self._cost.profile(groups, ("line",), contend)
+        return min((f + 2 * (n - 1) - 1) * profile.time_s(nbytes / (2 * f))
+                   for f in LINE_FRAGMENTS)
+
+    def _hierarchical(self, kind: str, level: str, parts, c_parts, nbytes: float):
+        inner, outer, k, d = parts
+        c_in, c_out = (c_parts[0], c_parts[1]) if c_parts else (None, None)
+        if kind == "all_reduce":
+            rs = self.auto("reduce_scatter", inner, nbytes, c_in)
+            ar = self.auto("all_reduce", outer, nbytes / k, c_out)
+            ag = self.auto("all_gather", inner, nbytes / k, c_in)
+            return (rs[0] + ar[0] + ag[0],
+                    f"hierarchical[{level}](reduce_scatter {rs[1]}; all_reduce {ar[1]}; "
+                    f"all_gather {ag[1]})")
+        if kind == "reduce_scatter":
+            a = self.auto("reduce_scatter", inner, nbytes, c_in)
+            b = self.auto("reduce_scatter", outer, nbytes / k, c_out)
+            return a[0] + b[0], f"hierarchical[{level}]({a[1]}; {b[1]})"
+        a = self.auto("all_gather", outer, nbytes, c_out)
+        b = self.auto("all_gather", inner, nbytes * d, c_in)
+        return a[0] + b[0], f"hierarchical[{level}]({a[1]}; {b[1]})"
+
+
+def split_groups(model, groups: Groups, level: str):
+    """``(inner, outer, k, d)``: every group's members by ``level`` (``d`` parts of ``k``
+    IPUs in id order) and the across-groups (the ``j``-th IPU of every part), or None
+    when the level does not split every group into >= 2 equal parts of >= 2."""
+    inner: list[tuple[int, ...]] = []
+    outer: list[tuple[int, ...]] = []
+    shape = None
+    for g in groups:
+        by: dict[int, list[int]] = {}
+        for ipu in g:
+            by.setdefault(getattr(model.ipu(ipu), level), []).append(ipu)
+        parts = [tuple(sorted(by[key])) for key in sorted(by)]
+        sizes = {len(p) for p in parts}
+        if len(sizes) != 1:
+            return None
+        this = (len(parts), sizes.pop())
+        if shape not in (None, this) or this[0] < 2 or this[1] < 2:
+            return None
+        shape = this
+        inner += parts
+        outer += [tuple(p[j] for p in parts) for j in range(this[1])]
+    d, k = shape
+    return tuple(inner), tuple(outer), k, d

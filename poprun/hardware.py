@@ -1,0 +1,160 @@
+"""poprun's options that only mean something on a real POD (and the mpirun arguments), turned
+into launch-plan fields and one-line notes: emulated where there is something to emulate,
+"no effect" otherwise. Nothing is silently ignored: every option given leaves a note or a
+field of the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ipu_node.systems import SystemModel
+from launch import env as envnames
+from launch.plan import LaunchPlan
+from poprun.mpi_args import MpiArgsError, parse_instance_args, translate_mpi_args
+
+__all__ = ["emulated_options", "check_ilds", "create_cache_dir"]
+
+
+def _no_effect(option: str, value, why: str) -> str:
+    return f"{option} {value}: no effect in ipupod: {why}"
+
+
+def _notes_on_vipu(args: argparse.Namespace) -> list[str]:
+    notes = []
+    if args.vipu_server_host != "localhost" or args.vipu_server_port != 8090:
+        notes.append(f"--vipu-server-host/--vipu-server-port {args.vipu_server_host}:"
+                     f"{args.vipu_server_port}: no V-IPU server is contacted (partitions are "
+                     "emulated on this machine); passed to instances as IPUOF_VIPU_API_*")
+    for option, value, why in (
+            ("--vipu-cluster", args.vipu_cluster, "partitions are emulated on this machine"),
+            ("--vipu-allocation", args.vipu_allocation, "partitions are emulated on this "
+                                                        "machine"),
+            ("--host-subnet", args.host_subnet, "hosts are reached by the names given"),
+            ("--sync-type", args.sync_type, "emulated IPUs synchronise by the collectives' "
+                                            "own agreement"),
+            ("--process-placement", args.process_placement, "instances are placed by the "
+                                                            "operating system")):
+        if value:
+            notes.append(_no_effect(option, value, why))
+    if args.allow_run_as_root:
+        notes.append(_no_effect("--allow-run-as-root", "yes", "MPICH's mpirun runs as root"))
+    if args.vipu_partition_attempts > 1:
+        notes.append(_no_effect("--vipu-partition-attempts", args.vipu_partition_attempts,
+                                "an emulated partition is reserved at the first attempt or "
+                                "not at all"))
+    if args.offline_mode:
+        notes.append("--offline-mode yes: no partition is reserved; instances attach their "
+                     "IPUs on their own")
+    return notes
+
+
+def _mpi_options(args: argparse.Namespace, launcher: str,
+                 num_instances: int) -> tuple[dict, list[str], list[tuple[str, str]]]:
+    """Plan fields, notes and job-wide variables from the ``--mpi-*-args`` and
+    ``--numa-aware``."""
+    global_args = translate_mpi_args(args.mpi_global_args, where="--mpi-global-args")
+    local_args = translate_mpi_args(args.mpi_local_args, where="--mpi-local-args")
+    mpirun = [*global_args.mpirun_args, *local_args.mpirun_args]
+    notes = [*global_args.notes, *local_args.notes]
+    per_instance: dict[int, dict[str, str]] = {}
+    for text in args.instance_mpi_local_args:
+        index, words = parse_instance_args(text)
+        if index >= num_instances:
+            raise MpiArgsError(f"--instance-mpi-local-args {text!r}: there is no instance "
+                               f"{index} (--num-instances {num_instances})")
+        where = f"--instance-mpi-local-args {index}:"
+        one = translate_mpi_args(words, where=where)
+        if one.mpirun_args:
+            raise MpiArgsError(f"{where} {' '.join(one.mpirun_args)}: MPICH's mpirun takes "
+                               "these for the whole job only; use --mpi-global-args")
+        per_instance.setdefault(index, {}).update(one.env)
+        notes += one.notes
+    if args.numa_aware:
+        mpirun += ["-bind-to", "numa"]
+        notes.append("--numa-aware yes: mpirun -bind-to numa (instances bound to NUMA nodes "
+                     "round-robin)")
+    mpirun = _merge_pairs(mpirun)
+    if launcher != "mpirun" and mpirun:
+        notes.append(f"mpirun options {' '.join(mpirun)}: no effect with --launcher {launcher}")
+        mpirun = []
+    fields = {"mpirun_args": tuple(mpirun),
+              "instance_env_extra": tuple((i, tuple(env.items()))
+                                          for i, env in sorted(per_instance.items()))}
+    return fields, notes, [*global_args.env, *local_args.env]
+
+
+def _merge_pairs(words: list[str]) -> list[str]:
+    """Hydra options (``-flag value`` pairs) with repeats given once (``--mca
+    oob_tcp_if_include ib0 --mca btl_tcp_if_include ib0`` is one ``-iface ib0``).
+
+    Raises:
+        MpiArgsError: one option with two different values (names both).
+    """
+    chosen: dict[str, str] = {}
+    for flag, value in zip(words[::2], words[1::2]):
+        if chosen.setdefault(flag, value) != value:
+            raise MpiArgsError(f"mpirun {flag} given twice, as {chosen[flag]!r} and {value!r}")
+    return [word for pair in chosen.items() for word in pair]
+
+
+def emulated_options(args: argparse.Namespace, launcher: str,
+                     num_replicas: int) -> tuple[dict, list[str]]:
+    """``(plan fields, notes)`` of the hardware and mpirun options of ``args``.
+
+    Raises:
+        MpiArgsError: a ``--mpi-*-args`` flag that cannot be passed on (names it).
+        ValueError: ``--only-output-from-instance`` names no instance.
+    """
+    fields, notes, env = _mpi_options(args, launcher, args.num_instances)
+    notes += _notes_on_vipu(args)
+    env += [(envnames.VIPU_API_HOST, args.vipu_server_host),
+            (envnames.VIPU_API_PORT, str(args.vipu_server_port)),
+            (envnames.VIPU_API_TIMEOUT, f"{args.vipu_server_timeout:g}")]
+    if args.vipu_partition:
+        env.append((envnames.VIPU_API_PARTITION_ID, args.vipu_partition))
+    if args.executable_cache_path:
+        env.append((envnames.EXECUTABLE_CACHE_PATH,
+                    os.path.abspath(args.executable_cache_path)))
+    only = args.only_output_from_instance
+    if only is not None and only >= args.num_instances:
+        raise ValueError(f"--only-output-from-instance {only}: there is no instance {only} "
+                         f"(--num-instances {args.num_instances})")
+    if only is not None:
+        notes.append(f"--only-output-from-instance {only}: the output of the other "
+                     "instances is not shown (their errors included)")
+    fields.update(job_env=tuple(env), only_output_from_instance=only)
+    return fields, notes
+
+
+def check_ilds(model: SystemModel, plan: LaunchPlan, num_ilds: int | None) -> None:
+    """``--num-ilds``: the job's IPUs must fill that many IPU-Link domains of ``model``, as
+    V-IPU makes a partition of that many domains (each domain's size from the system model).
+
+    Raises:
+        ValueError: ``model`` has fewer domains, or the job's IPUs do not fit in or do not
+            need ``num_ilds`` domains.
+    """
+    if num_ilds is None:
+        return
+    domains = len(model.domains)
+    size = len(model.domains[0])
+    need = plan.num_replicas * plan.ipus_per_replica
+    if num_ilds > domains:
+        raise ValueError(f"--num-ilds {num_ilds}: {model.name} has {domains} IPU-Link "
+                         f"domain{'s' if domains > 1 else ''} of {size} IPUs")
+    if need > num_ilds * size or need <= (num_ilds - 1) * size:
+        raise ValueError(f"--num-ilds {num_ilds}: the job's {need} IPUs fill "
+                         f"{-(-need // size)} IPU-Link domain(s) of {size} IPUs on "
+                         f"{model.name}, not {num_ilds}")
+
+
+def create_cache_dir(path: str | None) -> None:
+    """``--executable-cache-path``: create the directory (mode 0700 when new).
+
+    Raises:
+        OSError: it cannot be created, or exists and is not a directory.
+    """
+    if path:
+        os.makedirs(path, mode=0o700, exist_ok=True)

@@ -1,0 +1,27 @@
+"""Each rank leaves its result in ``$HVD_RESULTS_DIR/rank_<rank>.txt`` (passed and failed
+counts): plain mpirun may interleave the ranks' stdout, files do not."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_counts = {"passed": 0, "failed": 0}
+_rank: list[int] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome == "failed":
+        _counts[report.outcome if report.outcome in _counts else "failed"] += 1
+    import collectives.horovod as hvd
+    if not _rank and hvd.is_initialized():  # (shut down by the time the session ends)
+        _rank.append(hvd.rank())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    directory = os.environ.get("HVD_RESULTS_DIR")
+    if not directory:
+        return
+    rank = _rank[0] if _rank else f"unknown_{os.getpid()}"
+    Path(directory, f"rank_{rank}.txt").write_text(
+        f"{_counts['passed']} {_counts['failed']} {exitstatus}")

@@ -1,0 +1,93 @@
+"""The per-rank Horovod suite (tests/perrank_horovod) under every launcher: plain
+``mpirun -n 2`` and ``-n 4``, ``poprun`` with the MPI and the gRPC transport, and
+``python -m launch.multiworker`` (TF_CONFIG, gRPC); each job under a hard timeout that kills
+its whole process group. Plus the single-process API (rank 0 of 1) in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.procs import PYTHON, ROOT, child_env, run
+
+MPIRUN = str(Path(PYTHON).parent / "mpirun")
+SUITE = [PYTHON, "-m", "pytest", "tests/perrank_horovod", "-q", "-p", "no:cacheprovider"]
+
+
+def _run_suite(cmd: list[str], ranks: int, directory: Path) -> None:
+    """Every rank ran the whole suite and passed it (each leaves a file: see
+    tests/perrank_horovod/conftest.py)."""
+    job = run([*cmd, *SUITE], timeout_s=150,
+              env=child_env(IPUPOD_HVD_PERRANK="1", HVD_RESULTS_DIR=str(directory)), cwd=ROOT)
+    assert job.returncode == 0, job.stdout + job.stderr
+    results = {p.name: p.read_text().split() for p in directory.glob("rank_*.txt")}
+    assert sorted(results) == [f"rank_{r}.txt" for r in range(ranks)], job.stdout
+    counts = {r[0] for r in results.values()}
+    assert all(r[1:] == ["0", "0"] for r in results.values()), results
+    assert len(counts) == 1 and int(counts.pop()) >= 50, results
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_suite_under_plain_mpirun(ranks, tmp_path):
+    _run_suite([MPIRUN, "-n", str(ranks)], ranks, tmp_path)
+
+
+@pytest.mark.parametrize("launcher", [
+    ["-m", "poprun", "-n", "2", "--num-replicas", "4"],
+    ["-m", "poprun", "-n", "2", "--num-replicas", "2", "--transport", "grpc"],
+    ["-m", "launch.multiworker", "-n", "2"],
+], ids=["poprun-mpi", "poprun-grpc", "multiworker"])
+def test_suite_under_poprun_and_multiworker(launcher, tmp_path):
+    _run_suite([PYTHON, *launcher], 2, tmp_path)
+
+
+@pytest.fixture
+def one_rank():
+    import collectives.horovod as hvd
+    from ipu_node import reset_ipu_configuration
+    hvd.init()
+    yield hvd
+    hvd.shutdown()
+    reset_ipu_configuration()
+
+
+def test_single_process_is_rank_0_of_1(one_rank):
+    hvd = one_rank
+    assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_size()) == (0, 1, 0, 1)
+    x = np.arange(4, dtype=np.int32)
+    np.testing.assert_array_equal(hvd.allreduce(x), x)  # Average over 1 rank
+    np.testing.assert_array_equal(hvd.reducescatter(np.ones((3, 2))), np.ones((3, 2)))
+    assert hvd.join() == 0
+    assert hvd.broadcast_object([1, (2.0, "x")]) == [1, (2.0, "x")]
+
+
+def test_not_initialized_raises():
+    import collectives.horovod as hvd
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError, match="hvd.init"):
+        hvd.rank()
+
+
+def test_objects_encoding_is_safe_and_round_trips():
+    from collectives.horovod import _objects
+    obj = {"a": [1, 2.5, float("inf")], (1, "k"): b"\x00\xff", None: np.arange(6).reshape(2, 3),
+           "s": np.float16(1.5), "t": (True, None)}
+    back = _objects.decode(_objects.encode(obj))
+    assert back["a"] == [1, 2.5, float("inf")] and back[(1, "k")] == b"\x00\xff"
+    np.testing.assert_array_equal(back[None], obj[None])
+    assert back["s"] == np.float16(1.5) and isinstance(back["s"], np.float16)
+    for bad in (object(), {1, 2}, np.array(["x"], object), lambda: 0):
+        with pytest.raises(TypeError):
+            _objects.encode(bad)
+    with pytest.raises(ValueError):
+        _objects.decode(b'{"$nd": "|O", "shape": [1], "scalar": false, "data": ""}')
+
+
+def test_horovod_scaling_of_integers_truncates_toward_zero():
+    from collectives.horovod._data import scale, split_counts
+    np.testing.assert_array_equal(scale(np.array([-3, 3, 5], np.int32), 0.5), [-1, 1, 2])
+    assert scale(np.array([1.0], np.float16), 1 / 3).dtype == np.float16
+    assert split_counts(7, 3) == [3, 2, 2] and split_counts(2, 4) == [1, 1, 0, 0]

@@ -1,0 +1,465 @@
+"""poprun's command line as people call it: every option of Graphcore's poprun, both value
+forms, the Open MPI flags of --mpi-*-args, usage errors before anything starts, and the exact
+mpirun command line (without the job token)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from launch.hydra import mpirun_command_line, mpirun_environment
+from launch.plan import make_plan
+from poprun.cli import main as poprun_main
+from poprun.cli import plan_from_args
+from poprun.hosts import expand_hosts, is_this_machine
+from poprun.mpi_args import MpiArgsError, translate_mpi_args
+from poprun.options import build_parser, parse_args
+from tests.procs import PROGRAMS, describe, run_poprun
+
+PROGRAM = ["python", "train.py", "--epochs", "3"]
+
+
+def plan_of(argv):
+    """(args, plan, notes) of ``poprun argv train.py`` without starting anything."""
+    args, program = parse_args(build_parser(), [*argv, *PROGRAM])
+    assert program == PROGRAM, program
+    plan, notes = plan_from_args(args, program, find=lambda: "/opt/mpich/bin/mpirun")
+    return args, plan, notes
+
+
+def env_of(plan):
+    return dict(plan.job_env)
+
+
+# Command lines of the kind IPU projects' launch scripts use (written for this test), and
+# what each must become. Every option of Graphcore's poprun appears at least once, in the
+# "--opt=value" form and in the "--opt value" form.
+CASES = [
+    # counts, both forms, and ipupod's -n
+    (["--num-instances=4", "--num-replicas=8", "--ipus-per-replica=2"],
+     lambda a, p, n: (p.num_instances, p.num_replicas, p.ipus_per_replica) == (4, 8, 2)),
+    (["--num-instances", "4", "--num-replicas", "8", "--ipus-per-replica", "2"],
+     lambda a, p, n: [i.replica_index_offset for i in p.instances] == [0, 2, 4, 6]),
+    (["-n", "2"], lambda a, p, n: p.num_instances == 2 and p.num_replicas == 2),
+    (["-n2"], lambda a, p, n: p.num_instances == 2),
+    # verbosity
+    (["-vv"], lambda a, p, n: a.verbose == 2),
+    (["--vv"], lambda a, p, n: a.verbose == 2),
+    (["-v", "-v"], lambda a, p, n: a.verbose == 2),
+    (["--verbose"], lambda a, p, n: a.verbose == 1),
+    (["--debug"], lambda a, p, n: a.debug is True),
+    # hosts: evenly and in order, local instance index per host
+    (["--host=pod-host-a,pod-host-b", "--num-instances=4", "--num-replicas=8"],
+     lambda a, p, n: ([i.host for i in p.instances] == ["pod-host-a"] * 2 + ["pod-host-b"] * 2
+                      and [i.local_instance_index for i in p.instances] == [0, 1, 0, 1]
+                      and p.launcher == "mpirun"
+                      and p.remote_hosts == ("pod-host-a", "pod-host-b"))),
+    (["-H", "pod-host[1-2]", "-n", "2"],
+     lambda a, p, n: p.hosts == ("pod-host1", "pod-host2")),
+    (["--host", "localhost,127.0.0.1", "-n", "2"],
+     lambda a, p, n: p.remote_hosts == () and p.hosts == ("localhost", "127.0.0.1")),
+    (["--host-subnet=10.5.0.0/16"], lambda a, p, n: any("--host-subnet" in x for x in n)),
+    (["--host-subnet", "10.5.0.0/16"], lambda a, p, n: a.host_subnet == "10.5.0.0/16"),
+    # IPU-Link domains
+    (["--num-ilds=1", "-n", "2"], lambda a, p, n: a.num_ilds == 1),
+    (["--num-ilds", "1"], lambda a, p, n: a.num_ilds == 1),
+    # V-IPU server and partition options
+    (["--vipu-server-host=vipu.lab.internal", "--vipu-server-port=8091",
+      "--vipu-server-timeout=600"],
+     lambda a, p, n: (env_of(p)["IPUOF_VIPU_API_HOST"], env_of(p)["IPUOF_VIPU_API_PORT"],
+                      env_of(p)["IPUOF_VIPU_API_TIMEOUT"]) == ("vipu.lab.internal", "8091", "600")
+     and any("no V-IPU server" in x for x in n)),
+    (["--vipu-server-host", "10.1.2.3", "--vipu-server-port", "8090", "--vipu-server-timeout",
+      "120"], lambda a, p, n: env_of(p)["IPUOF_VIPU_API_HOST"] == "10.1.2.3"),
+    (["--vipu-partition=bert-large-16", "--update-partition=yes", "--reset-partition=no",
+      "--remove-partition=0"],
+     lambda a, p, n: p.job_id == "bert-large-16" and a.update_partition is True
+     and a.reset_partition is False and a.remove_partition is False
+     and env_of(p)["IPUOF_VIPU_API_PARTITION_ID"] == "bert-large-16"),
+    (["--vipu-partition", "p16", "--update-partition", "no", "--reset-partition", "yes",
+      "--remove-partition", "1"],
+     lambda a, p, n: a.update_partition is False and a.reset_partition and a.remove_partition),
+    (["--update-partition", "--reset-partition"],
+     lambda a, p, n: a.update_partition is True and a.reset_partition is True),
+    (["--vipu-partition-attempts=3"], lambda a, p, n: any("attempts" in x for x in n)),
+    (["--vipu-partition-attempts", "2"], lambda a, p, n: a.vipu_partition_attempts == 2),
+    (["--vipu-cluster=cl0"], lambda a, p, n: any("--vipu-cluster cl0" in x for x in n)),
+    (["--vipu-cluster", "cl0"], lambda a, p, n: a.vipu_cluster == "cl0"),
+    (["--vipu-allocation=alloc-3"], lambda a, p, n: any("--vipu-allocation" in x for x in n)),
+    (["--vipu-allocation", "alloc-3"], lambda a, p, n: a.vipu_allocation == "alloc-3"),
+    # executable cache
+    (["--executable-cache-path=/tmp/exe cache"],
+     lambda a, p, n: env_of(p)["POPDIST_EXECUTABLE_CACHE_PATH"] == "/tmp/exe cache"),
+    (["--executable-cache-path", "/tmp/exe_cache"],
+     lambda a, p, n: env_of(p)["POPDIST_EXECUTABLE_CACHE_PATH"] == "/tmp/exe_cache"),
+    # Open MPI flags, translated or noted
+    (["--mpi-global-args=--allow-run-as-root --tag-output --bind-to none"],
+     lambda a, p, n: p.mpirun_args == ("-bind-to", "none")
+     and sum("no effect" in x for x in n) == 2),
+    (["--mpi-global-args", "--tag-output --map-by socket:PE=4 --report-bindings"],
+     lambda a, p, n: p.mpirun_args == ("-map-by", "socket")
+     and any("PE=4" in x for x in n) and any("--report-bindings" in x for x in n)),
+    (["--mpi-global-args=--mca oob_tcp_if_include ib0 --mca btl_tcp_if_include ib0"],
+     lambda a, p, n: p.mpirun_args == ("-iface", "ib0")),
+    (["--mpi-global-args", "--mca btl_tcp_if_include 10.0.0.0/8 --mca btl ^openib"],
+     lambda a, p, n: p.mpirun_args == () and sum("no effect" in x for x in n) == 2),
+    (["--mpi-local-args=-x PYTHONPATH -x LD_LIBRARY_PATH -x POPLAR_LOG_LEVEL=WARN"],
+     lambda a, p, n: env_of(p)["POPLAR_LOG_LEVEL"] == "WARN" and "PYTHONPATH" not in env_of(p)),
+    (["--mpi-local-args", "--output-filename run-logs -x TF_POPLAR_FLAGS=--use_ipu_model"],
+     lambda a, p, n: env_of(p)["TF_POPLAR_FLAGS"] == "--use_ipu_model"
+     and any("--output-filename" in x for x in n)),
+    (["-n", "2", "--instance-mpi-local-args=1:\"-x SHARD=1 -x ROLE=eval\""],
+     lambda a, p, n: p.instance_env_extra == ((1, (("SHARD", "1"), ("ROLE", "eval"))),)),
+    (["-n", "2", "--instance-mpi-local-args", "0:-x SHARD=0",
+      "--instance-mpi-local-args", "1:-x SHARD=1"],
+     lambda a, p, n: [dict(e)["SHARD"] for _, e in p.instance_env_extra] == ["0", "1"]),
+    # the rest of Graphcore's switches
+    (["--numa-aware=yes"], lambda a, p, n: p.mpirun_args == ("-bind-to", "numa")),
+    (["--numa-aware", "1"], lambda a, p, n: a.numa_aware is True),
+    (["--print-topology=yes"], lambda a, p, n: a.print_topology is True),
+    (["--print-topology", "no"], lambda a, p, n: a.print_topology is False),
+    (["--print-topology"], lambda a, p, n: a.print_topology is True),
+    (["-n", "4", "--only-output-from-instance=3"],
+     lambda a, p, n: p.only_output_from_instance == 3),
+    (["--only-output-from-instance", "0"], lambda a, p, n: p.only_output_from_instance == 0),
+    (["--offline-mode=yes"], lambda a, p, n: a.offline_mode is True),
+    (["--offline-mode", "0"], lambda a, p, n: a.offline_mode is False),
+    (["--sync-type=default"], lambda a, p, n: any("--sync-type" in x for x in n)),
+    (["--sync-type", "default"], lambda a, p, n: a.sync_type == "default"),
+    (["--process-placement=disabled"],
+     lambda a, p, n: any("--process-placement" in x for x in n)),
+    (["--process-placement", "spreadnuma"], lambda a, p, n: a.process_placement == "spreadnuma"),
+    (["--allow-run-as-root", "1"], lambda a, p, n: any("--allow-run-as-root" in x for x in n)),
+    (["--allow-run-as-root=yes"], lambda a, p, n: a.allow_run_as_root is True),
+    # ipupod's own
+    (["--system=POD64", "--launcher=local", "--transport=grpc", "-n", "2"],
+     lambda a, p, n: (p.system, p.launcher, p.transport) == ("POD64", "local", "grpc")
+     and len(p.job_token) == 32),
+    (["--system", "C2-16", "--launcher", "mpirun", "--transport", "mpi"],
+     lambda a, p, n: p.system == "C2-16" and p.job_token == ""),
+    (["--report-dir=runs/report a"],
+     lambda a, p, n: p.report_dir == os.path.abspath("runs/report a")),
+    (["--report-dir", "rep", "--system", "BOW-POD16"],
+     lambda a, p, n: p.report_dir == os.path.abspath("rep") and p.system == "BOW-POD16"),
+    (["--launcher", "local", "--mpi-global-args=--bind-to core"],
+     lambda a, p, n: p.mpirun_args == () and any("no effect with --launcher" in x for x in n)),
+    # "--" ends the options
+    (["-n", "1", "--"], lambda a, p, n: p.command == tuple(PROGRAM)),
+]
+
+
+@pytest.mark.parametrize("argv, check", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_a_real_world_command_line_becomes_its_plan(argv, check):
+    args, plan, notes = plan_of(argv)
+    assert check(args, plan, notes), (plan, notes)
+
+
+def test_every_option_of_the_parser_is_in_the_table():
+    used = {word.split("=")[0] for argv, _ in CASES for word in argv if word.startswith("-")}
+    used |= {"--import-config", "--export-config", "--overwrite-config", "--version",
+             "--version-format", "--help", "--hostfile", "--dry-run"}  # tested below
+    options = {s for a in build_parser()._actions for s in a.option_strings}
+    short = {"-h", "-H", "-n", "-v"}
+    assert options - used - short == set()
+
+
+def test_the_program_keeps_its_own_options():
+    args, program = parse_args(build_parser(), ["-n", "2", "python", "train.py", "-n", "7",
+                                                "--host", "x", "--num-instances=9"])
+    assert args.num_instances == 2
+    assert program == ["python", "train.py", "-n", "7", "--host", "x", "--num-instances=9"]
+
+
+def test_host_forms():
+    assert expand_hosts("node[01-03],gw[0,2]") == ["node01", "node02", "node03", "gw0", "gw2"]
+    assert expand_hosts("a:4,b:4") == ["a", "b"]
+    assert expand_hosts("rack[1-2]-ipu[0-1]") == ["rack1-ipu0", "rack1-ipu1", "rack2-ipu0",
+                                                  "rack2-ipu1"]
+    assert is_this_machine("localhost") and is_this_machine("127.0.0.1")
+    assert not is_this_machine("pod-host-that-is-not-here")
+
+
+def test_hostfile(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the POD's hosts\nhost-a\n\nhost-b slots=4\n")
+    _, plan, _ = plan_of(["--hostfile", str(hostfile), "-n", "4"])
+    assert plan.hosts == ("host-a", "host-b")
+    assert [i.host for i in plan.instances] == ["host-a", "host-a", "host-b", "host-b"]
+
+
+def test_import_and_export_config(tmp_path, capsys):
+    exported = tmp_path / "poprun.json"
+    assert poprun_main(["--num-instances=2", "--num-replicas=4", "--export-config",
+                        str(exported), "--dry-run", "python", "-V"]) == 0
+    data = json.loads(exported.read_text())
+    assert data["num-instances"] == 2 and data["num-replicas"] == 4
+    # the file does not get overwritten unless asked
+    assert poprun_main(["--export-config", str(exported), "--dry-run", "python", "-V"]) == 2
+    assert "--overwrite-config" in capsys.readouterr().err
+    assert poprun_main(["--export-config", str(exported), "--overwrite-config=yes",
+                        "--dry-run", "python", "-V"]) == 0
+    # imported values are defaults; the command line wins
+    (tmp_path / "in.json").write_text(json.dumps({"num-instances": 4, "num-replicas": 8,
+                                                  "ipus-per-replica": 2}))
+    args, _ = parse_args(build_parser(), ["--import-config", str(tmp_path / "in.json"),
+                                          "--num-replicas", "4", "python", "x.py"])
+    assert (args.num_instances, args.num_replicas, args.ipus_per_replica) == (4, 4, 2)
+
+
+def test_version_and_help(capsys):
+    assert poprun_main(["--version"]) == 0
+    assert "poprun" in capsys.readouterr().out
+    assert poprun_main(["--version", "--version-format=full-json"]) == 0
+    assert "python" in json.loads(capsys.readouterr().out)
+    assert poprun_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--mpi-global-args", "--vipu-partition", "--num-ilds", "--only-output-"):
+        assert option in out
+
+
+def test_dry_run_prints_the_topology_and_mpirun_line_and_starts_nothing(tmp_path, capsys):
+    marker = tmp_path / "started"
+    code = poprun_main(["--dry-run", "-n", "2", "--host", "hostx,hosty", "--print-topology",
+                        "python", "-c", f"open({str(marker)!r}, 'w')"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| hosts     | hostx | hosty |" in out
+    assert "-hosts hostx:1,hosty:1" in out
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    # the case of the issue: an unknown =-form option whose value has a space
+    (["--mpi-global-args=--allow-run-as-root --tag-output", "--unknown-flag=a b"],
+     "unknown option '--unknown-flag'"),
+    (["--frobnicate"], "unknown option '--frobnicate'"),
+    (["-q"], "unknown option '-q'"),
+    (["--num-instances"], "unknown option '-c'"),  # 'python' became its value
+    (["--dry-run=yes"], "option --dry-run takes no value"),
+    (["--mpi-global-args=--np 4"], "--np is not allowed there"),
+    (["--mpi-global-args", "--frobnicate-mpi"], "unknown mpirun option '--frobnicate-mpi'"),
+    (["--mpi-local-args=--mca pml_ucx_tls any"], "--mca pml_ucx_tls is not known"),
+    (["--mpi-global-args=--bind-to sideways"], "--bind-to 'sideways': unknown"),
+    (["--mpi-global-args=\"--tag-output"], "No closing quotation"),
+    (["--mpi-local-args=-H hostz"], "-H is not allowed there"),
+    (["--host", "a,b", "-n", "3"], "--num-instances (3) must be divisible by the number of "
+                                   "hosts (2"),
+    (["--host", "a[1-"], "unbalanced brackets"),
+    (["--host", "a", "--hostfile", "/etc/hosts"], "mutually exclusive"),
+    (["--num-ilds", "2"], "--num-ilds 2: POD16 has 1 IPU-Link domain of 16 IPUs"),
+    (["--system", "POD128", "--num-ilds", "2"], "--num-ilds 2: the job's 1 IPUs fill 1"),
+    (["-n", "2", "--only-output-from-instance", "2"], "there is no instance 2"),
+    (["-n", "2", "--instance-mpi-local-args=5:-x A=1"], "there is no instance 5"),
+    (["--instance-mpi-local-args=-x A=1"], "expected INSTANCE:ARGS"),
+    (["--instance-mpi-local-args=0:--bind-to core"], "whole job only"),
+    (["--numa-aware=maybe"], "'maybe' is not yes/no"),
+    (["--vipu-server-port=99999"], "must be a port number"),
+    (["--vipu-server-timeout=nan"], "finite number of seconds"),
+    (["--launcher", "local", "--host", "elsewhere-host"], "are started by mpirun"),
+    (["--system", "POD5"], "unknown IPU-POD system 'POD5'"),
+    (["--transport", "grpc", "--host", "localhost,far-host-q", "-n", "2"],
+     "--host must name this machine by an address the other hosts reach"),
+])
+def test_a_bad_command_line_exits_2_naming_it_and_starts_nothing(argv, message, tmp_path,
+                                                                  capsys):
+    marker = tmp_path / "started"
+    code = poprun_main([*argv, "python", "-c", f"open({str(marker)!r}, 'w')"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("poprun: error:") and message in err, err
+    assert err.count("\n") == 1, err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("program", ["no-such-program-anywhere", "./not_here.sh",
+                                     "/nonexistent/dir/train"])
+def test_a_program_that_is_not_there_exits_2_naming_it(program, capsys):
+    assert poprun_main(["-n", "2", program, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{program!r} is neither an option of poprun nor a program" in err
+    assert err.count("\n") == 1
+
+
+def test_an_option_at_the_end_without_its_value(capsys):
+    assert poprun_main(["-n", "2", "--vipu-server-timeout"]) == 2
+    err = capsys.readouterr().err
+    assert "option --vipu-server-timeout needs a value" in err and err.count("\n") == 1
+
+
+def test_a_program_on_path_or_a_file_is_found(tmp_path, capsys):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    assert poprun_main(["--dry-run", str(script)]) == 0
+    assert poprun_main(["--dry-run", "true"]) == 0
+
+
+def test_open_mpi_flags_translation_table():
+    t = translate_mpi_args("--tag-output -x A=1 -x B --bind-to=core:overload-allowed "
+                           "--mca plm_rsh_agent /usr/bin/ssh -iface eth1")
+    assert t.mpirun_args == ("-bind-to", "core", "-launcher-exec", "/usr/bin/ssh",
+                             "-iface", "eth1")
+    assert t.env == (("A", "1"),)
+    assert len(t.notes) == 3
+    with pytest.raises(MpiArgsError, match="unexpected word 'stray'"):
+        translate_mpi_args("--tag-output stray")
+
+
+# -- the mpirun command line -------------------------------------------------------------
+
+TOKEN = "d3adb33fd3adb33fd3adb33fd3adb33f"
+
+
+def test_the_exact_mpirun_command_line_of_a_two_instance_grpc_job():
+    plan = make_plan(["python", "train.py"], 2, 4, transport="grpc", job_id="j1",
+                     job_token=TOKEN, system="POD16", coordinator_address="127.0.0.1:5000")
+    cmd = mpirun_command_line(plan, "/m/mpirun", "/w", ["prog", "arg"])
+    block = lambda i, off: ["-n", "1", "-env", "POPDIST_NUM_LOCAL_REPLICAS", "2",  # noqa: E731
+                            "-env", "POPDIST_REPLICA_INDEX_OFFSET", str(off),
+                            "-env", "POPDIST_LOCAL_INSTANCE_INDEX", str(i),
+                            "-env", "IPUPOD_INSTANCE_INDEX", str(i),
+                            "-env", "IPUPOD_ERROR_FILE", f"/w/error.{i}.json", "prog", "arg"]
+    assert cmd == ["/m/mpirun", "-print-all-exitcodes", "-outfile-pattern", "/w/out.%r",
+                   "-errfile-pattern", "/w/err.%r", "-genv", "PYTHONUNBUFFERED", "1",
+                   *block(0, 0), ":", *block(1, 2)]
+    assert not any(TOKEN in word for word in cmd)
+    env = mpirun_environment(plan, {"PATH": "/bin"})
+    assert env["IPUPOD_JOB_TOKEN"] == TOKEN
+    assert env["IPUPOD_COORDINATOR_ADDRESS"] == "127.0.0.1:5000"
+    assert env["POPDIST_NUM_TOTAL_REPLICAS"] == "4" and env["PATH"] == "/bin"
+
+
+def test_the_exact_mpirun_command_line_across_two_hosts():
+    plan = make_plan(["python", "t.py"], 4, 4, job_id="j2", hosts=("ha", "hb"),
+                     remote_hosts=("ha", "hb"), mpirun_args=("-iface", "eth1"),
+                     instance_env_extra=((3, (("ROLE", "last"),)),))
+    cmd = mpirun_command_line(plan, "mpirun", "/w", ["p"])
+    assert cmd[:12] == ["mpirun", "-print-all-exitcodes", "-outfile-pattern", "/w/out.%r",
+                        "-errfile-pattern", "/w/err.%r", "-genv", "PYTHONUNBUFFERED", "1",
+                        "-hosts", "ha:2,hb:2"] + ["-iface"][:1]
+    assert cmd[12] == "eth1"
+    blocks = " ".join(cmd[13:]).split(" : ")
+    assert len(blocks) == 4
+    assert ["POPDIST_LOCAL_INSTANCE_INDEX " + str(i % 2) in b for i, b in enumerate(blocks)] == \
+        [True] * 4
+    assert blocks[3].startswith("-n 1 -env ROLE last -env POPDIST_NUM_LOCAL_REPLICAS 1")
+
+
+def test_a_local_host_job_has_no_hosts_option():
+    plan = make_plan(["p"], 2, hosts=("localhost", "127.0.0.1"))
+    assert "-hosts" not in mpirun_command_line(plan, "mpirun", "/w", ["p"])
+
+
+# -- real jobs ---------------------------------------------------------------------------
+
+TOKEN_CHECK = r"""
+import os, sys
+token = os.environ["IPUPOD_JOB_TOKEN"]
+open(os.path.join(sys.argv[1], "token"), "w").write(token)
+seen = []
+for pid in os.listdir("/proc"):
+    try:
+        if pid.isdigit() and token.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+            seen.append(pid)
+    except OSError:
+        pass
+print("token on a command line:", seen)
+"""
+
+
+def test_the_token_is_on_no_command_line_and_in_no_log_of_an_mpirun_grpc_job(tmp_path):
+    result = run_poprun(["-vv", "--launcher", "mpirun", "--transport", "grpc", "-n", "2",
+                         "python", "-c", TOKEN_CHECK, str(tmp_path)], 60)
+    assert result.returncode == 0, describe(result)
+    token = (tmp_path / "token").read_text()
+    assert len(token) == 32
+    assert result.stdout.count("token on a command line: []") == 2, describe(result)
+    assert token not in result.stdout + result.stderr
+    assert "POPRUN [I] Running command:" in result.stderr  # -vv did log the command line
+
+
+def test_options_reach_the_instances(tmp_path):
+    """A real job with Graphcore's options: the instances' environment, the cache directory,
+    the named partition and the output of one instance only."""
+    cache = tmp_path / "cache dir"
+    code = ("import os, sys; from poprun import popdist; i = popdist.getInstanceIndex(); "
+            "keys = ('POPDIST_EXECUTABLE_CACHE_PATH', 'IPUOF_VIPU_API_PARTITION_ID', 'STAGE', "
+            "'ONLY0', 'POPDIST_LOCAL_INSTANCE_INDEX', 'IPUPOD_JOB_ID'); "
+            "print(i, [os.environ.get(k) for k in keys])")
+    result = run_poprun(["--num-instances=2", "--vipu-partition", "cli-test-part",
+                         f"--executable-cache-path={cache}", "--only-output-from-instance=1",
+                         "--mpi-local-args=-x STAGE=fit --tag-output",
+                         "--instance-mpi-local-args=0:\"-x ONLY0=yes\"", "-v",
+                         "python", "-c", code], 60,
+                        env={"IPUPOD_OCCUPANCY_DIR": str(tmp_path / "occ")})
+    assert result.returncode == 0, describe(result)
+    assert cache.is_dir()
+    assert result.stdout.strip() == (
+        f"[1,1]<stdout>:1 ['{cache}', 'cli-test-part', 'fit', None, '1', 'cli-test-part']")
+    assert "POPRUN [I] --mpi-local-args --tag-output: no effect" in result.stderr
+    assert "created partition cli-test-part" in result.stderr
+    assert "removed partition cli-test-part" in result.stderr
+
+
+def test_a_named_partition_of_another_size_needs_update_partition(tmp_path):
+    env = {"IPUPOD_OCCUPANCY_DIR": str(tmp_path / "occ")}
+    first = run_poprun(["--vipu-partition=keep-me", "--remove-partition=no", "-n", "2",
+                        "python", "-V"], 60, env=env)
+    assert first.returncode == 0, describe(first)
+    second = run_poprun(["--vipu-partition=keep-me", "-n", "4", "python", "-V"], 60, env=env)
+    assert second.returncode == 2
+    assert "partition keep-me has 2 IPUs, the job needs 4; add --update-partition yes" in \
+        second.stderr
+    third = run_poprun(["--vipu-partition=keep-me", "--update-partition", "-n", "4", "-v",
+                        "python", "-V"], 60, env=env)
+    assert third.returncode == 0, describe(third)
+    assert "updated partition keep-me: 2 -> 4 IPUs" in third.stderr
+    assert not (tmp_path / "occ" / "POD16" / "job-keep-me").exists()  # removed by default
+
+
+def test_log_lines_look_like_graphcores(tmp_path):
+    result = run_poprun(["-v", "python", "-V"], 60)
+    assert result.returncode == 0, describe(result)
+    import re
+    line = result.stderr.splitlines()[0]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d\d\d \d+ POPRUN \[I\] .+", line), line
+
+
+def test_popdist_package_gives_graphcores_names(tmp_path):
+    code = ("import popdist, popdist.tensorflow; from ipu_node import IPUConfig; "
+            "popdist.init(); c = IPUConfig(); "
+            "popdist.tensorflow.set_ipu_config(c, 1, configure_device=True); "
+            "print(popdist.getInstanceIndex(), popdist.getNumInstances(), "
+            "popdist.getNumTotalReplicas(), popdist.getNumLocalReplicas(), "
+            "popdist.getReplicaIndexOffset(), popdist.getNumIpusPerReplica(), "
+            "popdist.getDeviceId(), popdist.isPopdistEnvSet(), c.auto_select_ipus, "
+            "c.experimental.multi_replica_distribution.process_index, "
+            "popdist.execute_on_instances([1], lambda: 'ran'))")
+    result = run_poprun(["-n", "2", "--num-replicas", "4", "python", "-c", code], 60)
+    assert result.returncode == 0, describe(result)
+    lines = sorted(result.stdout.splitlines())
+    # POD16: instance 0 has IPUs 0,1 (the gc-info device 16), instance 1 IPUs 2,3 (17)
+    assert lines == ["[1,0]<stdout>:0 2 4 2 0 1 16 True 2 0 None",
+                     "[1,1]<stdout>:1 2 4 2 2 1 17 True 2 1 ran"], describe(result)
+
+
+def test_popdist_alone_and_its_errors(monkeypatch):
+    import popdist
+    import popdist.tensorflow
+    from ipu_node import IPUConfig
+    for name in list(os.environ):
+        if name.startswith(("POPDIST_", "IPUPOD_", "OMPI_", "PMI_")) or name == "TF_CONFIG":
+            monkeypatch.delenv(name)
+    popdist.init()
+    assert (popdist.isPopdistEnvSet(), popdist.getNumInstances(), popdist.getInstanceIndex()) \
+        == (False, 1, 0)
+    cfg = IPUConfig()
+    popdist.tensorflow.set_ipu_config(cfg, 2, configure_device=False)
+    assert cfg.ipus_per_replica == 2 and cfg.auto_select_ipus == []
+    monkeypatch.setenv("POPDIST_NUM_TOTAL_REPLICAS", "4")
+    monkeypatch.setenv("POPDIST_NUM_LOCAL_REPLICAS", "2")
+    monkeypatch.setenv("POPDIST_REPLICA_INDEX_OFFSET", "3")
+    with pytest.raises(ValueError, match="POPDIST_REPLICA_INDEX_OFFSET=3"):
+        popdist.init()
+    assert sys.modules["popdist"].__all__

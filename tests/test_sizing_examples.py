@@ -1,0 +1,35 @@
+"""The sizing examples (examples/size_resnet50.py, size_bert_large.py) print the tables."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_resnet50_inputs_and_tables(capsys):
+    r50 = load("size_resnet50")
+    assert r50.CARD.params == 25_557_032 and r50.CARD.grad_dtype == "float16"
+    assert r50.CARD.input_bytes_per_item == 150_528
+    assert r50.CONFIGS == (("POD16", 16, 10, 8), ("POD64", 64, 3, 32), ("POD128", 128, 2, 64),
+                           ("POD256", 256, 2, 128))
+    assert r50.main(["--systems", "POD16,POD64"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("samples/s") == 2 and "POD64 (GC200): 64 replicas" in out
+    assert "assumption: compute at 0.5" in out and "hierarchical[machine]" in out
+
+
+def test_bert_large_inputs():
+    bert = load("size_bert_large")
+    assert bert.CARD.params == 335_141_888 and bert.CARD.samples_per_item == 2
+    assert bert.CARD.optimizer_state_in == "streaming"
+    assert bert.CONFIGS == (("POD16", 4, 4, 192, 1), ("POD64", 8, 8, 96, 1),
+                            ("POD128", 16, 8, 96, 2))
