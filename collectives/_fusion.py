@@ -184,7 +184,9 @@ def fused_per_dtype(arrays: Sequence[np.ndarray],
                     call: Callable[[np.ndarray, np.dtype], np.ndarray]) -> list[np.ndarray]:
     """``call(flat, dtype)`` once per dtype on the concatenation (in list order) of the
     arrays of that dtype; returns the arrays' parts of the results, in the arrays' shapes
-    (views of the result buffers)."""
+    (views of the result buffers). Horovod's tensor fusion (collectives.horovod) and the
+    strategies' gradient sum use it; the ops' nests use :func:`plan`/:func:`pack`/
+    :func:`unpack`, which also bound the buffers and lay out scatter-like ops."""
     out: list = [None] * len(arrays)
     by_dtype: dict = {}
     for i, a in enumerate(arrays):

@@ -11,7 +11,7 @@ gradients of all replicas, so each step equals one step on the whole global batc
 line printed is ``test_accuracy=<float>``.
 
 Checkpoints: after every epoch each instance writes ``instance_<i>.npz`` in
-``--checkpoint-dir``: parameters, momentum buffers (``velocity``), epochs and steps done, the
+``--checkpoint-dir``: parameters, momentum buffers (``velocity_<name>``), epochs and steps done, the
 losses so far, the last epoch's data order and the state of the generator that draws the data
 order. ``--resume`` continues from it (from scratch when there is none), so a run stopped
 after any epoch (``--stop-after-epoch K``, or a kill) and resumed writes checkpoints with the
