@@ -45,6 +45,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._shapes import resnet50_gradient_shapes  # noqa: E402
+
 OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 RAW = {"cross_replica_sum": "Allreduce", "all_gather": "Allgather",
        "reduce_scatter": "Reduce_scatter_block", "all_to_all": "Alltoall",
@@ -94,31 +96,6 @@ def _interleaved_medians(fns, reps: int) -> list[float]:
             fn()
             acc.append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
-
-
-# -- the ResNet-50-shaped gradient list -------------------------------------------------------
-
-def resnet50_gradient_shapes() -> list[tuple[int, ...]]:
-    """The parameter shapes of ResNet-50 (He et al. 2016, torchvision's layout: conv weights
-    ``[out, in, kh, kw]``, batch-norm scale and offset ``[c]``, the fully connected layer
-    ``[1000, 2048]`` and ``[1000]``): 161 tensors, 25,557,032 floats."""
-    shapes: list[tuple[int, ...]] = []
-
-    def conv_bn(cin: int, cout: int, k: int) -> None:
-        shapes.extend([(cout, cin, k, k), (cout,), (cout,)])
-
-    conv_bn(3, 64, 7)
-    cin = 64
-    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            conv_bn(cin, width, 1)
-            conv_bn(width, width, 3)
-            conv_bn(width, 4 * width, 1)
-            if b == 0:
-                conv_bn(cin, 4 * width, 1)  # the projection shortcut
-            cin = 4 * width
-    shapes.extend([(1000, 2048), (1000,)])
-    return shapes
 
 
 # -- the multi-instance part (runs in every instance) --------------------------------------

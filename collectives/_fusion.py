@@ -184,7 +184,10 @@ def fused_per_dtype(arrays: Sequence[np.ndarray],
                     call: Callable[[np.ndarray, np.dtype], np.ndarray]) -> list[np.ndarray]:
     """``call(flat, dtype)`` once per dtype on the concatenation (in list order) of the
     arrays of that dtype; returns the arrays' parts of the results, in the arrays' shapes
-    (views of the result buffers)."""
+    (views of the result buffers). The strategies' gradient sum uses it; Horovod's tensor
+    fusion (collectives.horovod) uses :func:`grouped_per_dtype` without the packing; the
+    ops' nests use :func:`plan`/:func:`pack`/:func:`unpack`, which also bound the buffers
+    and lay out scatter-like ops."""
     return grouped_per_dtype(arrays, lambda group, dtype: call(
         np.ascontiguousarray(group[0]).reshape(-1) if len(group) == 1 else
         np.concatenate([a.reshape(-1) for a in group]), dtype))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ipu_node.clock import charge_collective
 
-from collectives._accounting import CallSignature, CountingCommunicator, Ledger
+from collectives._accounting import CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup

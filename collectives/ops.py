@@ -8,9 +8,9 @@ the nest moves as few fused buffers per dtype (:mod:`collectives._fusion`, bound
 ``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size`` or, for
 ``reduce_scatter``, ``maximum_reduce_scatter_buffer_size``; 0: one buffer per dtype). Every
 replica of the group must call the same operation, in the same order, with the same dtype,
-shape (or nest of them), group and parameters. Groups: the TF-IPU size argument (``replica_group_size``/``replication_factor``:
-k consecutive replicas per group, None = all replicas) or ``group=CommGroup(...)`` in its
-place.
+shape (or nest of them), group and parameters. Groups: the TF-IPU size argument
+(``replica_group_size``/``replication_factor``: k consecutive replicas per group, None = all
+replicas) or ``group=CommGroup(...)`` in its place.
 
 Common errors of every op (``CollectiveError`` subclasses, also ValueError/TypeError where
 named, so they never make the collectives unusable):

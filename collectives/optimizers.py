@@ -33,29 +33,17 @@ __all__ = ["CrossReplicaOptimizer", "CrossReplicaGradientAccumulationOptimizerV2
 
 def fused_cross_replica_mean(grads: list[np.ndarray], name: str = "gradients"
                              ) -> list[np.ndarray]:
-    """The cross-replica mean of every array of ``grads``, with one
-    :func:`~collectives.cross_replica_mean` per dtype (arrays of one dtype concatenated in
-    order, reduced, split back to their shapes).
+    """The cross-replica mean of every array of ``grads``: one
+    :func:`~collectives.cross_replica_mean` on the list, which the collectives move as one
+    fused buffer per dtype (``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size``
+    bounds it, as GCL's fusion does).
 
     Returns:
         arrays of the same shapes and dtypes, bit-identical to a mean per array.
     """
-    out: list = [None] * len(grads)
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for i, g in enumerate(grads):
-        by_dtype.setdefault(g.dtype, []).append(i)
-    for dtype, idx in by_dtype.items():
-        if len(idx) == 1:
-            out[idx[0]] = cross_replica_mean(grads[idx[0]], name=f"{name}:{dtype.name}")
-            continue
-        flat = np.concatenate([grads[i].ravel() for i in idx])
-        mean = cross_replica_mean(flat, name=f"{name}:{dtype.name}")
-        start = 0
-        for i in idx:
-            size = grads[i].size
-            out[i] = mean[start:start + size].reshape(grads[i].shape)
-            start += size
-    return out
+    if not grads:
+        return []
+    return list(cross_replica_mean(list(grads), name=name))
 
 
 class CrossReplicaOptimizer(OptimizerWrapper):

@@ -11,7 +11,7 @@ gradients of all replicas, so each step equals one step on the whole global batc
 line printed is ``test_accuracy=<float>``.
 
 Checkpoints: after every epoch each instance writes ``instance_<i>.npz`` in
-``--checkpoint-dir``: parameters, momentum buffers (``velocity``), epochs and steps done, the
+``--checkpoint-dir``: parameters, momentum buffers (``velocity_<name>``), epochs and steps done, the
 losses so far, the last epoch's data order and the state of the generator that draws the data
 order. ``--resume`` continues from it (from scratch when there is none), so a run stopped
 after any epoch (``--stop-after-epoch K``, or a kill) and resumed writes checkpoints with the
@@ -232,7 +232,8 @@ def main(argv=None) -> float:
                 bar.update()
             accuracy = float((forward(params, x_test)[1].argmax(1) == y_test).mean())
             save_checkpoint(args.checkpoint_dir, instance, {
-                **params, "velocity": velocity, "epoch": np.int64(epoch + 1),
+                **params, **{f"velocity_{k}": velocity[k] for k in PARAM_NAMES},
+                "epoch": np.int64(epoch + 1),
                 "step": np.int64(len(losses)), "losses": np.array(losses),
                 "test_accuracy": np.array(accuracy), "data_order": order,
                 "rng_state": _rng_state(rng)})
@@ -246,7 +247,7 @@ def main(argv=None) -> float:
     return accuracy
 
 
-def _start_state(args, instance: int, strategy, params: dict, velocity: np.ndarray) -> dict:
+def _start_state(args, instance: int, strategy, params: dict, velocity: dict) -> dict:
     """Where training starts: from scratch, or (``--resume``) from this instance's
     checkpoint, after checking that every instance resumes from the same epoch."""
     remove_stale_temporaries(args.checkpoint_dir, instance)
@@ -256,7 +257,8 @@ def _start_state(args, instance: int, strategy, params: dict, velocity: np.ndarr
     saved = load_checkpoint(args.checkpoint_dir, instance) if args.resume else None
     if saved is not None:
         _set_rng_state(rng, saved["rng_state"])
-        state.update(params={k: saved[k] for k in PARAM_NAMES}, velocity=saved["velocity"],
+        state.update(params={k: saved[k] for k in PARAM_NAMES},
+                     velocity={k: saved[f"velocity_{k}"] for k in PARAM_NAMES},
                      losses=[float(v) for v in saved["losses"]], epoch=int(saved["epoch"]),
                      accuracy=float(saved["test_accuracy"]))
         if len(state["losses"]) != int(saved["step"]):

@@ -17,6 +17,7 @@ Variables, initialised from worker 0. The last line printed is ``test_accuracy=<
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -26,6 +27,9 @@ from collectives.strategies import (IPUHorovodStrategy, IPUMultiWorkerStrategy, 
                                     ReduceOp)
 from ipu_node.optimizers import GradientDescentOptimizer
 from poprun import TFConfigClusterResolver, popdist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_digits import load_data  # noqa: E402  (the same digits split as the first job)
 
 LAYERS = (("dense1", 256), ("dense2", 128), ("logits", 10))
 
@@ -44,16 +48,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--losses-out", default="", help="worker 0 saves the global losses (.npy)")
     return p.parse_args(argv)
-
-
-def load_data(seed: int, dtype):
-    """Digits (1797 8x8 images) scaled to [0, 1]; a fixed 80/20 split."""
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = (x[order] / 16.0).astype(dtype), y[order]
-    n_test = len(x) // 5
-    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
 def make_strategy(horovod: bool):

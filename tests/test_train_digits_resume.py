@@ -45,8 +45,9 @@ def test_a_run_stopped_and_resumed_writes_the_same_bytes(tmp_path, uninterrupted
     assert stopped.keys() == uninterrupted[layout].keys()
     with np.load(ckpt / "instance_0.npz") as saved:
         assert int(saved["epoch"]) == stop_after
-        assert {"W1", "b1", "W2", "b2", "velocity", "epoch", "step", "losses", "data_order",
-                "rng_state", "test_accuracy"} <= set(saved.files)
+        assert {"W1", "b1", "W2", "b2", "velocity_W1", "velocity_b1", "velocity_W2",
+                "velocity_b2", "epoch", "step", "losses", "data_order", "rng_state",
+                "test_accuracy"} <= set(saved.files)
     _train(ckpt, layout, "--resume")
     assert _files(ckpt) == uninterrupted[layout]
 

@@ -39,7 +39,8 @@ from collectives.horovod._state import (HorovodNotInitializedError, ProcessSet,
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set):
-    """``obj`` of rank ``root_rank`` (within the set) on every rank of the set.
+    """``obj`` of rank ``root_rank`` (a global rank, a member of the set) on every rank of
+    the set.
 
     Only the root's ``obj`` is encoded (module ``_objects``: JSON with numpy arrays; no
     pickle); the others' is ignored. Two broadcasts: the length, then the bytes.
@@ -50,7 +51,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None,
     """
     name = name or "broadcast_object"
     data, error = b"", None
-    if rank_in_set(process_set) == root_rank:
+    if rank() == root_rank:
         try:
             data = _objects.encode(obj)
         except TypeError as exc:

@@ -271,19 +271,22 @@ def allgather_array(arr: np.ndarray, name: str | None, process_set: ProcessSet) 
 
 
 def _root(root_rank, call: _Call, what: str) -> int:
+    """The member index of ``root_rank``, a global rank (as Horovod's: its process-set tests
+    broadcast from each of the set's global ranks)."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) \
-            or not 0 <= root_rank < call.size:
+            or int(root_rank) not in call.members:
         raise ValueError(f"hvd.{what}: root_rank={root_rank!r} is not a rank of the process "
-                         f"set (0..{call.size - 1})")
-    return int(root_rank)
+                         f"set (ranks {list(call.members)})")
+    return call.members.index(int(root_rank))
 
 
 def broadcast(tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """``tensor`` of rank ``root_rank`` on every rank of the set.
 
-    ``root_rank`` is a rank within ``process_set`` (as MPI_Bcast on the set's communicator;
-    for the global set, the global rank). Shapes and dtype must agree on every rank.
+    ``root_rank`` is a global rank, a member of ``process_set`` (as in Horovod, whose
+    process-set tests broadcast from the set's global ranks). Shapes and dtype must agree on
+    every rank.
 
     Returns:
         A new array with the root's values.
@@ -302,7 +305,8 @@ def broadcast_array(arr: np.ndarray, root_rank: int, name: str | None,
     what = "broadcast"
     call = _Call(process_set, what)
     root = _root(root_rank, call, what)
-    sig = Signature("broadcast", {"root_rank": root, "process_set": process_set.process_set_id,
+    sig = Signature("broadcast", {"root_rank": int(root_rank),
+                                  "process_set": process_set.process_set_id,
                                   "name": name}, [(arr.dtype.name, arr.shape)])
     with call.lock:
         call.agree(sig)

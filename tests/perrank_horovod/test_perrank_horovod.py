@@ -229,9 +229,12 @@ def test_process_sets():
         got = hvd.allgather(np.full((1,), r, np.int64), process_set=mine)
         assert got.tolist() == members and mine.rank() == members.index(r)
         assert mine.size() == len(members) and mine.included()
-        b = hvd.broadcast(np.full(2, r, np.float32), root_rank=len(members) - 1,
-                          process_set=mine)
+        b = hvd.broadcast(np.full(2, r, np.float32), root_rank=members[-1],
+                          process_set=mine)   # a global rank, as Horovod's
         assert b.tolist() == [members[-1]] * 2
+        with pytest.raises(ValueError, match="not a rank of the process set"):
+            hvd.broadcast(np.ones(2), root_rank=other.ranks[0] if other else n,
+                          process_set=mine)
         if other is not None:
             assert not other.included()
             with pytest.raises(ValueError, match="not in process set"):
