@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._shapes import resnet50_gradient_shapes  # noqa: E402
+from benchmarks._shapes import resnet50_gradient_shapes, sizes  # noqa: E402
 
 OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 RAW = {"cross_replica_sum": "Allreduce", "all_gather": "Allgather",
@@ -59,14 +59,6 @@ def bus_factor(op: str, n: int) -> float:
     if op == "broadcast":
         return 1.0
     return (n - 1) / n
-
-
-def sizes(max_size: int) -> list[int]:
-    out, s = [], 4 << 10
-    while s <= max_size:
-        out.append(s)
-        s *= 4
-    return out
 
 
 def repetitions(size: int, quick: bool) -> int:

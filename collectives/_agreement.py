@@ -1,12 +1,10 @@
 """Agreement between instances: every instance learns that all called the same collective.
 
-:class:`Agreement` is the :class:`~collectives.handshake.Checker` of a call's
-:class:`~collectives.handshake.Handshake`: it exchanges descriptors in a round of their own
-(:meth:`Agreement.exchange_descriptors`), compares the descriptors a transport carried with
-the data (:meth:`Agreement.check_descriptors`) and names the instances that have not
-arrived (:meth:`Agreement.arrival_patience`). It also compares the descriptors of the local
-replicas of one call (:meth:`Agreement.check_local`) and tells the other instances when this
-one failed before exchanging anything (:meth:`Agreement.share_failure`).
+:class:`Agreement` agrees on a call's descriptor before any data moves
+(:meth:`Agreement.exchange_descriptors`: a fingerprint round, whole descriptors only when the
+fingerprints differ, compared by :meth:`Agreement.check_descriptors`), names the instances
+that have not arrived (:meth:`Agreement.arrival_patience`), and compares the descriptors of
+the local replicas of one call (:meth:`Agreement.check_local`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from collectives.descriptor import Descriptor
-from collectives.errors import CollectiveError, CollectiveMismatchError
+from collectives.errors import CollectiveMismatchError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Transport
 from collectives.waiting import Patience
@@ -150,13 +148,3 @@ class Agreement:
                            f"({'; '.join(diff)})")
                 return replace(first, error=message)
         return first
-
-    def share_failure(self, desc: Descriptor, exc: BaseException) -> None:
-        """Tell the other instances that this one failed in ``desc`` (they raise too)."""
-        message = (f"{desc.label()} failed on "
-                   f"{self.instance_name(self.transport.process_index)}: "
-                   f"{type(exc).__name__}: {exc}")
-        try:
-            self.exchange_descriptors(replace(desc, error=message))
-        except CollectiveError:
-            pass  # the shared error, or a timeout: this instance raises its own

@@ -42,7 +42,6 @@ from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                 TransportError)
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup
-from collectives.handshake import Handshake
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Transport
 from collectives.waiting import Patience
@@ -85,7 +84,7 @@ class CollectiveEngine:
 
     Attributes:
         ledger: the records of this engine's calls.
-        agreement: the descriptor checks (the handshakes' checker).
+        agreement: the descriptor agreement between instances.
         routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
     """
 
@@ -113,9 +112,6 @@ class CollectiveEngine:
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
         self.routes: dict = {}
-        # descriptors travel with the first data of a call (collectives.handshake)
-        self._fuses = transport.process_count > 1 and transport.fuses_descriptors
-        self._handshake: Handshake | None = None  # the leader's call in flight
 
     @property
     def process_index(self) -> int:
@@ -134,7 +130,7 @@ class CollectiveEngine:
         rendezvous = self._rendezvous
         slot, seq, leader = rendezvous.arrive(local_index, desc, value, algorithm, group)
         if leader:
-            self._lead(slot, 2 * seq)
+            self._lead(slot)
         else:
             rendezvous.wait(slot, slot.descs[local_index], local_index, self._lead_error)
         rendezvous.leave(slot, seq)
@@ -153,7 +149,7 @@ class CollectiveEngine:
         seq = rendezvous.seq[0]
         rendezvous.seq[0] = seq + 1
         try:
-            return self._execute((desc.with_seq(seq),), (value,), algorithm, group, 2 * seq)[0]
+            return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
         except (CollectiveTimeoutError, TransportError) as exc:
             self.abort(exc)  # requests may still be pending: the engine is unusable
             raise
@@ -163,8 +159,7 @@ class CollectiveEngine:
         one value per local replica. Host calls have their own sequence numbers."""
         seq = self._rendezvous.next_host_seq()
         desc = replace(desc, seq=seq, op=f"host {desc.op}")
-        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None,
-                             2 * seq + 1)
+        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
 
     def run_started(self) -> None:
         """The local replicas are about to run a function (``strategy.run``); called before
@@ -247,35 +242,15 @@ class CollectiveEngine:
             helper.result()
 
     def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
-        """The wait of a data exchange between ``instances``; it carries the call's pending
-        descriptor handshake, if any (see :mod:`collectives.handshake`), so the data waits
-        only once every instance has arrived and agreed."""
-        patience = Patience(Text(desc.label), self.options, _Transfer(instances),
-                            committed=True)
-        patience.handshake = self._handshake
-        return patience
-
-    # -- the handshake's checker (collectives.handshake.Checker), kept for callers --------
-
-    def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
-        """:meth:`Agreement.exchange_descriptors <collectives._agreement.Agreement>`."""
-        return self.agreement.exchange_descriptors(desc)
-
-    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
-                          gathered: np.ndarray) -> None:
-        """:meth:`Agreement.check_descriptors <collectives._agreement.Agreement>`."""
-        self.agreement.check_descriptors(desc, mine, gathered)
-
-    def arrival_patience(self, desc: Descriptor) -> Patience:
-        """:meth:`Agreement.arrival_patience <collectives._agreement.Agreement>`."""
-        return self.agreement.arrival_patience(desc)
+        """The wait of a data exchange between ``instances`` (after the call's agreement:
+        every instance has arrived)."""
+        return Patience(Text(desc.label), self.options, _Transfer(instances), committed=True)
 
     # -- call execution -----------------------------------------------------------------
 
-    def _lead(self, slot: Slot, call_id: int) -> None:
+    def _lead(self, slot: Slot) -> None:
         try:
-            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group,
-                                         call_id)
+            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group)
         except BaseException as exc:  # every replica re-raises it
             slot.error = exc
             if isinstance(exc, (CollectiveTimeoutError, TransportError)):
@@ -295,38 +270,16 @@ class CollectiveEngine:
         self._rendezvous.done(slot)
 
     def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
-                 algorithm: Algorithm, group: CommGroup | None, call_id: int) -> list:
+                 algorithm: Algorithm, group: CommGroup | None) -> list:
         start = time.perf_counter()
         desc = descs[0] if len(descs) == 1 else self.agreement.check_local(descs)
         value = values[0]  # (its size is the call's, on every replica)
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         recorder = self._recorder
         sent = -recorder.bytes_sent()
-        if self._fuses and not desc.error:
-            results = self._run_fused(desc, values, algorithm, call_id, nbytes)
-        else:
-            desc = self.agreement.exchange_descriptors(desc)
-            results = algorithm(self, desc, values)
+        desc = self.agreement.exchange_descriptors(desc)
+        results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         sent += recorder.bytes_sent()
         recorder.record(desc, nbytes, group, sent, wall)
-        return results
-
-    def _run_fused(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm,
-                   call_id: int, nbytes: int) -> list:
-        """Run ``algorithm`` with the descriptor handshake left to the transport, which
-        carries it with the call's first data; completed here when nothing carried it."""
-        agreement = self.agreement
-        handshake = self._handshake = Handshake(desc, agreement.everyone, call_id, agreement,
-                                                nbytes)
-        try:
-            results = algorithm(self, desc, values)
-        except BaseException as exc:
-            if not handshake.done:  # failed before any exchange: the others must not wait
-                handshake.done = True
-                agreement.share_failure(desc, exc)
-            raise
-        finally:
-            self._handshake = None
-        handshake.complete()
         return results

@@ -50,13 +50,11 @@ class Patience:
     Attributes:
         absent: the communicator members (instance indices) whose data has not arrived yet,
             as last reported through :meth:`waiting_for`; None when unknown.
-        handshake: the call's pending :class:`~collectives.handshake.Handshake` on a data
-            wait (the transport carries or completes it before moving data), else None.
     """
 
     # (one or two are made per collective call: slots make them cheaper)
     __slots__ = ("what", "options", "missing", "name_absent", "committed", "absent",
-                 "handshake", "start", "_warned", "_sleep", "_polls", "_overlap")
+                 "start", "_warned", "_sleep", "_polls", "_overlap")
 
     def __init__(self, what: str, options: CollectiveOptions, missing: Callable[[], str],
                  committed: bool = False,
@@ -67,7 +65,6 @@ class Patience:
         self.name_absent = name_absent
         self.committed = committed
         self.absent: tuple[int, ...] | None = None
-        self.handshake = None
         self.start: float | None = None  # the first look at the clock (most waits never look)
         self._warned = False
         self._sleep = 0.00005

@@ -9,10 +9,6 @@ Contract for implementations (local, MPI, gRPC):
 * Every method waits with the :class:`~collectives.waiting.Patience` it is given: poll, then
   ``patience.backoff()`` (which raises ``CollectiveTimeoutError`` past the timeout) -- never
   an unbounded blocking call.
-* A data wait may carry the call's pending descriptor handshake (``patience.handshake``):
-  a transport whose ``fuses_descriptors`` is True sends it with the data and verifies it
-  before the data is used, or completes it before moving data (see
-  :mod:`collectives.handshake`); other transports never see one.
 * :meth:`Communicator.allgather` is also the descriptor exchange after a disagreement.
   While it (or :meth:`Communicator.agree`) waits it must report the members whose data has
   not arrived with ``patience.waiting_for(members)``, so a stall names the missing instances
@@ -145,14 +141,10 @@ class Transport(ABC):
     Attributes:
         process_index: this instance.
         process_count: instances of the job.
-        fuses_descriptors: True when the communicators carry a call's descriptor handshake
-            with its first data (``patience.handshake``, :mod:`collectives.handshake`);
-            False: the engine exchanges descriptors in a round of their own first.
     """
 
     process_index: int
     process_count: int
-    fuses_descriptors: bool = False
 
     @abstractmethod
     def communicator(self, members: tuple[int, ...]) -> Communicator:
