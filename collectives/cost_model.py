@@ -7,11 +7,13 @@ one for every configured system (:meth:`HardwareCostModel.for_system`), so every
 :func:`collectives.set_cost_model` overrides it. Modelled seconds say what the real POD would
 take; they are never wall time. Sizes are bytes, times seconds.
 
-**Where replicas sit.** Global replica ``r`` of a job of ``R`` replicas of ``k`` IPUs sits on
-IPUs ``r*k .. r*k+k-1`` of the POD (:meth:`HardwareCostModel.for_replicas`: the partition's
-IPUs in id order), however many host instances emulate the job: the hardware does not know
-how it is emulated, so the modelled time of a collective depends on the POD, its replicas and
-their IPUs only (before issue 13 it followed the instances' IPU assignment). A replica's
+**Where replicas sit.** Replicas sit where the runtime puts them,
+:func:`ipu_node.selection.layout_replicas`: a job of ``R`` replicas of ``k`` IPUs takes the
+first ``gc-info`` device of ``R*k`` IPUs (:meth:`HardwareCostModel.for_replicas`), its
+replicas in the device's listing order (ascending ids on an IPU-POD: replica ``r`` on IPUs
+``r*k .. r*k+k-1``), each replica's stages in AUTO selection order; however many host
+instances emulate the job: the hardware does not know how it is emulated, so the modelled
+time of a collective depends on the POD, its replicas and their IPUs only. A replica's
 tensor is on its *first* IPU; :meth:`HardwareCostModel.estimate_shares` prices a pipelined
 replica whose stage ``j`` holds its share on its ``j``-th IPU, all stages at once.
 
@@ -30,8 +32,10 @@ sharing a bundle beyond its link count (groups run concurrently, broadcast's all
 step) slow each other down.
 
 **Algorithms** (``record.method``; GCL's semantics, anchors §2.2). ``S`` is ``record.nbytes``,
-``n`` the group size. A ring over a group visits its replicas in global index order (ring
-A); ``quad_directional_ring`` adds the *mirrored* ring B (the group's IPUs column by column,
+``n`` the group size. A ring over a group is GCL's (ring A, :meth:`HardwareCostModel.gcl_ring`,
+after poplibs' ``RingTopology``): the members in replica order, or interleaved (0, 2, 4, ...,
+5, 3, 1: the periphery of the IPU-Link ladder), whichever takes fewer IPU-Link hops a step;
+``quad_directional_ring`` adds the *mirrored* ring B (the group's IPUs column by column,
 snaking, e.g. HOOF on the C2 ladder; ring A again when the IPUs fill no grid of >= 2 rows
 and columns). Per op, with fragment ``F`` and ``P`` phases of ``n - 1`` ring steps:
 
@@ -65,9 +69,10 @@ all_to_all             (always direct: every pair sends S/n in one step, any met
   once", ``syncful.maxBroadcastSize``, anchors §2.2).
 * ``auto`` (what a record carries unless ``GCL_OPTIONS`` names a method): the cheapest
   schedule the model knows (:mod:`collectives.schedules`): every flat method above, a chain
-  all-reduce, and hierarchical schedules by IPU-Machine (the POD64 torus' rows, then its
-  columns) and by IPU-Link domain (reduce-scatter inside each POD64, all-reduce across them
-  over the GW-Links, all-gather), each phase itself ``auto``. The minimum of schedules affine
+  all-reduce, and hierarchical schedules by rung or by IPU-Machine (the POD64 torus' two
+  dimensions: rungs or machines, then the ladder's sides) and by IPU-Link domain
+  (reduce-scatter inside each POD64, all-reduce across them over the GW-Links, all-gather),
+  each phase itself ``auto``. The minimum of schedules affine
   in the bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
   :meth:`HardwareCostModel.choose` names the schedule.
 
@@ -95,9 +100,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from ipu_node.config import SelectionOrder
 from ipu_node.links import GW_LINK_LATENCY_S, Link
-from ipu_node.routing import route, routes_from
-from ipu_node.selection import assign_instance_ipus
+from ipu_node.routing import hops, route, routes_from
+from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.systems import SystemModel
 
 from collectives._accounting import CallRecord
@@ -255,8 +261,10 @@ class HardwareCostModel:
     def for_replicas(cls, model: SystemModel, num_replicas: int, ipus_per_replica: int = 1,
                      num_instances: int = 1) -> "HardwareCostModel":
         """The model of ``num_replicas`` replicas of ``ipus_per_replica`` IPUs on ``model``,
-        replica ``r`` on IPUs ``r*k .. r*k+k-1`` (the partition's IPUs in id order: machine
-        by machine, so consecutive replicas are IPU-Link neighbours).
+        laid out as the runtime lays them out: the partition is the first ``gc-info``
+        device of ``num_replicas * ipus_per_replica`` IPUs (:mod:`ipu_node.partition`), its
+        replicas :func:`ipu_node.selection.layout_replicas` (the device's listing order,
+        ascending ids on an IPU-POD; each replica's stages in AUTO selection order).
 
         Raises:
             ValueError: not enough IPUs in ``model`` or a count < 1.
@@ -268,36 +276,43 @@ class HardwareCostModel:
         if need > model.num_ipus:
             raise ValueError(f"{num_replicas} replicas x {ipus_per_replica} IPUs = {need} IPUs "
                              f"do not fit {model.name}'s {model.num_ipus}")
-        k = ipus_per_replica
-        return cls(model, [tuple(range(r * k, r * k + k)) for r in range(num_replicas)],
-                   num_instances)
+        partition = candidate_ipu_sets(model, need)[0][0]
+        return cls(model, layout_replicas(model, partition, ipus_per_replica), num_instances)
 
     @classmethod
     def for_layout(cls, model: SystemModel, num_instances: int, num_local_replicas: int,
-                   ipus_per_replica: int = 1) -> "HardwareCostModel":
+                   ipus_per_replica: int = 1,
+                   order: SelectionOrder = SelectionOrder.AUTO) -> "HardwareCostModel":
         """The model of a job of ``num_instances`` instances of ``num_local_replicas``
-        replicas each: :meth:`for_replicas` of the job's total replicas. Where the job's
-        instances sit (:func:`ipu_node.selection.assign_instance_ipus`) does not change its
-        modelled IPU collectives: the hardware does not know how it is emulated.
+        replicas each, laid out as the runtime lays them out
+        (:func:`ipu_node.selection.assign_instance_ipus`, then
+        :func:`ipu_node.selection.layout_replicas` with the job's selection ``order``). With
+        the AUTO order that is :meth:`for_replicas` of the job's total replicas, whatever the
+        number of instances (the devices of the instances join into the job's device,
+        :mod:`ipu_node.device_ids`): the hardware does not know how it is emulated.
 
         Raises:
             ValueError, NotEnoughIPUsError: as ``assign_instance_ipus``.
         """
-        assign_instance_ipus(model, num_instances, num_local_replicas, ipus_per_replica)
-        return cls.for_replicas(model, num_instances * num_local_replicas, ipus_per_replica,
-                                num_instances)
+        per_instance = assign_instance_ipus(model, num_instances, num_local_replicas,
+                                            ipus_per_replica)
+        return cls(model, [replica for ipus in per_instance
+                           for replica in layout_replicas(model, ipus, ipus_per_replica, order)],
+                   num_instances)
 
     @classmethod
     def for_system(cls, system: "IPUSystem") -> "HardwareCostModel | None":
-        """The model of ``system``'s job (None when the system has no hardware model): its
-        total replicas laid out by :meth:`for_replicas`, whatever the number of instances."""
+        """The model of ``system``'s job (None when the system has no hardware model): in one
+        process its replicas on the IPUs they run on (``system.devices[0]``); in a
+        multi-instance job :meth:`for_layout` with the configured selection order."""
         if system.model is None:
             return None
+        k = system.ipus_per_replica
         if system.process_count == 1:
-            replicas = len(system.devices[0].ipus) // system.ipus_per_replica
-            return cls.for_replicas(system.model, replicas, system.ipus_per_replica)
-        return cls.for_layout(system.model, system.process_count, system.num_local_replicas,
-                              system.ipus_per_replica)
+            ipus = [ipu.id for ipu in system.devices[0].ipus]
+            return cls(system.model, [ipus[r * k:(r + 1) * k] for r in range(len(ipus) // k)])
+        return cls.for_layout(system.model, system.process_count, system.num_local_replicas, k,
+                              system.config.selection_order)
 
     # -- the cost model ---------------------------------------------------------------
 
@@ -439,18 +454,25 @@ class HardwareCostModel:
                 self._splits[key] = parts
         return self._splits[key]
 
-    def is_open_chain(self, groups: tuple[tuple[int, ...], ...]) -> bool:
-        """Whether every group lies inside one IPU-Link domain and its ring, members in
-        order, closes over more than two IPU-Link hops (an open chain such as half a torus
-        column, where a :data:`collectives.schedules.FOLDED` ring, whose hops are at most
-        two, may pay), cached."""
-        key = (groups, "open chain")
+    def gcl_ring(self, ipus) -> list[int]:
+        """Ring A over ``ipus`` (a group's IPUs in replica order), as GCL lays it out
+        (poplibs ``RingTopology``): the members in order ("Flat", closing over the torus'
+        loopback cables) or interleaved (:func:`folded_order`: the even places going out, the
+        odd ones coming back, the peripheral ring of a ladder), whichever has the fewer
+        IPU-Link hops on its longest step (ties: in order), cached."""
+        key = (tuple(ipus), "gcl ring")
         if key not in self._splits:
-            model = self.model
-            is_open = all(len({model.domain_of(i) for i in g}) == 1
-                          and len(route(model, g[-1], g[0])) > 2 for g in groups)
+            ipus = list(ipus)
+            folded = folded_order(ipus)
+
+            def longest(order):
+                return max(hops(self.model, a, b) if self.model.domain_of(a) ==
+                           self.model.domain_of(b) else 1_000
+                           for a, b in zip(order, order[1:] + order[:1]))
+
+            best = folded if len(ipus) > 3 and longest(folded) < longest(ipus) else ipus
             with self._lock:
-                self._splits[key] = is_open
+                self._splits[key] = best
         return self._splits[key]
 
     def _flows(self, ipus: list[int], pattern: tuple) -> list[tuple[int, int]]:
@@ -461,8 +483,6 @@ class HardwareCostModel:
             return [(ipus[0], b) for b in ipus[1:]]
         if pattern[0] == "line":  # each way: a fragment being reduced, one being broadcast
             return [f for a, b in zip(ipus, ipus[1:]) for f in ((a, b), (a, b), (b, a), (b, a))]
-        orders = (ipus, mirrored_ring(self.model, ipus))
-        if len(pattern) > 2 and pattern[2]:  # folded (collectives.schedules.FOLDED)
-            orders = tuple(folded_order(o) for o in orders)
+        orders = (self.gcl_ring(ipus), mirrored_ring(self.model, ipus))
         return [(orders[ring][i], orders[ring][(i + d) % n])
                 for ring, d in pattern[1] for i in range(n)]

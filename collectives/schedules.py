@@ -8,57 +8,52 @@ for the flat formulas). ``auto`` is the cheapest schedule the model knows:
   ``syncful.maxBroadcastSize`` says: GCL's threshold is its heuristic for the same choice,
   and pricing both sides of it removes the step a threshold makes in modelled time;
 * **hierarchical** schedules over a level of the POD: the members of a group are split by
-  IPU-Machine (``machine``: the rows of the POD64's 2D torus, the C2 cards of the ladder) or
-  by IPU-Link domain (``domain``: the POD64s of a POD128/POD256). With ``d`` parts of ``k``
-  members (every part the same size, ``k >= 2``, ``d >= 2``):
+  rung (``row``: the pairs of the IPU-Link ladder), by IPU-Machine (``machine``: the two
+  rungs of an IPU-M2000, the C2 cards of the ladder) or by IPU-Link domain (``domain``: the
+  POD64s of a POD128/POD256). With ``d`` parts of ``k`` members (every part the same size,
+  ``k >= 2``, ``d >= 2``):
 
   - all-reduce = reduce-scatter inside each part + all-reduce of ``S/k`` among the members
-    holding the same fragment (one per part: the torus' columns, or one IPU per POD64 over
-    the GW-Links) + all-gather inside each part: GCL's "reduce-scatter inside each POD64,
-    all-reduce across them, all-gather" (anchors §2.3: CONSECUTIVE inside an IPU-Link
-    domain, ORTHOGONAL across domains "using GW-links only"); by machine it is the
-    rows-then-columns all-reduce of the 2D torus (IPU-POD64 datasheet, anchors §2.5);
+    holding the same fragment (one per part: along the ladder's sides, or one IPU per POD64
+    over the GW-Links) + all-gather inside each part: GCL's "reduce-scatter inside each
+    POD64, all-reduce across them, all-gather" (anchors §2.3: CONSECUTIVE inside an IPU-Link
+    domain, ORTHOGONAL across domains "using GW-links only"); by rung or machine it is the
+    two-dimensional all-reduce of the torus (IPU-POD64 datasheet: "2D-torus", anchors §2.5);
   - reduce-scatter = inside each part, then across (``S/k``);
   - all-gather = across, then inside each part (``d * S`` per member).
 * :data:`LINE`, for all-reduce: the members as a chain, half the data reduced towards
   each end and broadcast back, pipelined (no closing hop);
-* :data:`FOLDED`: every ring method over the members in *folded* order (the even places of
-  the group in id order going out, the odd ones coming back: 0, 2, 4, ..., 5, 3, 1). When the
-  group is an open chain of IPU-Links (half of each POD64 torus column: CONSECUTIVE groups of
-  32 on a POD64, of 8 on a POD16) its ring's closing hop would run back over the whole chain
-  beside the other flows; folded, every ring hop is at most two IPU-Link hops (the IPU in
-  between forwards, as every multi-hop route of :func:`ipu_node.routing.route` inside a
-  domain does) and each link of the chain carries one flow per direction and ring: the ring
-  embedding of a line with dilation 2 and congestion 1. Priced with the same link numbers
-  and load counting as every flow (a step's latency is the two hops'), and considered for
-  groups that are such open chains only (:meth:`HardwareCostModel.is_open_chain`). With it
-  a half column's latency-bound all-reduce costs what the whole column's does
-  (``2 * ceil((n/2 - 1)/2)`` two-hop steps against ``2 * ceil((n - 1)/2)`` one-hop ones).
 * the flat ``broadcast`` is a candidate for groups of at most
   :data:`MAX_FLAT_BROADCAST_MEMBERS` members.
 
   Each phase is itself priced ``auto`` (the across phase of a POD256 by machine splits again
   by domain). All groups of the call run every phase at once and share the links.
 
-**Group size.** CONSECUTIVE groups (all running at once) never get cheaper as the group
-size doubles, except one step the links make genuine: from half of each torus column
-(CONSECUTIVE 8 on POD16, 32 on a POD64 and the POD64s of a POD128/POD256) to the closed
-column, for large bytes (ResNet-50's 51 MB fp16 on a POD64: 1.711 ms for groups of 32,
-1.590 ms for 64). Both run the rows-then-columns schedule, the rows identical; the column
-phase moves ``S' = S/4`` per IPU. Cut the column's 16-IPU cycle in the middle of each half:
-the cut crosses 2 IPU-Link bundles per direction (2 links of 16 GB/s each, ``B`` = 32 GB/s,
-:data:`ipu_node.systems.M2000_RACK_IPU_LINKS`). Each half's all-reduce must carry ``S'``
-each way across its cut (``S'/2`` of partial sums, then ``S'/2`` of results), and both
-halves run at once, so any schedule of the half columns, on their own links or routed
-through the other half's IPUs, needs at least ``2S' / 2B = S'/B`` (399 us at 51 MB)
-while the whole column's closed ring takes ``2 * 15 * S'/64`` per link at 16 GB/s plus
-latency (389 us): a schedule that made the half column as cheap would beat the cut. (A ring
-closing through the other half's IPUs, priced with that half's traffic on the links, is
-dearer than :data:`LINE`, and even one assumed to share no link pays 9 hops of latency per
-step: 412 us.) ``tests/test_cost_model_properties.py`` checks the bound and limits that
-step to 20 %. ORTHOGONAL groups, spread over machines or domains, are not tested for
-monotonicity: their members' links are not nested as the group doubles; nor is
-``all_to_all``: a bigger group sends each member a smaller share over more links at once.
+A ring is GCL's (:meth:`collectives.cost_model.HardwareCostModel.gcl_ring`): the members in
+order, or :func:`folded_order` (0, 2, 4, ..., 5, 3, 1: poplibs' "interleaved" ring, the
+periphery of a ladder; on an open chain each step two IPU-Link hops, the IPU in between
+forwarding as every multi-hop route inside a domain does).
+
+**Group size.** With replicas in the device's listing order (ascending ids on an IPU-POD,
+:func:`ipu_node.selection.layout_replicas`), a CONSECUTIVE group of ``k >= 4`` replicas of
+one IPU is ``k/2`` rungs of the ladder, whose periphery is a ring of its own IPU-Links, one
+link a step (GCL's interleaved ring), and the groups share no link: the bigger group runs
+the same rings over more steps. So CONSECUTIVE groups (all running at once) never get
+cheaper as the group size doubles, on every system and op but ``all_to_all``, except one
+step: from half a POD64 to the whole POD64 (CONSECUTIVE 32 to 64 on a POD64, POD128,
+POD256), by up to 8 % between 192 KiB and 1 MiB (768 KiB: 53.8 us for groups of 32, 49.7 us
+for 64). Both run the same schedule: a reduce-scatter in each IPU-M2000, an all-reduce among
+the IPUs holding the same quarter, an all-gather. In the whole POD64 those IPUs (0, 4, 8,
+..., 60) form a ring closed by the torus' loopback cables; in a half (0, 4, ..., 28) they lie
+on an open stretch of the ladder's side, and a ring over an open chain crosses every link of
+it out and back: twice the flows per link and direction, more than the 3 IPU-Links of a side
+inside a machine carry at full rate (:data:`ipu_node.systems.M2000_SIDE_IPU_LINKS`). The
+loopback cables are links the half does not have. ``tests/test_cost_model_properties.py``
+checks that difference and limits that step to 10 %. (Before the ladder, the model took the
+IPU-M2000 PODs for a ``machines x 4`` torus: 19 such steps, up to 31 % at 8 MiB broadcast.)
+ORTHOGONAL groups, spread over machines or domains, are not tested for monotonicity: their
+members' links are not nested as the group doubles; nor is ``all_to_all``: a bigger group
+sends each member a smaller share over more links at once.
 
 Every schedule is affine and non-decreasing in the bytes, so their minimum is continuous
 and non-decreasing in the bytes. Sizes are bytes, times modelled seconds.
@@ -68,7 +63,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE", "FOLDED",
+__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE",
            "MAX_FLAT_BROADCAST_MEMBERS"]
 
 # method -> (the rings as (ring, direction), data split between them, steps-per-phase rule)
@@ -88,18 +83,16 @@ _RING_SHAPE = {"all_reduce": (2, "n"), "reduce_scatter": (1, "n"), "all_gather":
 #: of a POD256 costs seconds of routing, and the hierarchical one is as cheap).
 MAX_FLAT_BROADCAST_MEMBERS = 64
 #: Name of the chain all-reduce (:meth:`Pricer.line`). Not one of GCL's method names:
-#: ipupod's model of an all-reduce on members that form an open chain of IPU-Links (half a
-#: torus column, whose ring would close over the other half's links), whose rings pay
-#: the closing hop; an ipupod assumption that GCL does at least as well there.
+#: ipupod's model of an all-reduce on members that form an open chain of IPU-Links (a stretch
+#: of the ladder's side, whose ring would close over the chain again), whose rings pay the
+#: closing hop; an ipupod assumption that GCL does at least as well there.
 LINE = "bidirectional_line"
-#: Prefix of the schedule name of a ring method over the folded order (:func:`folded_order`);
-#: not one of GCL's method names: ipupod's model of a ring embedded in an open chain.
-FOLDED = "folded"
 #: Fragments per half the line pipeline may use (a fixed set, so that the minimum over it is
 #: continuous and non-decreasing in the bytes).
 LINE_FRAGMENTS = tuple(2 ** i for i in range(21))
-#: The levels a hierarchical schedule splits a group by (attributes of ``IPUInfo``).
-LEVELS = ("machine", "domain")
+#: The levels a hierarchical schedule splits a group by (attributes of ``IPUInfo``): rung,
+#: IPU-Machine, IPU-Link domain.
+LEVELS = ("row", "machine", "domain")
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -111,7 +104,6 @@ class _Model(Protocol):  # what Pricer needs of HardwareCostModel
 
     def split(self, groups: Groups, level: str): ...
 
-    def is_open_chain(self, groups: Groups) -> bool: ...
 
 
 class Pricer:
@@ -124,10 +116,9 @@ class Pricer:
         self._memo: dict[tuple, tuple[float, str]] = {}
 
     def flat(self, kind: str, groups: Groups, nbytes: float, method: str,
-             contend: Groups | None = None, folded: bool = False) -> float:
+             contend: Groups | None = None) -> float:
         """Modelled seconds of flat ``method`` (not ``auto``) over ``groups``; ``nbytes``
-        per member (reduce_scatter: already padded to a multiple of the group size); with
-        ``folded`` a ring method visits the members in :func:`folded_order`."""
+        per member (reduce_scatter: already padded to a multiple of the group size)."""
         contend = self._contend if contend is None else contend
         n = len(groups[0])
         if n < 2 or nbytes == 0:
@@ -141,7 +132,7 @@ class Pricer:
         phases, frac = _RING_SHAPE[kind]
         chunk = (fragment if frac == "n" else nbytes) / split
         steps = n - 1 if steps_rule == "full" else -(-(n - 1) // 2)
-        pattern = ("ring", rings, True) if folded else ("ring", rings)
+        pattern = ("ring", rings)
         return phases * steps * self._cost.profile(groups, pattern, contend).time_s(chunk)
 
     def auto(self, kind: str, groups: Groups, nbytes: float,
@@ -159,9 +150,6 @@ class Pricer:
         if kind == "all_to_all":
             methods = ("broadcast",)
         best = min((self.flat(kind, groups, nbytes, m, contend), m) for m in methods)
-        if kind != "all_to_all" and len(groups[0]) > 3 and self._cost.is_open_chain(groups):
-            best = min(best, min((self.flat(kind, groups, nbytes, m, contend, folded=True),
-                                  f"{FOLDED} {m}") for m in RINGS))
         if kind == "all_reduce" and len(groups[0]) > 2:
             best = min(best, (self.line(groups, nbytes, contend), LINE))
         if kind in ("all_reduce", "reduce_scatter", "all_gather"):
@@ -212,8 +200,9 @@ class Pricer:
 
 def folded_order(ipus) -> list:
     """``ipus`` folded: the even places going out, the odd places coming back
-    (``[0, 1, 2, 3, 4, 5] -> [0, 2, 4, 5, 3, 1]``), so that a ring over the result crosses
-    each link of the chain ``ipus`` once per direction (:data:`FOLDED`)."""
+    (``[0, 1, 2, 3, 4, 5] -> [0, 2, 4, 5, 3, 1]``): poplibs' "interleaved" ring
+    (``RingTopology``), the periphery of a ladder whose rungs are consecutive pairs, and a
+    ring over a chain ``ipus`` that crosses each of its links once per direction."""
     ipus = list(ipus)
     return ipus[0::2] + ipus[1::2][::-1]
 

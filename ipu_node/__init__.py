@@ -31,7 +31,7 @@ from ipu_node.memory import IPUMemory, MemoryUsage
 from ipu_node.placement import free, memory_usage, place
 from ipu_node.replica import ReplicaContext, current_replica_context, require_replica_context
 from ipu_node.routing import host_transfer_time_s, hops, route, transfer_time_s
-from ipu_node.selection import assign_instance_ipus, order_ipus
+from ipu_node.selection import assign_instance_ipus, layout_replicas, order_ipus
 from ipu_node.system import IPUSystem, get_system, reset_ipu_configuration
 from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
@@ -44,7 +44,7 @@ __all__ = [
     "AlreadyConfiguredError", "NotInReplicaError", "UnknownSystemError", "UnknownIPUError",
     "UnknownDeviceError", "NotEnoughIPUsError", "IPUBusyError", "IPUOutOfMemoryError",
     "SystemModel", "SYSTEM_NAMES", "get_system_model", "GcDevice", "gc_devices", "gc_device",
-    "order_ipus", "assign_instance_ipus", "Link", "LinkKind", "route", "hops",
+    "order_ipus", "assign_instance_ipus", "layout_replicas", "Link", "LinkKind", "route", "hops",
     "transfer_time_s", "host_transfer_time_s", "IPUMemory", "MemoryUsage", "place", "free",
     "memory_usage", "format_topology_table", "IPUPOD_SYSTEM", "IPUPOD_OCCUPANCY_DIR",
     "IPUPOD_JOB_ID", "DEFAULT_SYSTEM",

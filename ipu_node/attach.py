@@ -9,7 +9,8 @@
   :func:`ipu_node.selection.assign_instance_ipus`, inside the job's partition when poprun
   reserved one (:mod:`ipu_node.partition`); busy is an error, never a silent shift.
 
-Each device's IPUs are then put in ``selection_order`` (:func:`ipu_node.selection.order_ipus`).
+Each device's IPUs are then laid out replica by replica (:func:`ipu_node.selection.layout_replicas`:
+the device's ``gc-info`` listing order, each replica's shards in ``selection_order``).
 Occupancy is :mod:`ipu_node.occupancy`: all IPUs of one configuration are held together, in
 the partition of the job (``IPUPOD_JOB_ID``), of the launcher (a multi-instance job without a
 job id), or of the machine (:func:`ipu_node.occupancy.default_scope`).
@@ -24,7 +25,7 @@ from ipu_node.config import IPUConfig
 from ipu_node.device_ids import find_device, gc_device
 from ipu_node.errors import IPUBusyError, IPUConfigError, NotEnoughIPUsError
 from ipu_node.occupancy import Lease, Occupancy, default_scope
-from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, order_ipus
+from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.systems import SystemModel
 
 
@@ -170,7 +171,9 @@ def attach(config: IPUConfig, model: SystemModel, occupancy: Occupancy | None = 
         raise IPUConfigError(
             f"/device:IPU:0 has {len(chosen[0][0])} IPUs, not a multiple of ipus_per_replica "
             f"({config.ipus_per_replica})")
-    devices = [AttachedDevice(k, device_id, tuple(order_ipus(model, ipus, config.selection_order)))
+    devices = [AttachedDevice(k, device_id, tuple(
+                   i for replica in layout_replicas(model, ipus, config.ipus_per_replica,
+                                                    config.selection_order) for i in replica))
                for k, (ipus, device_id) in enumerate(chosen)]
     lease.write_holder_info(_holder_infos(occupancy, devices))
     return Attachment(model, tuple(devices), lease, occupancy.scope)

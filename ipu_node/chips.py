@@ -16,11 +16,14 @@ FLOP/s, Hz.
   direction. The Bow-2000 datasheet's "IPU-Link - 512Gbps" (anchors §2.5) per IPU-Link port
   is 64 GB/s = 2 links x 16 GB/s x 2 directions, which agrees. (ipupod before issue 13 took
   32 GB/s per direction: twice the datasheet.)
-* *IPU-Links between IPU-M2000s.* An IPU-M2000 has "8 IPU-Link ports" (anchors §2.5): one
-  per IPU per torus neighbour (up, down), each a 512 Gbps port, i.e. 2 IPU-Links per
-  neighbour machine. The remaining 6 of the 10 links of an IPU join it to its two ring
-  neighbours inside the machine, 3 each (ipupod assumption: the datasheets do not draw the
-  inside of the machine).
+* *IPU-Links between IPU-M2000s.* The IPUs of a POD form a ladder, "pairs of IPUs" (IPUs
+  ``2r, 2r+1``) on "each rung", closed into a torus by loopback cables in a full POD (GCL,
+  Poplar and PopLibs User Guide 8.2.1; :mod:`ipu_node.systems`), so 4 IPUs of a machine
+  leave it, IPUs 2, 3 up and 0, 1 down. An IPU-M2000 has "8 IPU-Link ports" (anchors §2.5),
+  2 per leaving IPU, each a 512 Gbps port: 4 IPU-Links per neighbour up or down the ladder
+  in the next machine. The remaining 6 of the 10 links of an IPU join it to its rung partner
+  and to its neighbour up or down inside the machine, 3 each (ipupod assumption: the
+  datasheets do not draw the inside of the machine).
 * *GW-Links.* "2x 100Gbps Gateway-Links" per machine (Bow-2000 datasheet, anchors §2.5); the
   IPU-M2000 has the same "2 GW-Link ports" (anchors §2.5). 100 Gbit/s Ethernet is full
   duplex: 12.5 GB/s per link per direction.

@@ -1,9 +1,10 @@
 """Which IPUs a request gets, and in which order: pure functions of a system model.
 
 Selection orders (``IPUConfig.selection_order``, seed 004:1324-1395) map the IPUs of a
-multi-IPU device to shards and replicas. They walk the system's grid: the ladder of the C2
-server (rows of 2 IPUs, seed 004:1339-1379) or the ``machines x 4`` torus of the IPU-M2000
-systems (see :mod:`ipu_node.systems`). For the 16 IPUs of ``C2-16`` they are exactly the seeds':
+multi-IPU device to shards and replicas. They walk the system's IPU-Link ladder, rows of 2
+IPUs: the C2 server's (seed 004:1339-1379) or an IPU-M2000 POD's (rung ``r`` = IPUs ``2r,
+2r+1``, see :mod:`ipu_node.systems`). For the 16 IPUs of ``C2-16`` they are exactly the
+seeds':
 
 * ``ZIGZAG``: the natural order, ascending ids: 0, 1, 2, ..., 15 (seed 004:1389).
 * ``SNAKE``: row by row, alternating direction, so each IPU is linked to the next:
@@ -12,13 +13,14 @@ systems (see :mod:`ipu_node.systems`). For the 16 IPUs of ``C2-16`` they are exa
   IPU is linked to the next and the last is on the same board as the first:
   0, 2, 4, ..., 14, 15, 13, ..., 1 (seed 004:1393).
 * ``AUTO``: "the best selection given the network" (seed 004:1387); ipupod takes ``SNAKE``
-  (every consecutive pair directly linked; inside one IPU-M2000 it is the natural order).
+  for the shards of a replica and lays replicas out in the device's listing order
+  (:func:`layout_replicas`).
 
-A device's IPUs are walked on their own sub-grid (the rows and columns they occupy). On the
-IPU-M2000 torus the same rules give, e.g. for an 8-IPU device of two machines, ZIGZAG
-0..7, SNAKE 0,1,2,3,7,6,5,4 and HOOF 0,4,5,6,7,3,2,1. A set that is not a full sub-grid keeps
-the order it was given in (ZIGZAG sorts it). In a system of several IPU-Link domains the
-walk crosses from one domain to the next over GW-Links.
+A device's IPUs are walked on their own sub-grid (the rows and columns they occupy): an 8-IPU
+device of two IPU-M2000s has ZIGZAG 0..7, SNAKE 0, 1, 3, 2, 4, 5, 7, 6 and HOOF 0, 2, 4, 6,
+7, 5, 3, 1, as the seeds' ladder. A set that is not a full sub-grid keeps the order it was
+given in (ZIGZAG sorts it). In a system of several IPU-Link domains the walk crosses from one
+domain to the next over GW-Links.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from ipu_node.config import SelectionOrder
-from ipu_node.device_ids import devices_of_size
+from ipu_node.device_ids import devices_of_size, find_device
 from ipu_node.errors import NotEnoughIPUsError
 from ipu_node.systems import SystemModel
 
@@ -71,6 +73,45 @@ def order_ipus(model: SystemModel, ipus: Iterable[int],
     return out
 
 
+def layout_replicas(model: SystemModel, ipus: Sequence[int], ipus_per_replica: int = 1,
+                    order: SelectionOrder = SelectionOrder.AUTO) -> list[list[int]]:
+    """The IPUs of each replica on a device of ``ipus``, replica by replica.
+
+    ``AUTO`` ("the best selection given the network", seed 004:1387): replicas take the
+    device's IPUs in blocks of ``ipus_per_replica``, in the device's ``gc-info`` listing
+    ("DNC Id") order (:mod:`ipu_node.device_ids`; ascending ids on an IPU-POD), and the shards
+    of a replica walk its block in SNAKE order, each stage linked to the next. GCL numbers a
+    replicated graph's replicas that way and builds its rings on that numbering (poplibs
+    ``lib/popops/Collectives.cpp``, ``RingTopology``: the "interleaved" ring 0, 2, 4, ..., 5,
+    3, 1 of replica ranks is the periphery of the IPU-Link ladder, one link per step, only
+    when rank ``r`` sits on the ladder's ``r``-th IPU); a selection order "maps the IPUs of a
+    multi-IPU device to shards" (seed 004:1324-1395). An explicit ``ZIGZAG``, ``SNAKE`` or
+    ``HOOF`` walks the whole device in that order and cuts it into replicas (ipupod's
+    reading of an order a user asked for). A set that is no ``gc-info`` device keeps the
+    order it was given in.
+
+    The runtime (:func:`assign_instance_ipus`, :mod:`ipu_node.attach`) and the collectives'
+    cost model (``HardwareCostModel.for_replicas``) both lay replicas out with this function,
+    so both put replica ``r``'s stage ``j`` on the same IPU.
+
+    Raises:
+        ValueError: ``ipus_per_replica < 1`` or not a divisor of the number of IPUs.
+        UnknownIPUError: an id is not an IPU of ``model``.
+        TypeError: ``order`` is not a :class:`SelectionOrder`.
+    """
+    _check_count("ipus_per_replica", ipus_per_replica)
+    ipus = list(ipus)
+    k = ipus_per_replica
+    if len(ipus) % k:
+        raise ValueError(f"{len(ipus)} IPUs do not split into replicas of {k} IPUs")
+    if order is not SelectionOrder.AUTO:
+        walked = order_ipus(model, ipus, order)
+        return [walked[r * k:(r + 1) * k] for r in range(len(walked) // k)]
+    device = find_device(model, ipus)
+    listed = list(device.ipus) if device is not None else ipus
+    return [order_ipus(model, listed[r * k:(r + 1) * k]) for r in range(len(listed) // k)]
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -109,7 +150,8 @@ def candidate_ipu_sets(model: SystemModel, num_ipus: int) -> list[tuple[list[int
 def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_replicas: int,
                          ipus_per_replica: int = 1,
                          within: Sequence[int] | None = None) -> list[list[int]]:
-    """IPU ids of each instance of a job, in the order its replicas use them (AUTO order).
+    """IPU ids of each instance of a job, in the order its replicas use them
+    (:func:`layout_replicas`, AUTO order inside a replica).
 
     Instance ``i`` owns replicas ``[i*L, (i+1)*L)`` and the ``L * ipus_per_replica`` IPUs
     returned at index ``i``. The job sits on one contiguous, linked set of IPUs: when the
@@ -138,7 +180,14 @@ def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_repli
     if _is_power_of_two(per_instance):
         devices = [d for d in devices_of_size(model, per_instance) if pool.issuperset(d.ipus)]
         if len(devices) >= num_instances:
-            return [order_ipus(model, d.ipus) for d in devices[:num_instances]]
+            return [_flat(layout_replicas(model, d.ipus, ipus_per_replica))
+                    for d in devices[:num_instances]]
     snake = [i for i in order_ipus(model, range(model.num_ipus), SelectionOrder.SNAKE)
              if i in pool]
-    return [snake[i * per_instance:(i + 1) * per_instance] for i in range(num_instances)]
+    return [_flat(layout_replicas(model, snake[i * per_instance:(i + 1) * per_instance],
+                                  ipus_per_replica))
+            for i in range(num_instances)]
+
+
+def _flat(replicas: list[list[int]]) -> list[int]:
+    return [i for ipus in replicas for i in ipus]

@@ -12,11 +12,23 @@ and ``IPUPOD_SYSTEM`` or an explicit name chooses another (:func:`get_system_mod
     the ``ipu1`` version string at 004:1766). Every IPU has a PCIe link to the host server.
 ``POD4``, ``POD16``, ``POD64``
     1, 4 and 16 IPU-M2000 machines of 4 ``ipu2`` IPUs (seed 000:433-462; anchors §2.5).
-    IPU ``4m + j`` is IPU ``j`` of machine ``m``. The IPU-Links form a 2D torus of
-    ``machines x 4`` IPUs (the IPU-POD64 datasheet: "2D-torus IPU-Link topology", anchors
-    §2.5): the four IPUs of a machine form a ring, and IPU ``j`` of machine ``m`` is linked to
-    IPU ``j`` of machines ``m +- 1`` (mod machines, the rack cabling closing the loop). POD4 has
-    only the ring. The IPUs reach their machine's IPU-Gateway ``gw<m>`` over PCIe.
+    IPU ``4m + j`` is IPU ``j`` of machine ``m``. The IPU-Links form GCL's physical topology:
+    "The mesh structure is similar to a ladder, where pairs of IPUs form each rung. In a
+    torus, the ends of the 'ladder' loop round to form a closed loop" (Poplar and PopLibs User
+    Guide, "Graphcore Communication Library", 8.2.1 Physical topologies,
+    docs.graphcore.ai/projects/poplar-user-guide/en/latest/gcl.html). Rung ``r`` is IPUs
+    ``2r, 2r+1`` (the 2-IPU ``gc-info`` devices of an IPU-POD, :mod:`ipu_node.device_ids`,
+    and the two IPUs sharing a board serial in seed 000:437-447), so a machine holds two
+    rungs, and IPU ``i`` is linked to IPU ``i + 2`` up the ladder's side, inside the machine
+    or by cable to the next one: the same ladder as the C2 server's (seed 004:1339-1381).
+    From 2 machines on, the top rung loops round to the bottom one (POD64: "2D-torus IPU-Link
+    topology", IPU-POD64 datasheet, anchors §2.5; V-IPU gives a POD64 partition
+    ``ipuLinkTopology: torus``, anchors §1.2).
+    GCL's own rings agree: poplibs ``lib/popops/Collectives.cpp`` (``RingTopology``) walks
+    replica ranks 0, 2, 4, ..., 5, 3, 1 (the ladder's periphery) on a mesh or with one IPU
+    per replica, in order (closing over the loopback) on a torus with more. POD4 is one
+    machine: two rungs, no loopback. The grid the selection orders walk is rungs x 2
+    (``row``, ``col``). The IPUs reach their machine's IPU-Gateway ``gw<m>`` over PCIe.
 ``BOW-POD16``, ``BOW-POD64``, ``BOW-POD128``, ``BOW-POD256``
     The same machines, links and domains with Bow-2000 machines of 4 Bow IPUs (Bow-2000
     datasheet: "same fabric", IPU-Link / GW-Link / Sync-Link as the IPU-M2000, anchors §2.5;
@@ -31,8 +43,8 @@ and ``IPUPOD_SYSTEM`` or an explicit name chooses another (:func:`get_system_mod
     one GW-Link switch (``gw-switch``).
 
 How many of the 10 IPU-Links of an IPU (seed 001:247) each neighbour gets is not in the seeds
-or datasheets; ipupod's split (the ``*_IPU_LINKS`` constants below) uses all 10 on a fully
-linked IPU.
+or datasheets but for the cables between IPU-M2000s (their ports, anchors §2.5); ipupod's
+split (the ``*_IPU_LINKS`` constants below) uses all 10 on a fully linked IPU.
 """
 
 from __future__ import annotations
@@ -56,13 +68,17 @@ MACHINES_PER_POD64 = 16
 C2_CARD_IPU_LINKS = 4
 #: ipupod assumption: IPU-Links between vertically adjacent IPUs of the ladder ("||").
 C2_LADDER_IPU_LINKS = 3
-#: ipupod assumption: IPU-Links between ring neighbours inside an IPU-M2000 (the 6 of an IPU's
-#: 10 links, seed 001:247, that do not leave the machine, 3 per neighbour).
-M2000_RING_IPU_LINKS = 3
-#: IPU-Links between IPU ``j`` of two adjacent machines (torus rows): each of the machine's
-#: "8 IPU-Link ports" (anchors §2.5; one per IPU and neighbour machine) carries "512Gbps"
-#: (Bow-2000 datasheet, anchors §2.5) = 2 links of 16 GB/s per direction (ipu_node.chips).
-M2000_RACK_IPU_LINKS = 2
+#: Rungs of the IPU-Link ladder per IPU-M2000 (its IPUs ``0, 1`` and ``2, 3``).
+RUNGS_PER_M2000 = 2
+#: IPU-Links between neighbours up the ladder in two machines (the cables): a machine's "8
+#: IPU-Link ports" (anchors §2.5) serve the 4 IPUs that leave it (IPUs 2, 3 up, 0, 1 down),
+#: 2 ports each, and a port carries "512Gbps" (Bow-2000 datasheet, anchors §2.5) = 2 links of
+#: 16 GB/s per direction (ipu_node.chips): 4 links.
+M2000_CABLE_IPU_LINKS = 4
+#: ipupod assumption: IPU-Links of a rung (IPUs ``2r, 2r+1``) and of a side inside a machine
+#: (IPU ``j`` to ``j + 2``): the 6 of an IPU's 10 (seed 001:247) the cables leave, 3 each.
+M2000_RUNG_IPU_LINKS = 3
+M2000_SIDE_IPU_LINKS = 3
 
 #: PCI domains of the 16 IPUs of the seeds' C2 server, by IPU id (seed 004:752-767).
 C2_16_PCI_DOMAINS = (
@@ -83,7 +99,7 @@ class IPUInfo:
         machine: index of its board: C2 card ``k`` or IPU-M2000 ``m``.
         board_index: IPU index on its board (``IPU#`` / gc-monitor ``PCIe ID`` for an M2000,
             which counts 3, 2, 1, 0 over the machine's IPUs, seed 000:437-447).
-        row, col: position in the system's grid (ladder rows x 2, or machines x 4).
+        row, col: position in the system's ladder (rung, side).
         domain: index of its IPU-Link domain.
         serial: board serial number (synthetic, in the seeds' format, seed 000:437).
         pci_domain: PCI address on a PCIe system (seed 004:752-767), else None.
@@ -114,7 +130,7 @@ class SystemModel:
         ipus: the IPUs, ``ipus[i].id == i``.
         links: every link (IPU-Links, GW-Links, PCIe).
         domains: IPU ids of each IPU-Link domain.
-        grid_cols: columns of the grid the selection orders walk (2 for the ladder, 4 for M2000s).
+        grid_cols: columns of the grid the selection orders walk (2: the ladders).
         no_transit: named nodes a route may end at but not pass through (the host server).
         chip: name of the chip in :mod:`ipu_node.chips` (``"GC200"``, ``"Bow"``, ``"GC2"``).
     """
@@ -214,23 +230,25 @@ def _ipu_m_host(machine: int) -> str:
 def _m2000_ipus(machines: int, machines_per_domain: int) -> tuple[IPUInfo, ...]:
     return tuple(
         IPUInfo(id=IPUS_PER_M2000 * m + j, version="ipu2", machine=m,
-                board_index=IPUS_PER_M2000 - 1 - j, row=m, col=j,
-                domain=m // machines_per_domain,
+                board_index=IPUS_PER_M2000 - 1 - j, row=RUNGS_PER_M2000 * m + j // 2,
+                col=j % 2, domain=m // machines_per_domain,
                 serial=f"{m + 1:04d}.{2 - j // 2:04d}.8204221", ipu_m_host=_ipu_m_host(m))
         for m in range(machines) for j in range(IPUS_PER_M2000))
 
 
-def _m2000_torus_links(first_machine: int, rows: int) -> list[Link]:
-    links = []
-    for r in range(rows):
-        base = IPUS_PER_M2000 * (first_machine + r)
-        for j in range(IPUS_PER_M2000):
-            links.append(Link.of_kind(LinkKind.IPU_LINK, base + j,
-                                      base + (j + 1) % IPUS_PER_M2000, M2000_RING_IPU_LINKS))
-        if rows > 1:
-            below = IPUS_PER_M2000 * (first_machine + (r + 1) % rows)
-            links += [Link.of_kind(LinkKind.IPU_LINK, base + j, below + j, M2000_RACK_IPU_LINKS)
-                      for j in range(IPUS_PER_M2000)]
+def _m2000_ladder_links(first_machine: int, machines: int) -> list[Link]:
+    """The IPU-Link ladder of ``machines`` IPU-M2000s from ``first_machine``: rung ``r`` is
+    IPUs ``2r, 2r+1``; IPU ``i`` is linked to ``i + 2`` up the ladder (inside a machine, or to
+    the next machine); with more than one machine the top rung loops round to the bottom one
+    (the torus' loopback cables)."""
+    base = IPUS_PER_M2000 * first_machine
+    rungs = RUNGS_PER_M2000 * machines
+    links = [Link.of_kind(LinkKind.IPU_LINK, base + 2 * r, base + 2 * r + 1, M2000_RUNG_IPU_LINKS)
+             for r in range(rungs)]
+    for r in range(rungs if machines > 1 else rungs - 1):
+        count = M2000_SIDE_IPU_LINKS if r % 2 == 0 else M2000_CABLE_IPU_LINKS
+        links += [Link.of_kind(LinkKind.IPU_LINK, base + 2 * r + c,
+                               base + 2 * ((r + 1) % rungs) + c, count) for c in range(2)]
     return links
 
 
@@ -240,7 +258,7 @@ def _build_pod(name: str, machines_per_domain: int, num_domains: int,
     ipus = _m2000_ipus(machines, machines_per_domain)
     links: list[Link] = []
     for d in range(num_domains):
-        links += _m2000_torus_links(d * machines_per_domain, machines_per_domain)
+        links += _m2000_ladder_links(d * machines_per_domain, machines_per_domain)
     links += [Link.of_kind(LinkKind.PCIE, ipu.id, f"gw{ipu.machine}") for ipu in ipus]
     if num_domains == 2:
         links += [Link.of_kind(LinkKind.GW_LINK, f"gw{m}", f"gw{m + machines_per_domain}",
@@ -251,12 +269,14 @@ def _build_pod(name: str, machines_per_domain: int, num_domains: int,
     per_domain = machines_per_domain * IPUS_PER_M2000
     domains = tuple(tuple(range(d * per_domain, (d + 1) * per_domain))
                     for d in range(num_domains))
-    shape = "ring" if machines_per_domain == 1 else f"{machines_per_domain}x4 torus"
+    rungs = RUNGS_PER_M2000 * machines_per_domain
+    shape = (f"ladder of {rungs} rungs" if machines_per_domain == 1 else
+             f"ladder of {rungs} rungs closed into a torus")
     board = "Bow-2000" if chip == "Bow" else "IPU-M2000"
     desc = (f"{machines} {board} x 4 {chip} IPUs, IPU-Link {shape}"
             + (f", {num_domains} IPU-Link domains joined by GW-Links" if num_domains > 1 else ""))
     return SystemModel(name=name, description=desc, board_type="M2000", target="Fabric",
-                       ipus=ipus, links=tuple(links), domains=domains, grid_cols=IPUS_PER_M2000,
+                       ipus=ipus, links=tuple(links), domains=domains, grid_cols=2,
                        chip=chip)
 
 

@@ -23,10 +23,12 @@ def model_of(system: str, replicas: int, instances: int = 1) -> HardwareCostMode
 
 
 def test_ring_all_reduce_of_4_ipus_in_one_machine_by_hand():
-    # POD16, replicas 0-3 on IPUs 0-3 of machine 0: ring 0->1->2->3->0, each hop one
-    # IPU-Link (32 GB/s, seed 001:247-248) of a direct bundle, 2(n-1) steps of S/n.
+    # POD16, replicas 0-3 on IPUs 0-3 of machine 0 (two rungs of the ladder): GCL's ring is
+    # the periphery 0->2->3->1->0 (poplibs' interleaved ring), each hop one IPU-Link
+    # (16 GB/s per direction, seed 001:247-248) of a direct bundle, 2(n-1) steps of S/n.
     cost = model_of("POD16", 4)
     assert [ipus[0] for ipus in cost.replica_ipus] == [0, 1, 2, 3]
+    assert cost.gcl_ring([0, 1, 2, 3]) == [0, 2, 3, 1]
     n, size = 4, MiB
     step = IPU_LINK_LATENCY_S + (size / n) / IPU_LINK_BYTES_PER_S
     expected = 2 * (n - 1) * step
@@ -86,7 +88,9 @@ def test_mirrored_ring_is_hoof_on_the_c2_ladder():
     ladder = get_system_model("C2-16")
     assert mirrored_ring(ladder, [0, 1, 3, 2, 4, 5, 7, 6, 8, 9, 11, 10, 12, 13, 15, 14]) == \
         [0, 2, 4, 6, 8, 10, 12, 14, 15, 13, 11, 9, 7, 5, 3, 1]  # seed 004:1393
-    assert mirrored_ring(get_system_model("POD4"), [0, 1, 2, 3]) == [0, 1, 2, 3]
+    # one IPU-M2000: two rungs, ring B is the ladder's periphery, as GCL's ring A
+    assert mirrored_ring(get_system_model("POD4"), [0, 1, 2, 3]) == [0, 2, 3, 1]
+    assert mirrored_ring(get_system_model("POD4"), [0, 1]) == [0, 1]   # one rung: no grid
 
 
 def test_broadcast_method_wins_small_and_loses_large():
@@ -112,9 +116,12 @@ def test_auto_is_the_cheapest_schedule_whatever_max_broadcast_size():
         t, name = cost.choose("cross_replica_sum", size)
         assert t <= flat and t == cost.estimate("cross_replica_sum", size), size
         assert name != "auto"
-    # small: every member sends to every other at once; large: the torus' two dimensions
+    # small: every member sends to every other at once; middle: the torus' two dimensions
+    # (the IPU-M2000s, then the ladder's sides closed by the loopback cables); large: the
+    # quad ring, both of whose rings run round the ladder's periphery
     assert cost.choose("cross_replica_sum", 129)[1] == "broadcast"
-    assert cost.choose("cross_replica_sum", 64 * MiB)[1].startswith("hierarchical[machine]")
+    assert cost.choose("cross_replica_sum", MiB)[1].startswith("hierarchical[")
+    assert cost.choose("cross_replica_sum", 64 * MiB)[1] == "quad_directional_ring"
 
 
 def test_concurrent_groups_take_the_slowest_and_share_links():
@@ -125,11 +132,15 @@ def test_concurrent_groups_take_the_slowest_and_share_links():
                          groups=[tuple(range(s, s + 4)) for s in range(0, 16, 4)],
                          method="clockwise_ring")
     assert rows >= one
-    # ORTHOGONAL(4) groups {0,4,8,12}... are the torus' columns: rings of neighbours too
+    # ORTHOGONAL(8) groups {0,2,...,14}, {1,3,...,15} are the ladder's columns, closed by the
+    # loopback cables: rings of neighbours, as CONSECUTIVE(8)'s rings (the periphery of
+    # four rungs)
     strided = cost.estimate("cross_replica_sum", MiB,
-                            groups=[tuple(range(g, 16, 4)) for g in range(4)],
+                            groups=[tuple(range(g, 16, 2)) for g in range(2)],
                             method="clockwise_ring")
-    assert strided == pytest.approx(one)
+    halves = cost.estimate("cross_replica_sum", MiB, groups=[tuple(range(8)), tuple(range(8, 16))],
+                           method="clockwise_ring")
+    assert strided == pytest.approx(halves) and strided > one
     # ORTHOGONAL(2) pairs {g, g+8} are two machines apart and share the column links
     near = cost.estimate("cross_replica_sum", MiB, groups=[(2 * g, 2 * g + 1) for g in range(8)],
                          method="clockwise_ring")

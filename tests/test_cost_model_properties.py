@@ -10,7 +10,9 @@ import functools
 import pytest
 
 from collectives.cost_model import HardwareCostModel
-from collectives.schedules import FOLDED, LINE, RINGS, Pricer, folded_order
+from collectives.schedules import RINGS, Pricer, folded_order
+from ipu_node.selection import assign_instance_ipus, layout_replicas
+from ipu_node.routing import route
 from ipu_node.systems import get_system_model
 
 OPS = ("cross_replica_sum", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
@@ -38,14 +40,16 @@ def test_no_step_and_monotone_in_bytes(system):
         times = [cost.estimate(op, s) for s in sizes]
         assert all(b >= a for a, b in zip(times, times[1:])), op
         # no cliff, also around syncful.maxBroadcastSize: one more byte per member costs at
-        # most that byte from every member over the slowest link (a GW-Link, 12.5 GB/s);
-        # reduce_scatter zero-pads to a multiple of the group size, so its next size is
-        # one more element per member
+        # most that byte from every member over the slowest link (a GW-Link, 12.5 GB/s), in
+        # each phase that carries it (all-reduce and broadcast: reduce or scatter, then
+        # gather: nccl-tests' 2(n-1)/n, anchors §5); reduce_scatter zero-pads to a multiple
+        # of the group size, so its next size is one more element per member
         n = cost.model.num_ipus
         d = n if op == "reduce_scatter" else 1
+        phases = 2 if op in ("cross_replica_sum", "broadcast") else 1
         for s in (8, 2047, 2048, 4096):
             step = cost.estimate(op, (s + 1) * d) - cost.estimate(op, s * d)
-            assert 0 <= step <= n * d / 12.5e9, (op, s, step)
+            assert 0 <= step <= phases * n * d / 12.5e9, (op, s, step)
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -60,64 +64,114 @@ def test_auto_is_never_beaten_by_a_flat_method(system):
                     (op, size, method)
 
 
+def _exception(cost, k: int) -> bool:
+    """The one step the links make genuine: from half an IPU-M2000 torus domain (a POD64)
+    to the whole, whose ladder sides the loopback cables close (see the next test)."""
+    domain = len(cost.model.domains[0])
+    return cost.model.board_type == "M2000" and k == domain >= 64
+
+
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_monotone_in_consecutive_group_size(system):
     """CONSECUTIVE(k) groups (all of them running at once) never get cheaper as k doubles,
-    for every op but all_to_all, except from half of each torus column (8 of POD16, 32 of a
-    POD64) to the closed column, bounded (module docstring of collectives.schedules: the
-    half columns' cut bound, checked by the next test)."""
+    for every op but all_to_all, over the sizes of a ResNet-50 step and the latency-bound
+    ones, but from half a POD64 to the whole POD64, by at most 10 %."""
     cost = full(system)
     n = cost.model.num_ipus
-    domain = len(cost.model.domains[0])
+    sizes = (8, 2049, 1 << 16, 3 << 16, 1 << 18, 3 << 18, 1 << 20, 3 << 20, 1 << 23,
+             RESNET50_FP16)
     for op in OPS[:-1]:
-        for size in (8, 2049, 1 << 16, 1 << 20, RESNET50_FP16):
+        for size in sizes:
             size *= n if op == "reduce_scatter" else 1   # a whole element per member
             k, prev = 2, 0.0
             while k <= n:
                 t = cost.estimate(op, size, groups=consecutive(n, k))
-                if k == domain and domain >= 16 and cost.model.grid_cols == 4:
-                    assert t >= prev / 1.2, (op, size, k)
+                if _exception(cost, k):
+                    assert t >= prev / 1.1, (op, size, k, prev, t)
                 else:
-                    assert t >= prev, (op, size, k)
+                    assert t >= prev, (op, size, k, prev, t)
                 prev, k = t, k * 2
 
 
-def test_half_torus_columns_are_bound_by_their_cut():
-    """Why CONSECUTIVE 32 may cost more than 64 on a POD64: both halves of a column
-    reduce ``S' = S/4`` at once across a cut of 2 IPU-Link bundles per direction, so their
-    column phase needs at least ``S'/B`` (B: one bundle's bandwidth); the closed column's
-    ring beats that bound, and the half column's schedule respects it."""
+def test_half_a_pod64_pays_for_its_open_ladder_sides():
+    """Why CONSECUTIVE 32 may cost more than 64 on a POD64 (768 KiB: 53.8 against 49.7 us):
+    both run the same schedule (a reduce-scatter in each IPU-M2000, an all-reduce among the
+    IPUs holding the same quarter, an all-gather); in the whole POD64 those IPUs form a ring
+    closed by the loopback cables, in a half they lie on an open stretch of the ladder's
+    side, and a ring over an open chain crosses every link of it out and back: twice the flows
+    per link and direction of the closed ring, beyond the 3 IPU-Links of a side inside a
+    machine (ipu_node.systems.M2000_SIDE_IPU_LINKS)."""
     cost = full("POD64")
+    size = 3 << 18
+    half, whole = consecutive(64, 32), consecutive(64, 64)
+    (t_half, n_half), (t_whole, n_whole) = (cost.choose("cross_replica_sum", size, groups=g)
+                                            for g in (half, whole))
+    assert t_whole < t_half <= 1.1 * t_whole
+    assert n_half == n_whole and n_half.startswith("hierarchical[machine]")
     pricer = Pricer(cost)
-    bundle = next(l for l in cost.model.links_at(0) if 4 in (l.a, l.b))
-    s_col = RESNET50_FP16 / 4
-    bound = s_col / bundle.bandwidth_bytes_per_s
-    across = {}
-    for k in (32, 64):
-        _, outer, _, _ = cost.split(tuple(consecutive(64, k)), "machine")
-        across[k] = pricer.auto("all_reduce", outer, s_col)[0]
-    assert across[64] < bound <= across[32], (across, bound)
-    # the folded ring makes the latency-bound half column as cheap as the whole
-    assert cost.estimate("cross_replica_sum", 1 << 16, groups=consecutive(64, 32)) == \
-        pytest.approx(cost.estimate("cross_replica_sum", 1 << 16), rel=1e-9)
+    outer = {}
+    for k, groups in ((32, half), (64, whole)):
+        inner, across, _, _ = cost.split(tuple(groups), "machine")
+        outer[k] = across
+        assert across[0][:3] == (0, 4, 8)
+    ring_half = cost.gcl_ring(list(outer[32][0]))      # folded: out and back
+    ring_whole = cost.gcl_ring(list(outer[64][0]))     # closed by the loopback
+    assert ring_half == [0, 8, 16, 24, 28, 20, 12, 4] and ring_whole == list(range(0, 64, 4))
+    # the whole difference is that phase
+    ar_half = pricer.auto("all_reduce", outer[32], size / 4)[0]
+    ar_whole = pricer.auto("all_reduce", outer[64], size / 4)[0]
+    assert ar_half > ar_whole
+    assert t_half - t_whole == pytest.approx(ar_half - ar_whole)
 
 
-def test_folded_order_and_where_it_is_tried():
+def test_the_ring_gcl_builds():
+    """poplibs' RingTopology: replica ranks interleaved (0, 2, 4, ..., 5, 3, 1: the periphery
+    of a ladder) or in order (closing over the torus' loopback cables)."""
     assert folded_order([0, 1, 2, 3, 4, 5]) == [0, 2, 4, 5, 3, 1]
     assert folded_order([7, 8, 9]) == [7, 9, 8]
     cost = full("POD64")
-    assert cost.is_open_chain(((0, 4, 8, 12, 16, 20, 24, 28),))        # half a column
-    assert not cost.is_open_chain((tuple(range(0, 64, 4)),))          # a closed column
-    assert not cost.is_open_chain(((0, 1, 2, 3),))                    # a machine's ring
-    assert cost.is_open_chain((tuple(range(32)),))                    # rows 0-7: open
-    t, name = cost.choose("cross_replica_sum", 1 << 20, groups=consecutive(64, 32))
-    assert FOLDED in name, name
+    assert cost.gcl_ring(list(range(8))) == [0, 2, 4, 6, 7, 5, 3, 1]     # periphery of 4 rungs
+    assert cost.gcl_ring(list(range(0, 64, 2))) == list(range(0, 64, 2))  # a closed side
+    assert cost.gcl_ring([0, 1]) == [0, 1]
+    # every CONSECUTIVE group of a POD64 is a ring of its own links, one IPU-Link a step
+    for k in (4, 8, 16, 32, 64):
+        for g in consecutive(64, k):
+            ring = cost.gcl_ring(list(g))
+            assert {len(route(cost.model, a, b)) for a, b in zip(ring, ring[1:] + ring[:1])} \
+                == {1}, k
+
+
+def test_replicas_sit_where_the_runtime_puts_them():
+    """The cost model lays replicas out as the runtime does (ipu_node.selection.
+    layout_replicas): the device's gc-info listing order, a replica's stages in AUTO order."""
+    for system, replicas, k, instances in (("POD16", 16, 1, 4), ("POD16", 4, 4, 2),
+                                           ("POD64", 8, 8, 1), ("C2-16", 4, 4, 1),
+                                           ("C2-16", 16, 1, 4), ("POD128", 16, 8, 2)):
+        model = get_system_model(system)
+        cost = HardwareCostModel.for_layout(model, instances, replicas // instances, k)
+        runtime = [ipus[r * k:(r + 1) * k]
+                   for ipus in assign_instance_ipus(model, instances, replicas // instances, k)
+                   for r in range(len(ipus) // k)]
+        assert [list(r) for r in cost.replica_ipus] == runtime, system
+        assert cost.replica_ipus == HardwareCostModel.for_replicas(model, replicas, k).replica_ipus
+    pod16 = get_system_model("POD16")
+    assert layout_replicas(pod16, range(8), 1) == [[i] for i in range(8)]
+    assert layout_replicas(pod16, range(8), 4) == [[0, 1, 3, 2], [4, 5, 7, 6]]   # SNAKE stages
+    assert layout_replicas(get_system_model("C2-16"), [5, 7, 4, 6], 1) == [[5], [7], [4], [6]]
 
 
 def test_bigger_pods_never_make_the_whole_pod_all_reduce_cheaper():
+    """POD16 <= POD64 <= POD128 and POD64 <= POD256; not POD128 <= POD256 for the smallest
+    tensors: POD256's GW-Link switch reaches every machine in one GW-Link hop (12 us between
+    any two POD64s at 8 bytes), POD128's cross-connected cables only the twin machine, the
+    rest over up to 16 more IPU-Link hops (anchors §2.5: "optical GW-Link cables cross
+    connected" against "GW-Link switches")."""
     for size in (8, 2049, 1 << 20, RESNET50_FP16):
-        times = [full(s).estimate("cross_replica_sum", size) for s in SYSTEMS[2:]]
-        assert times == sorted(times), size
+        t = {s: full(s).estimate("cross_replica_sum", size) for s in SYSTEMS[2:]}
+        assert t["POD16"] <= t["POD64"] <= t["POD128"], size
+        assert t["POD64"] <= t["POD256"], size
+        if size >= 1 << 20:
+            assert t["POD128"] <= t["POD256"], size
 
 
 def test_hierarchical_across_domains_on_pod128_and_pod256():
@@ -126,7 +180,7 @@ def test_hierarchical_across_domains_on_pod128_and_pod256():
     for system in ("POD128", "POD256"):
         cost = full(system)
         t, name = cost.choose("cross_replica_sum", RESNET50_FP16)
-        assert name.startswith("hierarchical[domain](reduce_scatter hierarchical[machine]"), name
+        assert name.startswith("hierarchical[") and "hierarchical[domain](" in name, name
         ring = cost.estimate("cross_replica_sum", RESNET50_FP16,
                              method="bidirectional_ring_pair")
         assert t < ring / 2.5, (system, t, ring)
@@ -134,21 +188,18 @@ def test_hierarchical_across_domains_on_pod128_and_pod256():
 
 
 def test_two_dimensional_schedule_on_the_pod64_torus():
+    """The POD64 torus is a ladder of 32 rungs whose two sides the loopback cables close: its
+    two dimensions are the IPU-M2000s (or the rungs) and the sides. They pay where latency
+    counts (1 KiB, 1 MiB); for ResNet-50's gradients the quad ring, whose rings both run
+    round the ladder's periphery, already uses the links of both dimensions."""
     cost = full("POD64")
-    for size in (1024, RESNET50_FP16):
+    for size in (1024, 1 << 20):
         t, name = cost.choose("cross_replica_sum", size)
         flat = min(cost.estimate("cross_replica_sum", size, method=m) for m in RINGS)
-        assert t < flat
+        assert t < flat / 1.3 and name.startswith("hierarchical[machine]"), (size, name)
     t, name = cost.choose("cross_replica_sum", RESNET50_FP16)
-    assert name.startswith("hierarchical[machine]")   # rows (machines), then columns
     assert t < cost.estimate("cross_replica_sum", RESNET50_FP16,
                              method="bidirectional_ring_pair") / 1.9
-
-
-def test_half_torus_uses_the_line_where_a_ring_pays_its_closing_hop():
-    cost = full("POD64")
-    t, name = cost.choose("cross_replica_sum", RESNET50_FP16, groups=consecutive(64, 32))
-    assert LINE in name
 
 
 @pytest.mark.parametrize("system,replicas", [("POD16", 16), ("POD64", 64), ("POD128", 128)])

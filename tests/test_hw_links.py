@@ -56,8 +56,9 @@ def test_routes_within_a_domain_use_ipu_links_only():
     pod64 = get_system_model("POD64")
     links = route(pod64, 0, 34)
     assert all(l.kind is LinkKind.IPU_LINK for l in links)
-    assert hops(pod64, 0, 34) == len(links) == 10    # 2 in the ring + 8 rows down the torus
-    assert hops(pod64, 0, 60) == 1                   # torus wrap
+    # IPU 34 is on rung 17 of the ladder, the same side: 15 rungs down round the loopback
+    assert hops(pod64, 0, 34) == len(links) == 15
+    assert hops(pod64, 0, 62) == 1 and hops(pod64, 0, 60) == 2    # the loopback cables
 
 
 def test_bad_input():

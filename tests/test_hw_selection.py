@@ -33,8 +33,9 @@ def test_orders_of_a_device_walk_its_sub_grid():
     assert order_ipus(C2, dnc, SelectionOrder.SNAKE) == [4, 5, 7, 6]
     assert order_ipus(C2, dnc, SelectionOrder.HOOF) == [4, 6, 7, 5]
     pod16 = get_system_model("POD16")
-    assert order_ipus(pod16, range(8), SelectionOrder.SNAKE) == [0, 1, 2, 3, 7, 6, 5, 4]
-    assert order_ipus(pod16, range(8), SelectionOrder.HOOF) == [0, 4, 5, 6, 7, 3, 2, 1]
+    # the IPU-M2000 PODs are the same ladder (rungs 2k, 2k+1): the seeds' orders again
+    assert order_ipus(pod16, range(8), SelectionOrder.SNAKE) == [0, 1, 3, 2, 4, 5, 7, 6]
+    assert order_ipus(pod16, range(8), SelectionOrder.HOOF) == [0, 2, 4, 6, 7, 5, 3, 1]
 
 
 @pytest.mark.parametrize("name", ["C2-16", "POD16", "POD64"])
@@ -56,7 +57,10 @@ def test_assign_instance_ipus_contiguous_and_linked():
     odd = assign_instance_ipus(pod16, 3, 3, 1)        # not a device size: snake slices
     flat = [i for part in odd for i in part]
     assert len(set(flat)) == 9 and set(path_hops(pod16, flat)) == {1}
-    assert assign_instance_ipus(C2, 2, 4, 1)[0] == [4, 5, 7, 6]   # device 24 first, SNAKE
+    # device 24 first; one IPU per replica: its listing order (GCL's replica ranks)
+    assert assign_instance_ipus(C2, 2, 4, 1)[0] == [5, 7, 4, 6]
+    # one replica of 4 IPUs: its shards in SNAKE order (seed 004:1391)
+    assert assign_instance_ipus(C2, 2, 1, 4)[0] == [4, 5, 7, 6]
 
 
 def test_more_ipus_than_the_system_is_an_error():
@@ -159,7 +163,9 @@ def test_non_power_of_two_request_is_a_partial_device(isolated, caplog):
     cfg.auto_select_ipus = 3
     with caplog.at_level(logging.INFO, logger="ipu_node.system"):
         system = cfg.configure_ipu_system()
-    assert [i.id for i in system.devices[0].ipus] == [0, 1, 2]
+    # the first 3 IPUs of device 6 in AUTO order: 0, 1, 3 are linked one to the next (as
+    # seed 004:1383's shards 0, 1, 3 on the ladder); 1 and 2 are not
+    assert [i.id for i in system.devices[0].ipus] == [0, 1, 3]
     assert system.devices[0].device_id is None
-    assert any("attached to IPUs: 0, 1, 2 (ipupod: 3 IPUs form no gc-info device)" in m
+    assert any("attached to IPUs: 0, 1, 3 (ipupod: 3 IPUs form no gc-info device)" in m
                for m in caplog.messages)

@@ -49,18 +49,25 @@ def test_c2_ladder_is_the_seed_drawing():
     assert m.ipu(8).pci_domain == "0000:8b:00.0"
 
 
-def test_pod64_is_a_2d_torus():
+def test_pod64_is_a_ladder_closed_into_a_torus():
+    """GCL's physical topologies: "The mesh structure is similar to a ladder, where pairs of
+    IPUs form each rung. In a torus, the ends of the 'ladder' loop round to form a closed
+    loop" (Poplar and PopLibs User Guide, GCL, 8.2.1)."""
     m = get_system_model("POD64")
-    assert m.neighbours(0) == (1, 3, 4, 60)       # ring in machine 0, rows 1 and 15
-    assert m.neighbours(5) == (1, 4, 6, 9)
-    assert m.neighbours(63) == (3, 59, 60, 62)    # wraps both ways
-    assert all(len(m.neighbours(i)) == 4 for i in range(64))
+    assert m.neighbours(0) == (1, 2, 62)          # its rung, up, and round the loopback
+    assert m.neighbours(5) == (3, 4, 7)
+    assert m.neighbours(63) == (1, 61, 62)
+    assert all(len(m.neighbours(i)) == 3 for i in range(64))
+    rungs = {(l.a, l.b): l.count for l in m.ipu_links() if l.b == l.a + 1}
+    assert set(rungs) == {(2 * r, 2 * r + 1) for r in range(32)}    # the 2-IPU gc-info devices
+    assert {m.ipu(i).row for i in (0, 1)} == {0} and m.ipu(6).row == 3 and m.ipu(6).col == 0
     assert len(m.domains) == 1 and not any(l.kind is LinkKind.GW_LINK for l in m.links)
 
 
-def test_pod4_ring_and_pod16_torus():
-    assert get_system_model("POD4").neighbours(0) == (1, 3)
-    assert get_system_model("POD16").neighbours(0) == (1, 3, 4, 12)
+def test_pod4_is_two_rungs_and_pod16_a_torus():
+    assert get_system_model("POD4").neighbours(0) == (1, 2)      # no loopback in one machine
+    assert get_system_model("POD4").neighbours(3) == (1, 2)
+    assert get_system_model("POD16").neighbours(0) == (1, 2, 14)
 
 
 @pytest.mark.parametrize("name", SYSTEM_NAMES)

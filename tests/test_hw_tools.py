@@ -77,7 +77,8 @@ def test_gc_links_lists_each_link_with_ends_and_state(capsys):
     assert gc_links.main(["--system", "POD128", "-j"]) == 0
     data = json.loads(capsys.readouterr().out)
     kinds = [l["kind"] for l in data["links"]]
-    assert kinds.count("GW-Link") == 16 and kinds.count("IPU-Link") == 2 * 128
+    # per POD64: 32 rungs and the ladder's two sides of 32 (closed by the loopback cables)
+    assert kinds.count("GW-Link") == 16 and kinds.count("IPU-Link") == 2 * 96
     assert gc_links.main(["--system", "POD4", "--all"]) == 0
     assert "PCIe" in capsys.readouterr().out
     assert gc_links.main(["--system", "x"]) == 2
@@ -119,7 +120,8 @@ def test_topology_table():
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in two.splitlines()]
     assert cells[:4] == [["hosts", "h0", "h1"], ["ILDs", "0", "1"], ["instances", "0", "1"],
                          ["replicas", "0", "1"]]
-    assert cells[4][2].split(",")[:4] == ["64", "65", "66", "67"]
+    # a replica of 64 IPUs walks its POD64 in SNAKE order: rung by rung, each linked on
+    assert cells[4][2].split(",")[:4] == ["64", "65", "67", "66"]
     with pytest.raises(NotEnoughIPUsError, match="32 IPUs, but POD16 has 16"):
         format_topology_table(get_system_model("POD16"), num_instances=4, num_replicas=32)
     with pytest.raises(ValueError, match="multiple of --num-instances"):
