@@ -45,11 +45,13 @@ def test_link_and_host_numbers_follow_the_datasheets():
     c = chips.GC200
     # 320 GB/s over 10 links counts both directions: 16 GB/s per link per direction
     assert c.ipu_link_bytes_per_s == IPU_LINK_BYTES_PER_S == 16e9
-    # the Bow-2000's 512 Gbps per IPU-Link port = the 2 links per neighbour machine, both ways
+    # the Bow-2000's 512 Gbps per IPU-Link port = 2 links both ways; an IPU-M2000's 8 ports
+    # serve the 4 IPUs whose ladder neighbour is in the next machine: 2 ports, 4 links each
     m = get_system_model("POD64")
-    rack = [l for l in m.links_at(0) if l.kind is LinkKind.IPU_LINK and l.other(0) in (4, 60)]
-    assert len(rack) == 2 and all(l.count == 2 for l in rack)
-    assert all(l.bandwidth_bytes_per_s * 2 * 8 == 512e9 for l in rack)
+    cables = [l for l in m.links_at(2) if l.kind is LinkKind.IPU_LINK and l.other(2) == 4]
+    cables += [l for l in m.links_at(0) if l.kind is LinkKind.IPU_LINK and l.other(0) == 62]
+    assert len(cables) == 2 and all(l.count == 4 for l in cables)
+    assert all(l.bandwidth_bytes_per_s * 2 * 8 == 2 * 512e9 for l in cables)
     assert c.gw_links_per_machine * c.gw_link_bytes_per_s * 8 == 200e9
     assert c.gw_link_bytes_per_s == GW_LINK_BYTES_PER_S
     # host path: one 100GbE per machine shared by 4 IPUs, not PCIe x16 per IPU
