@@ -102,7 +102,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ipu_node.config import SelectionOrder
 from ipu_node.links import GW_LINK_LATENCY_S, Link
-from ipu_node.routing import hops, route, routes_from
+from ipu_node.routing import routes_from
 from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.systems import SystemModel
 
@@ -170,16 +170,12 @@ def step_profile(model: SystemModel, flows: Sequence[tuple[int, int]],
     load: dict[tuple[Link, object], int] = {}
     paths = []
     everything = list(flows) + list(extra)
-    dests: dict[int, set] = {}
-    for src, dst in everything:
-        dests.setdefault(src, set()).add(dst)
-    fan_out = {src: len(d) for src, d in dests.items()}  # distinct destinations
     for index, (src, dst) in enumerate(everything):
         if src == dst:
             continue
         node, path = src, []
-        links = (routes_from(model, src)[dst] if fan_out[src] > 3 else
-                 route(model, src, dst))
+        model.ipu(dst)
+        links = routes_from(model, src)[dst]   # every route from src: two searches, cached
         for link in links:
             key = (link, node)  # the direction leaving ``node``
             load[key] = load.get(key, 0) + 1
@@ -465,8 +461,8 @@ class HardwareCostModel:
             ipus = list(ipus)
             folded = folded_order(ipus)
 
-            def longest(order):
-                return max(hops(self.model, a, b) if self.model.domain_of(a) ==
+            def longest(order):  # IPU-Link hops of the longest step (another domain: 1000)
+                return max(len(routes_from(self.model, a)[b]) if self.model.domain_of(a) ==
                            self.model.domain_of(b) else 1_000
                            for a, b in zip(order, order[1:] + order[:1]))
 
