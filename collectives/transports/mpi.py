@@ -5,9 +5,6 @@ nonblocking (``Iallreduce``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``
 and polled with :class:`~collectives.waiting.Patience`, which yields the CPU and turns a
 missing peer into a timeout instead of a hang:
 
-* **data** of large all-gathers and all-to-alls goes point-to-point (:data:`P2P_MIN_BYTES`),
-  MPICH reading each piece straight from its sender's memory; smaller ones and broadcasts
-  among more than two use MPI's collectives.
 * **agreement**: before its data, a call's descriptors are agreed with one
   ``MPI_Iallreduce(MIN)`` of ``[h, -h]`` (``h`` the descriptor's fingerprint):
   :meth:`MPICommunicator.agree`, O(log P) like any small all-reduce. Whole descriptors are
@@ -53,15 +50,6 @@ def _displacements(counts: Sequence[int]) -> list[int]:
 #: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
 #: not sent yet, for a stall message); larger ones use MPI_Iallgather.
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
-#: all-gathers (``allgatherv_to``/``_into``) and all-to-alls (``alltoall_to``) whose result
-#: has at least this many bytes go point-to-point: one Isend/Irecv per piece, all posted at
-#: once, our own piece copied by numpy while the others move (MPICH reads each piece
-#: straight from its sender's memory, CMA). Smaller ones use MPI's collective (fewer
-#: messages). Measured on the 2-core VM, the op's data path alone, 1 MiB (4 MiB),
-#: point-to-point / MPI collective: all_gather 4 instances 777 / 874 us (3.9 / 6.7 ms),
-#: 2 instances 287 / 296 (1365 / 1395); all_to_all 4 instances 980 / 1072 (2.4 / 3.6 ms),
-#: 2 instances 339 / 341; at 4-64 KiB the same within noise.
-P2P_MIN_BYTES = 256 << 10
 #: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
 _NOTICE_EVERY = 64
 _TAG_ALLGATHER = 0x1A11
@@ -76,14 +64,23 @@ _TAG_CREATE_GROUP = 0x1A15
 _TAG_NOTICE = 0x1A16
 #: "I am waiting in this agreement" (a slow agreement only)
 _TAG_PRESENCE = 0x1A17
-#: the pieces of a point-to-point data all-gather (allgatherv_to/_into)
-_TAG_ALLGATHERV = 0x1A18
 #: seconds an agreement waits before its members tell each other who is there
 PRESENCE_AFTER_S = 0.5
 #: seconds a cancelled receive may take to finish cancelling
 _WITHDRAW_S = 0.5
 #: bytes of a notice: its reason, UTF-8, zero-padded
 NOTICE_BYTES = 256
+#: all-gathers (``allgatherv_to``/``_into``) and all-to-alls (``alltoall_to``) whose result
+#: has at least this many bytes go point-to-point: one Isend/Irecv per piece, all posted at
+#: once, our own piece copied by numpy while the others move (MPICH reads each piece
+#: straight from its sender's memory, CMA). Smaller ones use MPI's collective (fewer
+#: messages). Measured on the 2-core VM, the op's data path alone, 1 MiB (4 MiB),
+#: point-to-point / MPI collective: all_gather 4 instances 777 / 874 us (3.9 / 6.7 ms),
+#: 2 instances 287 / 296 (1365 / 1395); all_to_all 4 instances 980 / 1072 (2.4 / 3.6 ms),
+#: 2 instances 339 / 341; at 4-64 KiB the same within noise.
+P2P_MIN_BYTES = 256 << 10
+#: the pieces of a point-to-point data all-gather (allgatherv_to/_into)
+_TAG_ALLGATHERV = 0x1A18
 
 
 class MPICommunicator(Communicator):
