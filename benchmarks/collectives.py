@@ -131,6 +131,12 @@ class _RawMPI:
             "broadcast": lambda: comm.Bcast(x, 0),
         }[op]
 
+    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
+        self.comm.Allreduce(x, out)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
     def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
         """The raw call that returns a fresh result like ours (module docstring): into a
         new ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and
@@ -156,12 +162,6 @@ class _RawMPI:
             comm.Bcast(result, 0)
             return result
         return receive
-
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
-        self.comm.Allreduce(x, out)
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
 
 
 class _RawGloo:
