@@ -2,10 +2,13 @@
 members played by threads of this process, over an in-memory communicator: every path
 (the pair exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives
 the canonical tree's bytes for every operator and dtype, at uneven sizes and with several
-partials, so the size that picks a path never changes a result."""
+partials, so the size that picks a path never changes a result. And the large cases of the
+per-rank suite (tests/perrank/test_perrank_large.py) on three instances of one replica each
+(a group whose tree is not a power of two, over MPI point-to-point)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Sequence
 
@@ -17,6 +20,8 @@ from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator
 from collectives.waiting import Patience
+from tests.procs import PYTHON
+from tests.procs import run_poprun as poprun
 
 _TIMEOUT_S = 20.0
 
@@ -167,3 +172,12 @@ def test_reduce_scatter_exchange_gives_each_owner_its_part_of_the_tree(m, op, dt
     for rank, (first, second) in enumerate(_in_threads(m, work)):
         assert first.tobytes() == totals[0][even[rank]:even[rank + 1]].tobytes(), rank
         assert second.tobytes() == totals[1][uneven[rank]:uneven[rank + 1]].tobytes(), rank
+
+
+def test_large_cases_on_three_one_replica_instances():
+    job = poprun(["-n", "3", "--num-replicas", "3", PYTHON, "-m", "pytest",
+                  "tests/perrank/test_perrank_large.py", "-q", "-p", "no:cacheprovider"],
+                 timeout_s=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    passed = re.findall(r"\[1,(\d+)\]<stdout>:1 passed in ", job.stdout)
+    assert sorted(passed) == ["0", "1", "2"], job.stdout + job.stderr
