@@ -308,38 +308,30 @@ class MPICommunicator(Communicator):
 
     def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
                         patience: Patience) -> np.ndarray:
-        # Point-to-point when large (P2P_MIN_BYTES), else MPI_Iallgatherv in place.
-        comm = self._ready(patience)
-        at = _displacements(recv_counts)
-        if sum(recv_counts) < P2P_MIN_BYTES:
-            request = comm.Iallgatherv(MPI.IN_PLACE,
-                                       [recv, (list(recv_counts), at), MPI.BYTE])
-            self._wait(request, patience)
-            return recv
-        me = self.rank
-        mine = recv[at[me]:at[me] + recv_counts[me]]
-        self._point_to_point(
-            comm, [(j, mine) for j in self._others],
-            [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in self._others], _TAG_ALLGATHERV,
-            patience)
-        return recv
+        return self._allgatherv(None, recv, recv_counts, patience)
 
     def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
                       patience: Patience) -> np.ndarray:
-        # Straight into the caller's result: point-to-point when large (P2P_MIN_BYTES; our
-        # own piece copied by numpy while the others move), else MPI_Iallgatherv.
+        return self._allgatherv(send, recv, recv_counts, patience)
+
+    def _allgatherv(self, send: np.ndarray | None, recv: np.ndarray,
+                    recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+        """All-gather straight into ``recv``, this member's bytes from ``send`` (copied to
+        their place while the others' move) or, when None, already in place.
+        Point-to-point when large (:data:`P2P_MIN_BYTES`), else MPI_Iallgatherv."""
         comm = self._ready(patience)
-        at = _displacements(recv_counts)
-        if sum(recv_counts) < P2P_MIN_BYTES:
-            self._wait(comm.Iallgatherv([send, MPI.BYTE],
-                                        [recv, (list(recv_counts), at), MPI.BYTE]), patience)
-            return recv
-        me = self.rank
+        at, me = _displacements(recv_counts), self.rank
         here = recv[at[me]:at[me] + recv_counts[me]]
+        if sum(recv_counts) < P2P_MIN_BYTES:
+            source = MPI.IN_PLACE if send is None else [send, MPI.BYTE]
+            self._wait(comm.Iallgatherv(source, [recv, (list(recv_counts), at), MPI.BYTE]),
+                       patience)
+            return recv
+        mine = here if send is None else send
         self._point_to_point(
-            comm, [(j, send) for j in self._others],
+            comm, [(j, mine) for j in self._others],
             [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in self._others], _TAG_ALLGATHERV,
-            patience, lambda: np.copyto(here, send))
+            patience, None if send is None else lambda: np.copyto(here, send))
         return recv
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
