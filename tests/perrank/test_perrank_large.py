@@ -11,23 +11,13 @@ import pytest
 
 import collectives as C
 from collectives import _algorithms
-from collectives.strategies import IPUMultiReplicaStrategy
-from ipu_node import IPUConfig
 from poprun import popdist
-from tests.collective_cases import ALL, Case, assert_same, oracle, run_case
+from tests.collective_cases import ALL, Case, check_cases
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
 _PAIR = _algorithms.PAIR_ALLREDUCE_MAX_BYTES
-
-
-@pytest.fixture(scope="module")
-def strategy():
-    cfg = IPUConfig()
-    popdist.set_ipu_config(cfg)
-    cfg.configure_ipu_system()
-    return IPUMultiReplicaStrategy()
 
 
 def _groups(R: int) -> list:
@@ -54,13 +44,4 @@ def _cases(R: int) -> list[Case]:
 
 
 def test_large_cases_match_the_oracle_across_instances(strategy):
-    R = strategy.num_replicas_in_sync
-    cases = _cases(R)
-
-    def step():
-        r = int(C.replication_index())
-        return r, [run_case(case, r) for case in cases]
-
-    for r, results in strategy.run(step):
-        for case, result in zip(cases, results):
-            assert_same(result, oracle(case, r, R), f"{case.key} on replica {r}")
+    check_cases(strategy, _cases(strategy.num_replicas_in_sync))
