@@ -16,7 +16,8 @@ import pytest
 
 import collectives as C
 from poprun import popdist
-from tests.collective_cases import all_cases, check_cases
+from tests.collective_cases import all_cases, assert_same, oracle, run_case
+from tests.collective_cases import check_cases
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
