@@ -1,7 +1,8 @@
 """Benchmark of the collectives against the raw calls of the transport, in the same run.
 
     python benchmarks/collectives.py [--instances P] [--transport mpi,grpc] [--gradients]
-        [--sizes 4096,1048576 | --max-size BYTES] [--ops OPS] [--quick] [--json PATH]
+        [--sizes 4096,1048576 | --max-size BYTES] [--ops OPS] [--quick] [--data-path]
+        [--json PATH]
 
 1. P instances (``--instances``, default 2; started here through ``poprun -n P``, one
    replica each) over MPI: every op against the raw mpi4py buffer call doing the same work
@@ -12,12 +13,30 @@
    *output*, the reduce-scatter and all-to-all *input*. algbw = size / time; busbw = algbw x
    2(n-1)/n (allreduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast).
    ratio = raw time / ours (targets: >= 0.9 from 1 MiB; 4 KiB: ours <= 3x raw MPI, i.e.
-   ratio >= 0.33). Raw all_gather and broadcast write in place; ours returns a fresh array
-   (its copy is in our time, not in raw's). Ours is timed as a program calls it, inside a
-   replica function: up to 20 calls in one ``strategy.run`` (:func:`calls_per_run`),
-   against as many raw calls; the fixed cost of ``strategy.run`` itself is measured apart
-   (``run_overhead_s``). Each repetition times ours then raw, so both see the same state of
-   the machine; the medians are compared.
+   ratio >= 0.33).
+
+   **The raw MPI baseline makes what ours makes**: every op of ours returns a fresh array
+   (TF-IPU semantics: a new tensor per call; the caller may keep it), so the raw call writes
+   into a freshly allocated ``np.empty`` result too, kept like ours' results for the rest of
+   the repetition (``raw_s``, column ``raw us``). ``Bcast`` overwrites the root's buffer in
+   place: the raw root broadcasts its input then copies it into a fresh result (ours returns
+   a copy on the root as well), the other ranks receive into a fresh array. Issue 10 allows
+   counting that copy for all_gather and broadcast; ipupod counts the fresh result of every
+   op the same way, since every op of ours pays for one (allocation and first writes into
+   memory that is not in cache). The in-place raw call on preallocated buffers, with no
+   fresh result (the baseline before; main's figures), is timed too: ``raw_inplace_s``,
+   ``ratio_inplace``, column ``in-place``. gloo's calls (``--transport grpc``) are in
+   place.
+
+   ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
+   raw / data path): each instance calls the op's algorithm (``collectives._algorithms`` /
+   ``_movement``) directly, in the same order, outside ``strategy.run``, without the call's
+   replica checks, descriptor agreement and accounting; ``ours - data path`` is the fixed
+   cost of a call. Ours is timed as a program calls it, inside a replica function: up to 20
+   calls in one ``strategy.run`` (:func:`calls_per_run`), against as many raw calls; the
+   fixed cost of ``strategy.run`` itself is measured apart (``run_overhead_s``). Each
+   repetition times ours then the raw calls, so all see the same state of the machine;
+   the medians are compared.
 2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
    per tensor, as one nest (when the engine fuses nests), raw per tensor, raw fused
    (:func:`gradient_rows`).
@@ -118,6 +137,32 @@ class _RawMPI:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
+        """The raw call that returns a fresh result like ours (module docstring): into a
+        new ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and
+        copies it, the others receive into a new array."""
+        comm, shape, dtype = self.comm, out.shape, out.dtype
+        call = {"cross_replica_sum": comm.Allreduce, "all_gather": comm.Allgather,
+                "reduce_scatter": comm.Reduce_scatter_block, "all_to_all": comm.Alltoall,
+                }.get(op)
+        if call is not None:
+            def fresh_call():
+                result = np.empty(shape, dtype)
+                call(x, result)
+                return result
+            return fresh_call
+        if self.rank == 0:
+            def root():
+                comm.Bcast(x, 0)
+                return x.copy()
+            return root
+
+        def receive():
+            result = np.empty(x.shape, x.dtype)
+            comm.Bcast(result, 0)
+            return result
+        return receive
+
 
 class _RawGloo:
     """torch.distributed's gloo backend (the gRPC transport's contender), when torch is
@@ -164,8 +209,35 @@ def _raw_contender(transport: str, gloo_port: int):
     return _RawGloo(popdist.getInstanceIndex(), popdist.getNumInstances(), gloo_port)
 
 
+def _data_paths(x: np.ndarray, n: int) -> dict:
+    """Per op, ``() -> result``: the op's algorithm alone on ``x`` (module docstring,
+    ``--data-path``), as the engine's leader would call it after the agreement."""
+    from functools import partial
+
+    from collectives import _algorithms, _movement
+    from collectives._runtime import get_engine
+    from collectives.descriptor import Descriptor
+    from collectives.groups import consecutive
+    from collectives.operators import CollectiveOperator
+
+    engine, group, add = get_engine(), consecutive(None), CollectiveOperator.ADD
+    algorithms = {
+        "cross_replica_sum": partial(_algorithms.allreduce, op=add, group=group),
+        "all_gather": partial(_movement.all_gather, group=group),
+        "reduce_scatter": partial(_algorithms.reduce_scatter, op=add, group=group),
+        "all_to_all": partial(_movement.all_to_all, group=group, split_dimension=0,
+                              concat_dimension=0),
+        "broadcast": partial(_movement.broadcast, group=group, root=0)}
+    out = {}
+    for op, algorithm in algorithms.items():
+        desc = Descriptor(seq=0, op=f"{op} (data path)", operator="", dtype=x.dtype.name,
+                          shape=x.shape, group=str(group))
+        out[op] = partial(algorithm, engine, desc, [x])
+    return out
+
+
 def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
-           gradients: bool, gloo_port: int, out_path: str) -> None:
+           gradients: bool, gloo_port: int, out_path: str, data_path: bool = False) -> None:
     from collectives.memory import keep_freed_memory
     keep_freed_memory()  # the same allocator for ours and the raw calls, whichever runs first
 
@@ -203,26 +275,45 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
             def ours_fn(ours=ours, calls=calls):  # the op as programs call it: in a replica
                 strategy.run(lambda: [ours() for _ in range(calls)] and None)
 
-            fns = [ours_fn]
+            fns = {"ours": ours_fn}
             if raw is not None:
+                if hasattr(raw, "fresh"):
+                    fresh_op = raw.fresh(op, x, out)
+
+                    def raw_fresh_fn(fresh_op=fresh_op, calls=calls):
+                        _ = [fresh_op() for _ in range(calls)]  # kept, like ours
+                    fns["raw"] = raw_fresh_fn
                 raw_op = raw.op(op, x, out)
 
                 def raw_fn(raw_op=raw_op, calls=calls):
                     for _ in range(calls):
                         raw_op()
-                fns.append(raw_fn)
-            for fn in fns:  # warm up
+                fns["raw_inplace"] = raw_fn
+            if data_path:
+                data_op = _data_paths(x, n)[op]
+
+                def data_fn(data_op=data_op, calls=calls):
+                    _ = [data_op() for _ in range(calls)]
+                fns["data"] = data_fn
+            for fn in fns.values():  # warm up
                 fn()
             barrier()
-            times = [t / calls for t in _interleaved_medians(
-                fns, max(3, repetitions(size, quick) // calls))]
-            t_o = times[0]
-            t_r = times[1] if raw is not None else None
+            medians = _interleaved_medians(list(fns.values()),
+                                           max(3, repetitions(size, quick) // calls))
+            times = {k: t / calls for k, t in zip(fns, medians)}
+            t_o = times["ours"]
+            t_i = times.get("raw_inplace")
+            t_r = times.get("raw", t_i)
+            t_d = times.get("data")
             row = {"op": op, "raw": raw.name if raw else None, "size": size, "instances": n,
                    "transport": transport, "ours_s": t_o, "raw_s": t_r,
                    "ours_algbw_GBps": size / t_o / 1e9,
                    "ours_busbw_GBps": size / t_o / 1e9 * bus_factor(op, n),
-                   "ratio": (t_r / t_o) if t_r else None}
+                   "ratio": (t_r / t_o) if t_r else None,
+                   "raw_fresh_result": raw is not None and hasattr(raw, "fresh"),
+                   "raw_inplace_s": t_i, "ratio_inplace": (t_i / t_o) if t_i else None,
+                   "ours_data_s": t_d,
+                   "data_ratio": (t_r / t_d) if t_r and t_d else None}
             rows.append(row)
     grads = gradient_rows(strategy, raw, barrier, quick) if gradients else None
     run_overhead = _median_time(lambda: strategy.run(lambda: None), 200)
@@ -316,15 +407,31 @@ def _fmt_size(size: int) -> str:
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     raw = first["raw"] or "no raw contender"
+    fresh = ("raw us: the raw call into a fresh result, like ours (the baseline); in-place: "
+             "into a preallocated buffer" if first.get("raw_fresh_result")
+             else "raw us: the raw call in place")
+    data = any(r.get("ours_data_s") for r in rows)
     print(f"# {first['instances']} instances over {first['transport']} (one replica each), "
-          f"float32, against {raw}; GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours faster)")
-    print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'ours busbw':>10} "
-          f"{'ratio':>6}")
+          f"float32, against {raw}; GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
+          f"faster); {fresh}" + ("; data: the op's data path alone (no agreement, "
+                                "accounting), data ratio = raw / data" if data else ""))
+    print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'in-place':>10} "
+          + (f"{'data us':>10} " if data else "")
+          + f"{'ours busbw':>10} {'ratio':>6} {'in-pl.':>6}" + (f" {'data':>6}" if data else ""))
+
+    def us(t) -> str:
+        return f"{t * 1e6:>10.1f}" if t else f"{'-':>10}"
+
+    def ratio(v) -> str:
+        return f"{v:>6.2f}" if v else f"{'-':>6}"
+
     for r in rows:
-        raw_us = f"{r['raw_s'] * 1e6:>10.1f}" if r["raw_s"] else f"{'-':>10}"
-        ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
         print(f"{r['op']:<18} {_fmt_size(r['size']):>8} {r['ours_s'] * 1e6:>10.1f} "
-              f"{raw_us} {r['ours_busbw_GBps']:>10.3f} {ratio}")
+              f"{us(r['raw_s'])} {us(r.get('raw_inplace_s'))} "
+              + (f"{us(r.get('ours_data_s'))} " if data else "")
+              + f"{r['ours_busbw_GBps']:>10.3f} {ratio(r['ratio'])} "
+              f"{ratio(r.get('ratio_inplace'))}"
+              + (f" {ratio(r.get('data_ratio'))}" if data else ""))
 
 
 def print_gradients(g: dict, transport: str, instances: int) -> None:
@@ -360,6 +467,8 @@ def run_job(transport: str, instances: int, args) -> dict:
             command.append("--quick")
         if args.gradients:
             command.append("--gradients")
+        if args.data_path:
+            command.append("--data-path")
         subprocess.run(command, check=True, timeout=3600, cwd=ROOT)
         return json.loads(Path(rows_path).read_text())
 
@@ -383,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-local", action="store_true",
                         help="skip the one-instance, 8-replica part")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--data-path", action="store_true",
+                        help="also time each op's data path alone (no agreement, accounting)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--gloo-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -393,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown ops {unknown}; known: {', '.join(OPS)}")
     if args.worker:
         worker(args.transport, args.sizes, args.ops, args.quick, args.gradients,
-               args.gloo_port, args.worker)
+               args.gloo_port, args.worker, args.data_path)
         return 0
     results: dict = {"instances": args.instances}
     for transport in args.transport.split(","):

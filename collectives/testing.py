@@ -96,20 +96,30 @@ class _Checks:
                     comm.broadcast(empty.copy(), 0, self.patience("broadcast")), empty)
 
     def uneven(self) -> None:
-        comm, n, me = self.comm, self.comm.size, self.comm.rank
-        counts = [3 * j for j in range(n)]  # member 0 sends nothing
-        want = np.concatenate([_bytes(j, counts[j]) for j in range(n)])
-        self.expect("allgatherv, uneven", comm.allgatherv(_bytes(me, counts[me]), counts,
-                                                          self.patience("allgatherv")), want)
-        recv = np.zeros(sum(counts), np.uint8)
+        n = self.comm.size
+        # member 0 sends nothing; then large pieces (a transport may move them another way)
+        for counts in ([3 * j for j in range(n)], [300_001 * (j % 2) + 3 * j for j in range(n)]):
+            self._uneven_allgathers(counts)
+        self._uneven_alltoallv()
+
+    def _uneven_allgathers(self, counts: list[int]) -> None:
+        comm, me, total = self.comm, self.comm.rank, sum(counts)
+        what = f"uneven, {total} bytes"
+        want = np.concatenate([_bytes(j, counts[j]) for j in range(comm.size)])
+        self.expect(f"allgatherv, {what}", comm.allgatherv(
+            _bytes(me, counts[me]), counts, self.patience("allgatherv")), want)
+        recv = np.zeros(total, np.uint8)
         start = sum(counts[:me])
         recv[start:start + counts[me]] = _bytes(me, counts[me])
-        self.expect("allgatherv_into, uneven",
+        self.expect(f"allgatherv_into, {what}",
                     comm.allgatherv_into(recv, counts, self.patience("allgatherv_into")), want)
-        out = np.zeros(sum(counts), np.uint8)
-        self.expect("allgatherv_to, uneven",
+        out = np.zeros(total, np.uint8)
+        self.expect(f"allgatherv_to, {what}",
                     comm.allgatherv_to(_bytes(me, counts[me]), out, counts,
                                        self.patience("allgatherv_to")), want)
+
+    def _uneven_alltoallv(self) -> None:
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
 
         # member i sends (i + 2j) % 3 bytes to member j (zeros included)
         def count(i: int, j: int) -> int:
@@ -143,7 +153,7 @@ class _Checks:
 
     def equal_blocks(self) -> None:
         comm, n, me = self.comm, self.comm.size, self.comm.rank
-        for size in (1, 1000):
+        for size in (1, 1000, 100_003):  # the last: large, odd (a transport may change path)
             want = np.stack([_bytes(j, size) for j in range(n)])
             self.expect(f"allgather of {size} bytes",
                         comm.allgather(_bytes(me, size), self.patience("allgather")), want)

@@ -161,6 +161,20 @@ def oracle(case: Case, replica: int, num_replicas: int) -> np.ndarray:
     raise ValueError(case.op)
 
 
+def check_cases(strategy, cases: list[Case]) -> None:
+    """Run ``cases`` in one ``strategy.run`` (every replica, in order) and compare each
+    replica's results with the oracles (bit-identical)."""
+    R = strategy.num_replicas_in_sync
+
+    def step():
+        r = int(C.replication_index())
+        return r, [run_case(case, r) for case in cases]
+
+    for r, results in strategy.run(step):
+        for case, result in zip(cases, results):
+            assert_same(result, oracle(case, r, R), f"{case.key} on replica {r}")
+
+
 def assert_same(result, expected, what: str) -> None:
     """Bit-identical: same dtype, shape and bytes (NaN-safe)."""
     result = np.asarray(result)

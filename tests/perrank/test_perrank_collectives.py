@@ -15,34 +15,17 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives.strategies import IPUMultiReplicaStrategy
-from ipu_node import IPUConfig
 from poprun import popdist
 from tests.collective_cases import all_cases, assert_same, oracle, run_case
+from tests.collective_cases import check_cases
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
 
-@pytest.fixture(scope="module")
-def strategy():
-    cfg = IPUConfig()
-    popdist.set_ipu_config(cfg)
-    cfg.configure_ipu_system()
-    return IPUMultiReplicaStrategy()
-
-
 def test_every_case_matches_the_oracle_across_instances(strategy):
-    R = strategy.num_replicas_in_sync
-    cases = all_cases(R, dtypes=("float16", "float32", "int32", "bool"))
-
-    def step():
-        r = int(C.replication_index())
-        return r, [run_case(case, r) for case in cases]
-
-    for r, results in strategy.run(step):
-        for case, result in zip(cases, results):
-            assert_same(result, oracle(case, r, R), f"{case.key} on replica {r}")
+    check_cases(strategy, all_cases(strategy.num_replicas_in_sync,
+                                    dtypes=("float16", "float32", "int32", "bool")))
 
 
 def test_mismatch_between_instances_raises_on_every_replica(strategy):
