@@ -40,7 +40,7 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
 from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import PIECE_BYTES, RingWriter
+from collectives.transports.shm_channel import SEND_PIECE_BYTES, RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
@@ -65,8 +65,11 @@ def _rpc_text(exc: grpc.RpcError) -> str:
 
 def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     """Consecutive views of ``out`` of ``counts[j]`` bytes each."""
-    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    return [out[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
+    views, at = [], 0
+    for count in counts:
+        views.append(out[at:at + count])
+        at += count
+    return views
 
 
 class GrpcCommunicator(Communicator):
@@ -112,22 +115,45 @@ class GrpcCommunicator(Communicator):
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv_counts: Sequence[int], patience: Patience,
                   recv: np.ndarray | None = None) -> np.ndarray:
-        bounds = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
-        pieces = [send[bounds[j]:bounds[j + 1]] for j in range(self.size)]
         total = int(sum(recv_counts))
         out = np.empty(total, np.uint8) if recv is None else recv[:total]
-        self._exchange("alltoallv", pieces, _split(out, recv_counts), patience)
+        self._exchange("alltoallv", _split(send, send_counts), _split(out, recv_counts),
+                       patience)
         return out
 
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+        """Equal blocks, received straight into ``recv`` (returned)."""
+        counts = [send.nbytes // self.size] * self.size
+        self._exchange("alltoallv", _split(send, counts), _split(recv, counts), patience)
+        return recv
+
+    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
+                        patience: Patience) -> np.ndarray:
+        """The others' bytes straight into ``recv`` around this member's (no copy of the
+        own part, no new buffer); returns ``recv``."""
+        outs = _split(recv, recv_counts)
+        self._exchange("allgatherv", [outs[self.rank]] * self.size, outs, patience,
+                       own_in_place=True)
+        return recv
+
+    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      patience: Patience) -> np.ndarray:
+        """:meth:`allgatherv` straight into ``recv`` (returned)."""
+        if send.size != recv_counts[self.rank]:
+            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
+                             f"{recv_counts[self.rank]} for this member")
+        self._exchange("allgatherv", [send] * self.size, _split(recv, recv_counts), patience)
+        return recv
+
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        """The root sends to every member; the others receive into ``data`` (returned)."""
         empty = np.empty(0, np.uint8)
         if self.rank == root:
             self._exchange("broadcast", [data] * self.size, [empty] * self.size, patience)
             return data
-        out = np.empty(data.size, np.uint8)
         self._exchange("broadcast", [empty] * self.size,
-                       [out if j == root else empty for j in range(self.size)], patience)
-        return out
+                       [data if j == root else empty for j in range(self.size)], patience)
+        return data
 
     def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
                    patience: Patience) -> np.ndarray:
@@ -141,9 +167,10 @@ class GrpcCommunicator(Communicator):
     # -- the exchange -------------------------------------------------------------------
 
     def _exchange(self, op: str, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray],
-                  patience: Patience) -> None:
+                  patience: Patience, own_in_place: bool = False) -> None:
         """Send ``sends[j]`` to member j; receive ``outs[j].size`` bytes from member j into
-        ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]``)."""
+        ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]`` unless ``own_in_place``:
+        they are the same bytes)."""
         t = self._transport
         t.raise_if_failed()
         seq = self._seq
@@ -157,7 +184,7 @@ class GrpcCommunicator(Communicator):
         try:
             t.send_all([(member, sends[j]) for j, member in enumerate(self.members)
                         if j != self.rank and sends[j].size], self.name, seq, op, patience)
-            if outs[self.rank].size:
+            if outs[self.rank].size and not own_in_place:
                 outs[self.rank][...] = sends[self.rank]
             inbox = t.inbox
             while True:
@@ -349,7 +376,7 @@ class GrpcTransport(Transport):
                  sequence: int, op: str, patience: Patience | None = None) -> None:
         """Send each ``(member, data)`` of ``items`` (uint8) as exchange ``sequence`` of
         ``communicator``: into the ring shared with a same-host peer, in records of up to
-        :data:`~collectives.transports.shm_channel.PIECE_BYTES` taken from the members in
+        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES` taken from the members in
         turn (the receivers copy out in parallel while this instance copies in), else as
         chunks queued on the stream to the peer. Either way the bytes are copied, so
         ``data`` may change once this returns. Waiting for room in a ring drains this
@@ -382,12 +409,13 @@ class GrpcTransport(Transport):
             self.check_sends(waiting_on)
             if patience is not None:
                 patience.check()
+                patience.settle()   # the caller's overlap work (a result copy) meanwhile
             self.inbox.wait(0.05)
         while pieces:
             for entry in list(pieces):
                 ring, member, data, at = entry
                 waiting_on[0] = member
-                stop = min(at + PIECE_BYTES, data.size)
+                stop = min(at + SEND_PIECE_BYTES, data.size)
                 ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait)
                 if stop >= data.size:
                     pieces.remove(entry)

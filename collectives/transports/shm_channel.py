@@ -76,6 +76,9 @@ logger = logging.getLogger(__name__)
 RING_BYTES = 8 << 20
 #: largest piece of a tensor in one record, bytes (a chunk's limit)
 PIECE_BYTES = MAX_CHUNK_BYTES
+#: the pieces a sender cuts a tensor into, bytes: the receiver copies one out while the
+#: sender copies the next in (figures in the commit that chose it)
+SEND_PIECE_BYTES = 1 << 20
 #: bytes of a record's header: kind, name length (u32 each), source, call number, tensor
 #: bytes, offset, piece bytes (u64 each) and a u64 reserved
 RECORD_HEADER_BYTES = 48
