@@ -48,7 +48,7 @@ from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, chan
 from protos import peer_pb2 as ppb
 from protos.guard import TokenInterceptor
 
-__all__ = ["GrpcCommunicator", "GrpcTransport", "HEARTBEAT_INTERVAL_S"]
+__all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator", "GrpcTransport", "HEARTBEAT_INTERVAL_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,18 @@ def _rpc_text(exc: grpc.RpcError) -> str:
         return f"{exc.code().name}: {exc.details()}"
     except Exception:  # noqa: BLE001 - not a call error
         return str(exc)
+
+
+#: the most payload bytes per member :meth:`GrpcCommunicator.agree_gather` carries (the
+#: same bound as the MPI transport's ``EAGER_MAX_BYTES``; ipupod assumption: up to here one
+#: round of every member's bytes to every member costs less than a second round)
+EAGER_MAX_BYTES = 64 << 10
+_BLOCK_HEADER = 16   # an agree_gather block's fingerprint and payload length (<i8 each)
+_EMPTY = np.empty(0, np.uint8)
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
 
 
 def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
@@ -106,6 +118,79 @@ class GrpcCommunicator(Communicator):
             lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
             step *= 2
         return lo == hi
+
+    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+        """:meth:`agree` fused with an all-gather of a small ``payload`` (uint8, at most
+        :data:`EAGER_MAX_BYTES`; None: agree only): Bruck's dissemination all-gather of one
+        block per member, ``[fingerprint, length | payload padded to 8 bytes]``. In round
+        k (``2^k < P``) member r sends the first ``min(2^k, P - 2^k)`` blocks it holds to
+        member ``r - 2^k`` and appends those of member ``r + 2^k``: ``ceil(log2 P)`` rounds,
+        one message each, any P; every member sees every fingerprint, so all decide alike.
+        For a small call this is the agreement and the data in one round trip (P = 2: one
+        message each way) instead of two.
+
+        Returns:
+            ``(agreed, blocks)``: ``blocks`` every member's payload in member order (views
+            of buffers of their own), or None when ``payload`` is None or the fingerprints
+            differ.
+
+        Raises:
+            ValueError: ``payload`` is larger than :data:`EAGER_MAX_BYTES`.
+            TransportError: a peer's message is malformed (names it).
+            CollectiveTimeoutError: a member did not arrive within the patience's timeout.
+        """
+        n = 0 if payload is None else payload.nbytes
+        if n > EAGER_MAX_BYTES:
+            raise ValueError(f"agree_gather: a payload of {n} bytes; at most "
+                             f"{EAGER_MAX_BYTES}")
+        mine = np.zeros(_BLOCK_HEADER + _pad8(n), np.uint8)
+        mine[:_BLOCK_HEADER].view("<i8")[:] = (fingerprint, n)
+        if n:
+            mine[_BLOCK_HEADER:_BLOCK_HEADER + n] = payload.reshape(-1).view(np.uint8)
+        size, rank, dist = self.size, self.rank, 1
+        blocks = [mine]   # blocks[i] holds member (rank + i) % size
+        outs: list = [_EMPTY] * size
+        while dist < size:
+            count = min(dist, size - dist)
+            to, source = (rank - dist) % size, (rank + dist) % size
+            sends = [_EMPTY] * size
+            sends[to] = blocks[0] if count == 1 else np.concatenate(blocks[:count])
+            outs[source] = None
+            got = self._exchange("agree_gather", sends, outs, patience)[source]
+            outs[source] = _EMPTY
+            blocks.extend(self._blocks(got, count, self.members[source]))
+            dist <<= 1
+        words = [block[:_BLOCK_HEADER].view("<i8") for block in blocks]
+        if any(int(w[0]) != fingerprint for w in words):
+            return False, None
+        if payload is None:
+            return True, None
+        return True, [blocks[(j - rank) % size][_BLOCK_HEADER:
+                                                _BLOCK_HEADER + int(words[(j - rank) % size][1])]
+                      for j in range(size)]
+
+    @staticmethod
+    def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
+        """The ``count`` blocks of an :meth:`agree_gather` message from instance ``source``.
+
+        Raises:
+            TransportError: the message is not ``count`` well-formed blocks.
+        """
+        blocks, at = [], 0
+        for _ in range(count):
+            length = -1 if at + _BLOCK_HEADER > got.size else \
+                int(got[at:at + _BLOCK_HEADER].view("<i8")[1])
+            end = at + _BLOCK_HEADER + _pad8(max(length, 0))
+            if not 0 <= length <= EAGER_MAX_BYTES or end > got.size:
+                raise TransportError(f"a malformed agreement message from instance {source}: "
+                                     f"{got.size} bytes for {count} blocks")
+            blocks.append(got[at:end])
+            at = end
+        if at != got.size:
+            raise TransportError(f"a malformed agreement message from instance {source}: "
+                                 f"{got.size} bytes for {count} blocks")
+        return blocks
 
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
         out = np.empty((self.size, send.size), np.uint8)
@@ -166,11 +251,13 @@ class GrpcCommunicator(Communicator):
 
     # -- the exchange -------------------------------------------------------------------
 
-    def _exchange(self, op: str, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray],
-                  patience: Patience, own_in_place: bool = False) -> None:
+    def _exchange(self, op: str, sends: Sequence[np.ndarray],
+                  outs: Sequence[np.ndarray | None], patience: Patience,
+                  own_in_place: bool = False) -> dict[int, np.ndarray]:
         """Send ``sends[j]`` to member j; receive ``outs[j].size`` bytes from member j into
         ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]`` unless ``own_in_place``:
-        they are the same bytes)."""
+        they are the same bytes). ``outs[j]`` None: whatever member j sends (at least a
+        byte), returned as ``{j: bytes}`` in a buffer of its own."""
         t = self._transport
         t.raise_if_failed()
         seq = self._seq
@@ -178,13 +265,15 @@ class GrpcCommunicator(Communicator):
         mailbox = t.mailbox
         mailbox.at(self.name, seq)
         waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
-                   if j != self.rank and outs[j].size}
+                   if j != self.rank and (outs[j] is None or outs[j].size)}
         for j, key in waiting.items():
-            mailbox.post(key, outs[j])
+            if outs[j] is not None:
+                mailbox.post(key, outs[j])
+        unsized = {}
         try:
             t.send_all([(member, sends[j]) for j, member in enumerate(self.members)
                         if j != self.rank and sends[j].size], self.name, seq, op, patience)
-            if outs[self.rank].size and not own_in_place:
+            if outs[self.rank] is not None and outs[self.rank].size and not own_in_place:
                 outs[self.rank][...] = sends[self.rank]
             inbox = t.inbox
             while True:
@@ -192,7 +281,10 @@ class GrpcCommunicator(Communicator):
                 for j in list(waiting):
                     value = mailbox.take(waiting[j])
                     if value is not None:
-                        self._deliver(op, seq, j, value, outs[j])
+                        if outs[j] is None:
+                            unsized[j] = value
+                        else:
+                            self._deliver(op, seq, j, value, outs[j])
                         del waiting[j]
                 if not waiting:
                     break
@@ -205,6 +297,7 @@ class GrpcCommunicator(Communicator):
             for key in waiting.values():
                 mailbox.unpost(key)
         t.raise_if_failed()
+        return unsized
 
     def _deliver(self, op: str, seq: int, j: int, value: np.ndarray, out: np.ndarray) -> None:
         if value.size != out.size:
