@@ -40,7 +40,7 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
 from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import SEND_PIECE_BYTES, RingWriter
+from collectives.transports.shm_channel import SEND_PIECE_BYTES, SPACE_POLL_S, RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
@@ -503,7 +503,7 @@ class GrpcTransport(Transport):
             if patience is not None:
                 patience.check()
                 patience.settle()   # the caller's overlap work (a result copy) meanwhile
-            self.inbox.wait(0.05)
+            self.inbox.wait(SPACE_POLL_S)
         while pieces:
             for entry in list(pieces):
                 ring, member, data, at = entry

@@ -41,7 +41,8 @@ Control page (the first :data:`CONTROL_BYTES`), as 64-bit words: bytes 0-15 the 
 4 the receiver's attached mark; word 8 the read position (absolute ring position up to
 which the receiver has consumed; only the receiver writes it); word 12 the write position
 (absolute ring position up to which records are complete; only the sender writes it, after
-the record's bytes: x86's stores are seen in program order). A record never wraps: if it
+the record's bytes: x86's stores are seen in program order); word 16 the sender's "waiting
+for room" flag (see :data:`SPACE_POLL_S`). A record never wraps: if it
 does not fit before the end of the data area, the sender marks the rest of the lap skipped
 (a skip header, or nothing when fewer than :data:`RECORD_HEADER_BYTES` are left) and the
 record starts at the beginning. The receiver checks every header against the ring's bounds
@@ -91,7 +92,15 @@ MAX_RING_BYTES = 1 << 30
 #: bytes of the control page before the data area
 CONTROL_BYTES = 4096
 _NONCE_BYTES = 16
-_ATTACHED, _READ_POSITION, _WRITE_POSITION = 4, 8, 12   # words of the control page
+# words of the control page
+_ATTACHED, _READ_POSITION, _WRITE_POSITION, _WRITER_WAITING = 4, 8, 12, 16
+#: seconds between the sender's looks at the read position while it waits for room: the
+#: receiver signals a release only while the sender says it waits (a signal per record
+#: would wake a sender that waits for data, not room: two context switches for nothing),
+#: and may read that flag just before the sender sets it (x86 may reorder a store before a
+#: later load), so the sender looks again after at most this long (ipupod assumption: rare,
+#: and short against the copy of a piece)
+SPACE_POLL_S = 0.002
 _ATTACHED_MARK = 0x1A77AC4ED
 #: seconds a sender keeps its hand-over socket open for the receiver, and the longest a
 #: receiver waits on it
@@ -174,8 +183,9 @@ class RingWriter:
         self._token = token.encode()
         self._fd: int | None = os.memfd_create("ipupod-grpc-shm", os.MFD_CLOEXEC)
         self._event: int | None = None
-        #: the eventfd the receiver writes after each record it released (readable: there
-        #: may be room now); the sender polls it while it waits for room
+        #: the eventfd the receiver writes after a record it released while the sender
+        #: waits for room; the sender polls it (and the read position every
+        #: :data:`SPACE_POLL_S`)
         self.space: int | None = None
         try:
             os.ftruncate(self._fd, CONTROL_BYTES + capacity)
@@ -273,8 +283,13 @@ class RingWriter:
             start += self.capacity - at
             at = 0
         end = start + size
-        while end - int(self._control[_READ_POSITION]) > self.capacity:
-            wait()
+        if end - int(self._control[_READ_POSITION]) > self.capacity:
+            self._control[_WRITER_WAITING] = 1
+            try:
+                while end - int(self._control[_READ_POSITION]) > self.capacity:
+                    wait()
+            finally:
+                self._control[_WRITER_WAITING] = 0
         base = CONTROL_BYTES + at
         if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
             _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
@@ -315,7 +330,7 @@ class RingReader:
         self._consumed = 0
         #: the eventfd the sender writes after each record (readable: records may wait)
         self.event: int | None = event
-        self._space: int | None = space   # written after each release (see RingWriter)
+        self._space: int | None = space   # a release while the sender waits for room
         self._control[_ATTACHED] = _ATTACHED_MARK
 
     @classmethod
@@ -400,14 +415,8 @@ class RingReader:
         overwrite it."""
         self._consumed = end
         self._control[_READ_POSITION] = end
-        os.eventfd_write(self._space, 1)
-
-    def clear(self) -> None:
-        """Reset the eventfd (before reading the records it announced)."""
-        try:
-            os.eventfd_read(self.event)
-        except BlockingIOError:
-            pass
+        if self._control[_WRITER_WAITING]:
+            os.eventfd_write(self._space, 1)
 
     def close(self) -> None:
         for fd in (self.event, self._space):
