@@ -338,3 +338,30 @@ def test_the_inbox_files_tensors_into_posted_buffers(ring_pair):
         assert inbox.bytes_received == data.size + 3
     finally:
         inbox.close()
+
+
+def test_a_large_tensor_waits_in_the_ring_until_its_call_posts(ring_pair):
+    """Above EARLY_BYTES an early tensor stays in the ring (the records behind it too) and
+    lands in the buffer its call posts later; a small one is taken at once."""
+    from collectives.transports.grpc_mailbox import Mailbox
+    from collectives.transports.grpc_rings import EARLY_BYTES, RingInbox
+    writer, reader = ring_pair
+    mailbox = Mailbox()
+    inbox = RingInbox(mailbox, 0, 2)
+    try:
+        inbox.add(reader)
+        small = np.arange(10, dtype=np.uint8)
+        large = np.random.default_rng(2).integers(0, 256, EARLY_BYTES + 1, dtype=np.uint8)
+        writer.write_record(1, b"0,1", 0, small.size, 0, small, inbox.drain)
+        writer.write_record(1, b"0,1", 1, large.size, 0, large, inbox.drain)
+        writer.write_record(1, b"0,1", 2, small.size, 0, small, inbox.drain)
+        inbox.drain()
+        assert mailbox.take(("0,1", 0, 1)).tobytes() == small.tobytes()
+        assert mailbox.take(("0,1", 1, 1)) is None and mailbox.take(("0,1", 2, 1)) is None
+        posted = np.zeros(large.size, np.uint8)
+        mailbox.post(("0,1", 1, 1), posted)
+        inbox.drain()
+        assert mailbox.take(("0,1", 1, 1)) is posted and posted.tobytes() == large.tobytes()
+        assert mailbox.take(("0,1", 2, 1)).tobytes() == small.tobytes()
+    finally:
+        inbox.close()

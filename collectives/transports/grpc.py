@@ -267,8 +267,7 @@ class GrpcCommunicator(Communicator):
         waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
                    if j != self.rank and (outs[j] is None or outs[j].size)}
         for j, key in waiting.items():
-            if outs[j] is not None:
-                mailbox.post(key, outs[j])
+            mailbox.post(key, outs[j])
         unsized = {}
         try:
             t.send_all([(member, sends[j]) for j, member in enumerate(self.members)
@@ -497,6 +496,8 @@ class GrpcTransport(Transport):
         waiting_on = [0]
 
         def wait():   # no room in the ring to waiting_on[0]: progress, checks, sleep
+            for entry in pieces:   # records written this round must not wait for the wake
+                entry[0].signal()
             self.inbox.drain()
             self.raise_if_failed()
             self.check_sends(waiting_on)
@@ -504,16 +505,17 @@ class GrpcTransport(Transport):
                 patience.check()
                 patience.settle()   # the caller's overlap work (a result copy) meanwhile
             self.inbox.wait(SPACE_POLL_S)
-        while pieces:
-            for entry in list(pieces):
+        while pieces:   # a piece to every member, then wake them all (see write_record)
+            for entry in pieces:
                 ring, member, data, at = entry
                 waiting_on[0] = member
                 stop = min(at + SEND_PIECE_BYTES, data.size)
-                ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait)
-                if stop >= data.size:
-                    pieces.remove(entry)
-                else:
-                    entry[3] = stop
+                ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait,
+                                  signal=False)
+                entry[3] = stop
+            for entry in pieces:
+                entry[0].signal()
+            pieces = [entry for entry in pieces if entry[3] < entry[2].size]
 
     def _open_outbox(self, member: int) -> Outbox:
         ring = None

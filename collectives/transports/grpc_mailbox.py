@@ -109,7 +109,7 @@ class Mailbox:
                 raise WireError(f"tensor {key}: exchange {sequence} on {communicator!r} from "
                                 f"instance {source} is far ahead of this instance's "
                                 f"{position} (at most {window} ahead)")
-            if key in self._posted:
+            if self._posted.get(key) is not None:
                 return
             buffered = self._buffered.get(source, 0) + nbytes
             if buffered > self.max_buffered_bytes:
@@ -119,8 +119,9 @@ class Mailbox:
             self._buffered[source] = buffered
             self._reserved[key] = nbytes
 
-    def post(self, key: tuple[str, int, int], buffer: np.ndarray) -> None:
-        """Let the tensor ``key`` land in ``buffer`` (uint8, its expected size)."""
+    def post(self, key: tuple[str, int, int], buffer: np.ndarray | None) -> None:
+        """Let the tensor ``key`` land in ``buffer`` (uint8, its expected size; None: a
+        buffer of its own, any size): the call waits for it now (:meth:`wanted`)."""
         with self.cond:
             if key not in self._items:
                 self._posted[key] = buffer
@@ -129,6 +130,10 @@ class Mailbox:
     def unpost(self, key: tuple[str, int, int]) -> None:
         with self.cond:
             self._posted.pop(key, None)
+
+    def wanted(self, key: tuple[str, int, int]) -> bool:
+        """Whether a call waits for the tensor ``key`` (posted a buffer, or None)."""
+        return key in self._posted   # one dict lookup: atomic under the GIL
 
     def claim(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
         """The buffer posted for ``key`` if it holds exactly ``nbytes``, else None."""

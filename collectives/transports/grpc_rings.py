@@ -23,7 +23,16 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_wire import WireError
 from collectives.transports.shm_channel import Record, RingReader
 
-__all__ = ["RingInbox"]
+__all__ = ["EARLY_BYTES", "RingInbox"]
+
+#: a tensor larger than this that arrives before its call waits for it stays in the ring
+#: until the call posts its buffer (it then lands there: one copy, no buffer of its own to
+#: allocate, fill and copy again); smaller ones are taken at once (ipupod assumption: their
+#: copies cost less than holding up the records behind them). A peer's records are in
+#: the order of its exchanges, which is this instance's order, so nothing this instance
+#: waits for is ever behind a held one; the sender, whose ring may fill meanwhile, drains
+#: its own rings while it waits for room.
+EARLY_BYTES = 64 << 10
 
 
 class RingInbox:
@@ -105,16 +114,17 @@ class RingInbox:
             while True:
                 try:
                     record = ring.next_record()
-                    if record is None:
+                    if record is None or not self._file(i, record):
                         break
-                    self._file(i, record)
                 except WireError as exc:
                     raise TransportError(
                         f"instance {self.process_index}: the shared-memory ring of instance "
                         f"{self._sources[i]} was refused ({exc})") from None
                 ring.release(record.end)
 
-    def _file(self, i: int, record: Record) -> None:
+    def _file(self, i: int, record: Record) -> bool:
+        """Copy ``record`` into its tensor's buffer; False: not now (a large tensor that no
+        call waits for yet stays in the ring, see :data:`EARLY_BYTES`)."""
         source = self._sources[i]
         if source is None:
             if not 0 <= record.source < self.num_instances \
@@ -130,6 +140,9 @@ class RingInbox:
         if partial is None:
             if record.offset:
                 raise WireError(f"tensor {key} starts at offset {record.offset}")
+            if record.nbytes > EARLY_BYTES and not self.mailbox.wanted(key):
+                self.mailbox.admit(key, 0)   # the window checks: refuse junk at once
+                return False
             self.mailbox.admit(key, record.nbytes)
             buffer = self.mailbox.claim(key, record.nbytes)
             partial = [key, np.empty(record.nbytes, np.uint8) if buffer is None else buffer, 0]
@@ -147,6 +160,7 @@ class RingInbox:
             self.mailbox.put(key, partial[1], wake=False)
         else:
             self._partial[i] = partial
+        return True
 
     def close(self) -> None:
         with self._lock:

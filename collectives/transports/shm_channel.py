@@ -264,13 +264,15 @@ class RingWriter:
         return self._attached
 
     def write_record(self, source: int, name: bytes, sequence: int, nbytes: int, offset: int,
-                     piece: np.ndarray, wait: Callable[[], None]) -> None:
+                     piece: np.ndarray, wait: Callable[[], None], signal: bool = True) -> None:
         """Copy a record (``piece``, uint8, <= :data:`PIECE_BYTES`: bytes ``offset`` on of a
         tensor of ``nbytes`` for call ``sequence`` of communicator ``name`` from instance
         ``source``) into the ring once there is room, publish it and wake the receiver.
         ``wait()`` runs while there is no room (it raises to give up: peer lost, timeout;
         the transport drains its own incoming rings there and sleeps until :attr:`space`
-        or one of its own rings is readable)."""
+        or one of its own rings is readable). ``signal`` False: the caller wakes the
+        receiver later (:meth:`signal`), after its records to other peers are written too
+        (a wake-up may hand the CPU to the woken receiver at once)."""
         n = piece.size
         size = record_bytes(len(name), n)
         if size > self.capacity or len(name) > MAX_NAME_BYTES:
@@ -301,6 +303,11 @@ class RingWriter:
             self._data[at:at + n] = piece
         self._position = end
         self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
+        if signal:
+            os.eventfd_write(self._event, 1)
+
+    def signal(self) -> None:
+        """Wake the receiver: records are waiting."""
         os.eventfd_write(self._event, 1)
 
     def close(self) -> None:
