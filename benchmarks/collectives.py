@@ -7,7 +7,10 @@
    replica each) over MPI: every op against the raw mpi4py buffer call doing the same work
    (``Allreduce``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``, ``Bcast``),
    4 KiB to 64 MiB, interleaved. Over gRPC (``--transport grpc``, ``poprun --launcher
-   local``): against torch.distributed's gloo when torch is installed, else ours alone.
+   local``): against torch.distributed's gloo when torch is installed (optional, not a
+   dependency of ipupod: ``pip install torch==2.13.0`` for the gloo baseline; its CPU
+   tensors share memory with the numpy buffers through ``torch.from_numpy``), else ours
+   alone.
    Sizes are nccl-tests' (anchors §5): the allreduce/broadcast buffer, the all-gather
    *output*, the reduce-scatter and all-to-all *input*. algbw = size / time; busbw = algbw x
    2(n-1)/n (allreduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast).
