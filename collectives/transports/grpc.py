@@ -1,7 +1,7 @@
 """The gRPC transport: peer-to-peer tensor exchange, with a coordinator for the rendezvous.
 
-Each instance serves ``peer.proto``'s ``Peer.Exchange`` (a stream of chunks, 1 MiB of raw
-bytes each) and registers its address with the job's coordinator (``coordinator.proto``,
+Each instance serves ``peer.proto``'s ``Peer.Exchange`` (a stream of chunks, up to 1 MiB of
+raw bytes each) and registers its address with the job's coordinator (``coordinator.proto``,
 hosted by poprun or by TF_CONFIG's worker 0), which answers with the peer table. Each
 instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no call setup,
 no thread start per exchange); tensors follow one another on it, each a run of chunks. The

@@ -62,11 +62,11 @@ class RingInbox:
         self._closed = False
 
     def wake(self) -> None:
-        """Wake the waiting call (any thread)."""
-        try:
-            os.eventfd_write(self._wake, 1)
-        except OSError:   # closed at shutdown
-            pass
+        """Wake the waiting call (any thread; nothing once closed: the fd number may have
+        been reused)."""
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self._wake, 1)
 
     def add(self, ring: RingReader) -> None:
         """A ring a server thread mapped; read from the next :meth:`drain` on (any thread)."""
@@ -75,7 +75,7 @@ class RingInbox:
                 ring.close()
                 return
             self._new.append(ring)
-        self.wake()
+            os.eventfd_write(self._wake, 1)
 
     def watch(self, fd: int) -> None:
         """Also end :meth:`wait` when ``fd`` (an eventfd: a ring this instance writes to has
@@ -164,8 +164,10 @@ class RingInbox:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
             rings, self._rings, self._new = self._rings + self._new, [], []
+            os.close(self._wake)
         for ring in rings:
             ring.close()
-        os.close(self._wake)
