@@ -7,10 +7,10 @@ instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no c
 no thread start per exchange); tensors follow one another on it, each a run of chunks. The
 receiver assembles a tensor straight into the buffer the matching call posted (or a buffer of
 its own if it arrives first) and files it under (communicator, call number, source)
-(``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the same host every tensor goes
-through a shared-memory ring instead, written by the sending call and read by the receiving
-call in its own thread, the stream carrying only the ring's offer (``shm_channel.py``,
-``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
+(``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the
+same host every tensor goes through a shared-memory ring instead, written by the sending
+call and read by the receiving call in its own thread, the stream carrying only the ring's
+offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
