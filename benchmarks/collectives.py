@@ -8,7 +8,10 @@
    replica each) over MPI: every op against the raw mpi4py buffer call doing the same work
    (``Allreduce``, ``Allgather``, ``Reduce_scatter_block``, ``Alltoall``, ``Bcast``),
    4 KiB to 64 MiB, interleaved. Over gRPC (``--transport grpc``, ``poprun --launcher
-   local``): against torch.distributed's gloo when torch is installed, else ours alone.
+   local``): against torch.distributed's gloo when torch is installed (optional, not a
+   dependency of ipupod: ``pip install torch==2.13.0`` for the gloo baseline; its CPU
+   tensors share memory with the numpy buffers through ``torch.from_numpy``), else ours
+   alone.
    Sizes are nccl-tests' (anchors §5): the allreduce/broadcast buffer, the all-gather
    *output*, the reduce-scatter and all-to-all *input*. algbw = size / time; busbw = algbw x
    2(n-1)/n (allreduce), (n-1)/n (all-gather, reduce-scatter, all-to-all), 1 (broadcast).
@@ -131,8 +134,10 @@ class _RawMPI:
             "broadcast": lambda: comm.Bcast(x, 0),
         }[op]
 
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
+    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Sum ``x`` over the instances into ``out``; returns ``out``."""
         self.comm.Allreduce(x, out)
+        return out
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -179,20 +184,30 @@ class _RawGloo:
         self.rank, self.size = rank, size
 
     def op(self, op: str, x: np.ndarray, out: np.ndarray):
-        t, dist = self.torch.from_numpy(x), self.dist
-        o = self.torch.from_numpy(out)
+        """The gloo call doing ``op``'s work on CPU tensors sharing memory with ``x`` and
+        ``out`` (``torch.from_numpy``: no copy). all_reduce and broadcast work in place, on
+        a copy of ``x`` made here (untimed), so that ``x`` keeps its values for ours."""
+        dist, from_numpy = self.dist, self.torch.from_numpy
+        t, o = from_numpy(x), from_numpy(out)
+        # torch 2.13 names the tensor forms *_single (the *_tensor names warn)
+        all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
         if op == "cross_replica_sum":
-            return lambda: dist.all_reduce(t)
+            own = from_numpy(x.copy())
+            return lambda: dist.all_reduce(own)
         if op == "all_gather":
-            return lambda: dist.all_gather_into_tensor(o, t)
+            return lambda: all_gather(o, t)
         if op == "reduce_scatter":
-            return lambda: dist.reduce_scatter_tensor(o, t)
+            return lambda: reduce_scatter(o, t)
         if op == "all_to_all":
             return lambda: dist.all_to_all_single(o, t)
-        return lambda: dist.broadcast(t, 0)
+        own = from_numpy(x.copy())
+        return lambda: dist.broadcast(own, 0)
 
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> None:
+    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Sum ``x`` over the instances, in place (gloo's all_reduce); returns ``x``."""
         self.dist.all_reduce(self.torch.from_numpy(x))
+        return x
 
     def barrier(self) -> None:
         self.dist.barrier()
@@ -342,19 +357,20 @@ def gradient_rows(strategy, raw, barrier, quick: bool) -> dict:
     if nest_ok:
         fns["ours_nest"] = lambda: strategy.run(lambda: C.cross_replica_sum(grads) and None)
     if raw is not None:
+        raw_grads = [g.copy() for g in grads]  # gloo sums in place: not ours' inputs
         outs = [np.empty_like(g) for g in grads]
         flat, flat_out = np.empty(total, np.float32), np.empty(total, np.float32)
 
         def raw_per_tensor():
-            for g, o in zip(grads, outs):
+            for g, o in zip(raw_grads, outs):
                 raw.allreduce(g, o)
 
         def raw_fused():
             np.concatenate([g.reshape(-1) for g in grads], out=flat)
-            raw.allreduce(flat, flat_out)
+            summed = raw.allreduce(flat, flat_out)
             at = 0
             for o in outs:
-                o.reshape(-1)[:] = flat_out[at:at + o.size]
+                o.reshape(-1)[:] = summed[at:at + o.size]
                 at += o.size
         fns["raw_per_tensor"] = raw_per_tensor
         fns["raw_fused"] = raw_fused

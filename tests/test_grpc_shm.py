@@ -122,7 +122,7 @@ def _offer(ring, **override):
 
 @pytest.mark.parametrize("messages, needle", [
     (lambda ring: [encode_chunk(_header(shm_position=0, shm_nbytes=100), b"")],
-     "no ring is mapped"),
+     "never as stream chunks"),
     (lambda ring: [_offer(ring, nonce=b"short")], "nonce"),
     (lambda ring: [_offer(ring, capacity=1 << 40)], "capacity"),
     (lambda ring: [_offer(ring), _offer(ring)], "first message"),
@@ -130,7 +130,7 @@ def _offer(ring, **override):
      "both a payload"),
     (lambda ring: [_offer(ring), encode_chunk(_header(shm_position=RING_BYTES - 50,
                                                       shm_nbytes=100), b"")],
-     "out of the ring"),
+     "never as stream chunks"),
 ])
 def test_malformed_shared_memory_messages_are_refused(mixed_hosts, messages, needle):
     _, ts = mixed_hosts
@@ -233,3 +233,135 @@ def test_an_offer_naming_another_processes_file_is_never_opened(tmp_path):
                             nonce=b"N" * 16, capacity=PIECE_BYTES)
         assert RingReader.attach(offer, host_id(), TOKEN) is None
     assert victim.read_bytes() == content
+
+
+# -- the ring's records (read by the calling thread) ---------------------------------------
+
+@pytest.fixture
+def ring_pair():
+    from collectives.transports.shm_channel import RingReader
+    writer = RingWriter(token=TOKEN)
+    reader = RingReader.attach(writer.offer(host_id()), host_id(), TOKEN)
+    assert reader is not None and writer.attached
+    yield writer, reader
+    reader.close()
+    writer.close()
+
+
+def _read_all(reader):
+    out = []
+    while (record := reader.next_record()) is not None:
+        out.append(record._replace(piece=record.piece.copy()))
+        reader.release(record.end)
+    return out
+
+
+def test_records_go_round_the_ring_in_order_and_wait_for_room(ring_pair):
+    """3 MiB pieces in an 8 MiB ring: the third does not fit before the end (a skip), the
+    writer waits for room (its wait() reads what is there) and every byte comes out."""
+    writer, reader = ring_pair
+    rng = np.random.default_rng(0)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8)
+              for n in (3 << 20, 3 << 20, 3 << 20, 5, 3 << 20, 0, 4 << 20)]
+    got = []
+    for seq, piece in enumerate(pieces):
+        writer.write_record(1, b"0,1", seq, piece.size, 0, piece,
+                            lambda: got.extend(_read_all(reader)))
+    got.extend(_read_all(reader))
+    assert [(r.source, r.communicator, r.sequence, r.offset) for r in got] == \
+        [(1, "0,1", seq, 0) for seq in range(len(pieces))]
+    for record, piece in zip(got, pieces):
+        assert record.nbytes == piece.size and record.piece.tobytes() == piece.tobytes()
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    (0, 0x1234, "kind 0x1234"), (1, 0, "name of 0 bytes"), (1, 10_000, "name of 10000"),
+    (6, 1 << 30, "piece of 1073741824"), (5, 1 << 40, "at 1099511627776"),
+])
+def test_malformed_records_are_refused(ring_pair, field, value, needle):
+    import struct
+
+    from collectives.transports.grpc_wire import WireError
+    from collectives.transports.shm_channel import CONTROL_BYTES
+    writer, reader = ring_pair
+    writer.write_record(1, b"0,1", 7, 100, 0, np.zeros(100, np.uint8), lambda: None)
+    words = list(struct.unpack_from("<IIQQQQQQ", writer._map, CONTROL_BYTES))
+    words[field] = value
+    struct.pack_into("<IIQQQQQQ", writer._map, CONTROL_BYTES, *words)
+    with pytest.raises(WireError, match="breaks the ring's rules") as info:
+        reader.next_record()
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("records, needle", [
+    ([(1, 0, 50, 10)], "starts at offset 10"),
+    ([(1, 0, 100, 0), (1, 1, 100, 50)], "arrived in tensor"),
+    ([(1, 0, 100, 0), (0, 0, 100, 50)], "in the ring of instance 1"),
+    ([(5, 0, 10, 0)], "not a peer"),
+])
+def test_the_inbox_refuses_records_out_of_order(ring_pair, records, needle):
+    from collectives.errors import TransportError
+    from collectives.transports.grpc_mailbox import Mailbox
+    from collectives.transports.grpc_rings import RingInbox
+    writer, reader = ring_pair
+    inbox = RingInbox(Mailbox(), 0, 3)
+    try:
+        inbox.add(reader)
+        for source, seq, nbytes, offset in records:
+            writer.write_record(source, b"0,1,2", seq, nbytes, offset,
+                                np.zeros(min(50, nbytes - offset), np.uint8), lambda: None)
+        with pytest.raises(TransportError, match=needle):
+            inbox.drain()
+    finally:
+        inbox.close()   # closes the reader too
+
+
+def test_the_inbox_files_tensors_into_posted_buffers(ring_pair):
+    from collectives.transports.grpc_mailbox import Mailbox
+    from collectives.transports.grpc_rings import RingInbox
+    writer, reader = ring_pair
+    mailbox = Mailbox()
+    inbox = RingInbox(mailbox, 0, 2)
+    try:
+        inbox.add(reader)
+        posted = np.zeros(6 << 20, np.uint8)
+        mailbox.post(("0,1", 0, 1), posted)
+        data = np.random.default_rng(1).integers(0, 256, posted.size, dtype=np.uint8)
+        for at in range(0, data.size, 4 << 20):
+            writer.write_record(1, b"0,1", 0, data.size, at, data[at:at + (4 << 20)],
+                                inbox.drain)
+        writer.write_record(1, b"0,1", 1, 3, 0, data[:3], inbox.drain)
+        inbox.wait(1.0)   # the eventfd is readable: returns at once
+        inbox.drain()
+        assert mailbox.take(("0,1", 0, 1)) is posted and posted.tobytes() == data.tobytes()
+        assert mailbox.take(("0,1", 1, 1)).tobytes() == data[:3].tobytes()
+        assert inbox.bytes_received == data.size + 3
+    finally:
+        inbox.close()
+
+
+def test_a_large_tensor_waits_in_the_ring_until_its_call_posts(ring_pair):
+    """Above EARLY_BYTES an early tensor stays in the ring (the records behind it too) and
+    lands in the buffer its call posts later; a small one is taken at once."""
+    from collectives.transports.grpc_mailbox import Mailbox
+    from collectives.transports.grpc_rings import EARLY_BYTES, RingInbox
+    writer, reader = ring_pair
+    mailbox = Mailbox()
+    inbox = RingInbox(mailbox, 0, 2)
+    try:
+        inbox.add(reader)
+        small = np.arange(10, dtype=np.uint8)
+        large = np.random.default_rng(2).integers(0, 256, EARLY_BYTES + 1, dtype=np.uint8)
+        writer.write_record(1, b"0,1", 0, small.size, 0, small, inbox.drain)
+        writer.write_record(1, b"0,1", 1, large.size, 0, large, inbox.drain)
+        writer.write_record(1, b"0,1", 2, small.size, 0, small, inbox.drain)
+        inbox.drain()
+        assert mailbox.take(("0,1", 0, 1)).tobytes() == small.tobytes()
+        assert mailbox.take(("0,1", 1, 1)) is None and mailbox.take(("0,1", 2, 1)) is None
+        posted = np.zeros(large.size, np.uint8)
+        mailbox.post(("0,1", 1, 1), posted)
+        inbox.drain()
+        assert mailbox.take(("0,1", 1, 1)) is posted and posted.tobytes() == large.tobytes()
+        assert mailbox.take(("0,1", 2, 1)).tobytes() == small.tobytes()
+    finally:
+        inbox.close()

@@ -265,3 +265,40 @@ def test_abort_reaches_every_instance(job):
             time.sleep(0.05)
         with pytest.raises(PeerLostError, match=r"instance 2 failed \(exit code 3\)"):
             t.communicator((0, 1)).allgather(np.zeros(4, np.uint8), _patience())
+
+
+# -- agree_gather: the agreement fused with a small call's data ---------------------------
+
+@pytest.mark.parametrize("members", [(0, 1), (0, 1, 2)])
+def test_agree_gather_carries_every_members_payload(job, members):
+    _, ts = job
+    comms = [ts[m].communicator(members) for m in members]
+    payloads = [np.random.default_rng(m).integers(0, 256, 5 + 3 * m, dtype=np.uint8)
+                for m in members]
+    for _ in range(3):   # repeated: the exchanges' sequence numbers stay in step
+        got = _parallel([(lambda i=i: comms[i].agree_gather(77, payloads[i], _patience()))
+                         for i in range(len(members))])
+        for agreed, blocks in got:
+            assert agreed and [b.tobytes() for b in blocks] == [p.tobytes() for p in payloads]
+    got = _parallel([(lambda i=i: comms[i].agree_gather(77, None, _patience()))
+                     for i in range(len(members))])
+    assert got == [(True, None)] * len(members)
+    got = _parallel([(lambda i=i: comms[i].agree_gather(5 if i == 1 else 6, payloads[i],
+                                                         _patience()))
+                     for i in range(len(members))])
+    assert got == [(False, None)] * len(members)   # every member sees the difference
+
+
+def test_agree_gather_refuses_malformed_blocks_and_large_payloads(job):
+    from collectives.transports.grpc import EAGER_MAX_BYTES, GrpcCommunicator
+    block = np.zeros(24, np.uint8)
+    block[:16].view("<i8")[:] = (1, 8)
+    assert len(GrpcCommunicator._blocks(np.concatenate([block, block]), 2, 1)) == 2
+    block[8:16].view("<i8")[0] = 9   # a length past the block's end
+    for bad in (block, block[:10], np.concatenate([block, block])):
+        with pytest.raises(TransportError, match="malformed agreement message from instance 1"):
+            GrpcCommunicator._blocks(bad, 1, 1)
+    _, ts = job
+    with pytest.raises(ValueError, match="at most"):
+        ts[0].communicator((0, 1, 2)).agree_gather(
+            1, np.zeros(EAGER_MAX_BYTES + 1, np.uint8), _patience())

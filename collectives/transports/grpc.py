@@ -1,14 +1,16 @@
 """The gRPC transport: peer-to-peer tensor exchange, with a coordinator for the rendezvous.
 
-Each instance serves ``peer.proto``'s ``Peer.Exchange`` (a stream of chunks, 1 MiB of raw
-bytes each) and registers its address with the job's coordinator (``coordinator.proto``,
+Each instance serves ``peer.proto``'s ``Peer.Exchange`` (a stream of chunks, up to 1 MiB of
+raw bytes each) and registers its address with the job's coordinator (``coordinator.proto``,
 hosted by poprun or by TF_CONFIG's worker 0), which answers with the peer table. Each
 instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no call setup,
 no thread start per exchange); tensors follow one another on it, each a run of chunks. The
 receiver assembles a tensor straight into the buffer the matching call posted (or a buffer of
-its own if it arrives first) and files it under (communicator, call number, source). Between
-peers on the same host the bytes go through a shared-memory ring instead, the stream carrying
-only the headers (``shm_channel.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
+its own if it arrives first) and files it under (communicator, call number, source)
+(``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the
+same host every tensor goes through a shared-memory ring instead, written by the sending
+call and read by the receiving call in its own thread, the stream carrying only the ring's
+offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
@@ -21,9 +23,7 @@ Nothing is pickled.
 from __future__ import annotations
 
 import atexit
-import hmac
 import logging
-import queue
 import socket
 import threading
 import time
@@ -35,12 +35,13 @@ import numpy as np
 from collectives.errors import PeerLostError, TransportClosedError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
+from collectives.transports.grpc_communicator import EAGER_MAX_BYTES, GrpcCommunicator
 from collectives.transports.grpc_coordinator import CoordinatorClient, CoordinatorError
-from collectives.transports.grpc_wire import Assembly, WireError, chunk_headers, decode_chunk, \
-    encode_chunk, encode_offer
-from collectives.transports.grpc_wire import MAX_TENSOR_BYTES
-from collectives.transports.shm_channel import MIN_SHM_BYTES, PIECE_BYTES, RingReader, \
-    RingWriter
+from collectives.transports.grpc_mailbox import Mailbox
+from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
+from collectives.transports.grpc_rings import RingInbox
+from collectives.transports.grpc_wire import chunk_headers, encode_chunk
+from collectives.transports.shm_channel import SEND_PIECE_BYTES, SPACE_POLL_S, RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
@@ -48,30 +49,12 @@ from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, chan
 from protos import peer_pb2 as ppb
 from protos.guard import TokenInterceptor
 
+__all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator", "GrpcTransport", "HEARTBEAT_INTERVAL_S"]
+
 logger = logging.getLogger(__name__)
 
 #: the most seconds between heartbeats to the coordinator
 HEARTBEAT_INTERVAL_S = 0.5
-#: seconds the receiver of a tensor in shared memory waits for the call to post its buffer
-#: before taking one of its own (the bytes wait in the ring meanwhile, the sender is held by
-#: flow control). Peers start the same call within a millisecond or so of each other; a
-#: buffer of its own costs a fresh allocation (page faults, on first touch a huge-page
-#: compaction stall: 64 MiB all-reduces measured 10 ms per 4 MiB piece) plus a copy.
-POST_WAIT_S = 0.05
-EXCHANGE_METHOD = "/ipupod.peer.Peer/Exchange"
-#: bytes of one peer's tensors a server keeps before any call posted a buffer for them;
-#: more is refused (the stream fails, naming the bound). ipupod assumption: a peer runs at
-#: most a call or two ahead, and the largest tensor on the wire is MAX_TENSOR_BYTES (16 GiB)
-MAX_BUFFERED_BYTES_PER_PEER = MAX_TENSOR_BYTES
-#: exchanges a peer's tensor may be ahead of this instance's own position on a communicator
-#: (:meth:`_Mailbox.admit`): ``AHEAD_PER_MEMBER * members + AHEAD_SLACK``. Every call starts
-#: with the members' agreement (dissemination rounds that depend on every member), so a
-#: legitimate peer is never more than one call ahead; one call makes at most about 2P
-#: exchanges (a ring's reduce-scatter and all-gather) plus log2 P agreement rounds. ipupod
-#: assumption: twice that bound, so no correct program is refused and a replay or flood of
-#: invented future calls is.
-AHEAD_PER_MEMBER = 4
-AHEAD_SLACK = 256
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:
@@ -79,337 +62,6 @@ def _rpc_text(exc: grpc.RpcError) -> str:
         return f"{exc.code().name}: {exc.details()}"
     except Exception:  # noqa: BLE001 - not a call error
         return str(exc)
-
-
-class _Mailbox:
-    """Received tensors by (communicator, sequence, source), and the wait for them.
-
-    A call posts the buffer each tensor it expects should land in (:meth:`post`); the
-    server's assembly claims it (:meth:`claim`) and writes the chunks straight there, so a
-    tensor is copied once on arrival. A tensor that arrives before its call posted goes into
-    a buffer of its own and is copied over when the call takes it.
-    """
-
-    def __init__(self, max_buffered_bytes: int = MAX_BUFFERED_BYTES_PER_PEER):
-        self.cond = threading.Condition()
-        self._items: dict[tuple[str, int, int], np.ndarray] = {}
-        self._posted: dict[tuple[str, int, int], np.ndarray] = {}
-        self.max_buffered_bytes = max_buffered_bytes
-        self._buffered: dict[int, int] = {}          # source -> bytes not yet taken
-        self._reserved: dict[tuple[str, int, int], int] = {}   # counted in _buffered
-        self._taken: dict[tuple[str, int], int] = {}  # (communicator, source) -> last sequence
-        self._position: dict[str, int] = {}   # communicator -> this instance's exchange
-
-    def put(self, key: tuple[str, int, int], value: np.ndarray) -> None:
-        with self.cond:
-            if key in self._items:
-                raise WireError(f"tensor {key} was already received")
-            self._items[key] = value
-            self.cond.notify_all()
-
-    def take(self, key: tuple[str, int, int]) -> np.ndarray | None:
-        with self.cond:
-            value = self._items.pop(key, None)
-            if value is not None:
-                communicator, sequence, source = key
-                self._taken[(communicator, source)] = max(
-                    sequence, self._taken.get((communicator, source), -1))
-            reserved = self._reserved.pop(key, 0)
-            if reserved:
-                self._buffered[key[2]] -= reserved
-        return value
-
-    def at(self, communicator: str, sequence: int) -> None:
-        """This instance's communicator ``communicator`` starts its exchange ``sequence``."""
-        self._position[communicator] = sequence   # one writer per communicator (its caller)
-
-    def admit(self, key: tuple[str, int, int], nbytes: int) -> None:
-        """Refuse a tensor for a call of its sender that this instance already finished, one
-        far ahead of this instance's own exchanges on that communicator (see
-        :data:`AHEAD_PER_MEMBER`), or one that would buffer more than ``max_buffered_bytes``
-        of that sender's tensors that no call has posted a buffer for (a peer cannot park
-        unbounded memory here).
-
-        Raises:
-            WireError: naming the tensor and the bound.
-        """
-        communicator, sequence, source = key
-        window = AHEAD_PER_MEMBER * (communicator.count(",") + 1) + AHEAD_SLACK
-        with self.cond:
-            if sequence <= self._taken.get((communicator, source), -1):
-                raise WireError(f"tensor {key}: the call of sequence {sequence} on "
-                                f"{communicator!r} from instance {source} has finished")
-            position = self._position.get(communicator, 0)
-            if sequence > position + window:
-                raise WireError(f"tensor {key}: exchange {sequence} on {communicator!r} from "
-                                f"instance {source} is far ahead of this instance's "
-                                f"{position} (at most {window} ahead)")
-            if key in self._posted:
-                return
-            buffered = self._buffered.get(source, 0) + nbytes
-            if buffered > self.max_buffered_bytes:
-                raise WireError(f"tensor {key} of {nbytes} bytes: instance {source} would have "
-                                f"{buffered} bytes waiting here (limit "
-                                f"{self.max_buffered_bytes})")
-            self._buffered[source] = buffered
-            self._reserved[key] = nbytes
-
-    def post(self, key: tuple[str, int, int], buffer: np.ndarray) -> None:
-        """Let the tensor ``key`` land in ``buffer`` (uint8, its expected size)."""
-        with self.cond:
-            if key not in self._items:
-                self._posted[key] = buffer
-                self.cond.notify_all()   # a receiver may be waiting for it (claim)
-
-    def unpost(self, key: tuple[str, int, int]) -> None:
-        with self.cond:
-            self._posted.pop(key, None)
-
-    def claim(self, key: tuple[str, int, int], nbytes: int,
-              wait_s: float = 0.0) -> np.ndarray | None:
-        """The buffer posted for ``key`` if it holds exactly ``nbytes``, else None; waits up
-        to ``wait_s`` for the call to post it."""
-        with self.cond:
-            if key not in self._posted and wait_s > 0:
-                deadline = time.monotonic() + wait_s
-                while key not in self._posted:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-            buffer = self._posted.pop(key, None)
-        return buffer if buffer is not None and buffer.size == nbytes else None
-
-
-class _PeerService:
-    """The ``Peer.Exchange`` handler: token check, chunk checks, assembly, filing."""
-
-    def __init__(self, token: str, num_instances: int, mailbox: _Mailbox, host: str):
-        self.token = token
-        self.num_instances = num_instances
-        self.mailbox = mailbox
-        self.host = host   # "" : refuse to map rings (shared memory off)
-        self.shm_bytes_received = 0
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        exchange = grpc.stream_unary_rpc_method_handler(
-            self.exchange, request_deserializer=None,
-            response_serializer=ppb.Ack.SerializeToString)
-        return grpc.method_handlers_generic_handler("ipupod.peer.Peer", {"Exchange": exchange})
-
-    def _claim(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
-        self.mailbox.admit(key, nbytes)
-        return self.mailbox.claim(key, nbytes)
-
-    def _claim_waiting(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
-        self.mailbox.admit(key, nbytes)
-        return self.mailbox.claim(key, nbytes, POST_WAIT_S)
-
-    def exchange(self, request_iterator, context):
-        """One sender's stream: perhaps a ring offer first, then tensors one after another,
-        each a run of chunks 0..n-1 (bytes in the payload or in the ring)."""
-        given = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
-        if given is None or not hmac.compare_digest(str(given).encode(), self.token.encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "no job token" if given is None else
-                          "wrong job token: this server belongs to another job")
-        assembly, tensors, received, ring, offered = None, 0, 0, None, False
-        try:
-            for data in request_iterator:
-                header, payload, offer = decode_chunk(data)
-                if offer is not None:
-                    if offered or tensors or assembly is not None:
-                        raise WireError("a ring offer must be the stream's first message")
-                    offered = True
-                    ring = RingReader.attach(offer, self.host, self.token) if self.host \
-                        else None
-                    continue
-                if assembly is None:
-                    assembly = Assembly.start(header, self.num_instances,
-                                              self._claim_waiting if header.shm_nbytes
-                                              else self._claim)
-                if header.shm_nbytes:
-                    if ring is None:
-                        raise WireError("chunk in shared memory, but no ring is mapped")
-                    payload = ring.read(header.shm_position, header.shm_nbytes)
-                    assembly.add(header, payload)
-                    ring.release(header.shm_position, header.shm_nbytes)
-                    self.shm_bytes_received += header.shm_nbytes
-                else:
-                    assembly.add(header, payload)
-                if assembly.chunks == assembly.header.chunk_count:
-                    h = assembly.header
-                    self.mailbox.put((h.communicator, h.sequence, h.source),
-                                     assembly.finish())
-                    received += assembly.received
-                    assembly, tensors = None, tensors + 1
-            if assembly is not None:
-                assembly.finish()  # raises: the stream ended inside a tensor
-            if not tensors and not offered:
-                raise WireError("empty stream: no chunk")
-        except WireError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"refused: {exc}")
-        except grpc.RpcError:  # the sender went away (cancelled, or its process ended)
-            return ppb.Ack(nbytes=received)
-        finally:
-            if ring is not None:
-                ring.close()
-        return ppb.Ack(nbytes=received)
-
-
-class _Outbox:
-    """The one long-lived ``Exchange`` stream to a peer: chunks queue up and go in order.
-
-    Opened at the first send; a grpc thread takes the chunks from the queue. The stream
-    ends at :meth:`close`; ending before is a failure (the peer refused a chunk or died).
-    """
-
-    def __init__(self, exchange, metadata, wake, ring: RingWriter | None = None,
-                 host: str = ""):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.ring = ring   # offered first; used once the peer has mapped it
-        if ring is not None:
-            self._queue.put(encode_offer(ring.offer(host)))
-        self.call = exchange.future(self._requests(), metadata=metadata)
-        self.call.add_done_callback(wake)
-
-    def _requests(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            yield item
-
-    def put(self, message: bytes) -> None:
-        self._queue.put(message)
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-
-def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
-    """Consecutive views of ``out`` of ``counts[j]`` bytes each."""
-    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    return [out[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
-
-
-class GrpcCommunicator(Communicator):
-    """A communicator of ``members`` over the transport's peer channels."""
-
-    def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):
-        self._transport = transport
-        self.members = members
-        self.rank = members.index(transport.process_index)
-        self.name = ",".join(str(m) for m in members)
-        self._seq = 0
-
-    # -- the operations of the interface ------------------------------------------------
-
-    def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """Dissemination (Bruck, Ho, Kipnis, Upfal, Weathersby 1997): in round k member r
-        sends its running ``[min h, max h]`` (16 bytes) to member ``r + 2^k`` and combines
-        the pair it gets from member ``r - 2^k`` (mod P). After ``ceil(log2 P)`` rounds every
-        member holds the minimum and maximum of all (both idempotent, so the overlaps of a
-        P that is not a power of two do not matter): one message each way for P = 2, two
-        rounds for P = 4, no coordinator. A stall names the member this round waits for."""
-        n, me = self.size, self.rank
-        lo = hi = int(fingerprint)
-        empty = np.empty(0, np.uint8)
-        step = 1
-        while step < n:
-            to, source = (me + step) % n, (me - step) % n
-            got = np.empty(16, np.uint8)
-            sends, outs = [empty] * n, [empty] * n
-            sends[to] = np.array([lo, hi], "<i8").view(np.uint8)
-            outs[source] = got
-            self._exchange("agree", sends, outs, patience)
-            their_lo, their_hi = got.view("<i8")
-            lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
-            step *= 2
-        return lo == hi
-
-    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        out = np.empty((self.size, send.size), np.uint8)
-        self._exchange("allgather", [send] * self.size, list(out), patience)
-        return out
-
-    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None) -> np.ndarray:
-        bounds = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
-        pieces = [send[bounds[j]:bounds[j + 1]] for j in range(self.size)]
-        total = int(sum(recv_counts))
-        out = np.empty(total, np.uint8) if recv is None else recv[:total]
-        self._exchange("alltoallv", pieces, _split(out, recv_counts), patience)
-        return out
-
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
-        empty = np.empty(0, np.uint8)
-        if self.rank == root:
-            self._exchange("broadcast", [data] * self.size, [empty] * self.size, patience)
-            return data
-        out = np.empty(data.size, np.uint8)
-        self._exchange("broadcast", [empty] * self.size,
-                       [out if j == root else empty for j in range(self.size)], patience)
-        return out
-
-    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
-                   patience: Patience) -> np.ndarray:
-        if send.size != recv_counts[self.rank]:
-            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
-                             f"{recv_counts[self.rank]} for this member")
-        out = np.empty(int(sum(recv_counts)), np.uint8)
-        self._exchange("allgatherv", [send] * self.size, _split(out, recv_counts), patience)
-        return out
-
-    # -- the exchange -------------------------------------------------------------------
-
-    def _exchange(self, op: str, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray],
-                  patience: Patience) -> None:
-        """Send ``sends[j]`` to member j; receive ``outs[j].size`` bytes from member j into
-        ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]``)."""
-        t = self._transport
-        t.raise_if_failed()
-        seq = self._seq
-        self._seq += 1
-        mailbox = t.mailbox
-        mailbox.at(self.name, seq)
-        waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
-                   if j != self.rank and outs[j].size}
-        for j, key in waiting.items():
-            mailbox.post(key, outs[j])
-        try:
-            for j, member in enumerate(self.members):
-                if j != self.rank and sends[j].size:
-                    t.send(member, self.name, seq, op, sends[j], patience)
-            if outs[self.rank].size:
-                outs[self.rank][...] = sends[self.rank]
-            with mailbox.cond:
-                while True:
-                    for j in list(waiting):
-                        value = mailbox.take(waiting[j])
-                        if value is not None:
-                            self._deliver(op, seq, j, value, outs[j])
-                            del waiting[j]
-                    if not waiting:
-                        break
-                    t.raise_if_failed()
-                    t.check_sends(self.members)
-                    patience.waiting_for([self.members[j] for j in waiting])
-                    patience.check()
-                    mailbox.cond.wait(0.1)
-        finally:
-            for key in waiting.values():
-                mailbox.unpost(key)
-        t.raise_if_failed()
-
-    def _deliver(self, op: str, seq: int, j: int, value: np.ndarray, out: np.ndarray) -> None:
-        if value.size != out.size:
-            raise TransportError(f"{op} #{seq} over instances {self.name}: received "
-                                 f"{value.size} bytes from instance {self.members[j]}, "
-                                 f"expected {out.size}")
-        if value is not out:  # arrived before it was posted
-            out[...] = value
 
 
 class GrpcTransport(Transport):
@@ -449,7 +101,8 @@ class GrpcTransport(Transport):
         self._failure: PeerLostError | None = None
         self._closed = False
         self._comms: dict[tuple[int, ...], GrpcCommunicator] = {}
-        self.mailbox = _Mailbox()
+        self.mailbox = Mailbox(wake=self._wake)
+        self.inbox = RingInbox(self.mailbox, process_index, process_count)
         self.host_id = this_host_id() if host_id is None else host_id
         self.shm_bytes_sent = 0
         self._server = self._serve(listen_address or "127.0.0.1:0", job_token)
@@ -467,7 +120,7 @@ class GrpcTransport(Transport):
         self._exchanges = [None if c is None else c.stream_unary(
             EXCHANGE_METHOD, request_serializer=None,
             response_deserializer=ppb.Ack.FromString) for c in self._channels]
-        self._outboxes: list[_Outbox | None] = [None] * process_count
+        self._outboxes: list[Outbox | None] = [None] * process_count
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="grpc-heartbeat",
                                            daemon=True)
@@ -480,8 +133,9 @@ class GrpcTransport(Transport):
         self._executor = ServingExecutor(2 * self.process_count + 2, "grpc-peer")
         server = grpc.server(self._executor, options=server_options(MAX_MESSAGE_BYTES),
                              interceptors=[TokenInterceptor(token)])
-        self._service = _PeerService(token, self.process_count, self.mailbox,
-                                     self.host_id if self.options.grpc_shm else "")
+        self._service = PeerService(token, self.process_count, self.mailbox,
+                                    self.host_id if self.options.grpc_shm else "",
+                                    self.inbox.add)
         server.add_generic_rpc_handlers((self._service.handler(),))
         try:
             port = server.add_insecure_port(address)
@@ -539,6 +193,7 @@ class GrpcTransport(Transport):
                 self._failure = error
                 logger.error("instance %d: %s", self.process_index, error)
             self.mailbox.cond.notify_all()
+        self.inbox.wake()
 
     def raise_if_failed(self) -> None:
         """Raise the job's failure, if there is one.
@@ -559,43 +214,67 @@ class GrpcTransport(Transport):
     @property
     def shm_bytes_received(self) -> int:
         """Tensor bytes that arrived through shared memory."""
-        return self._service.shm_bytes_received
+        return self.inbox.bytes_received
 
     def shares_memory_with(self, member: int) -> bool:
         """Whether the bytes to ``member`` go through shared memory (its ring is mapped)."""
         outbox = self._outboxes[member]
         return outbox is not None and outbox.ring is not None and outbox.ring.attached
 
-    def send(self, member: int, communicator: str, sequence: int, op: str,
-             data: np.ndarray, patience: Patience | None = None) -> None:
-        """Queue ``data`` (uint8) for instance ``member`` on the stream to it; the chunks
-        are copies (in messages, or in the ring shared with a same-host peer), so ``data``
-        may change once this returns. Waiting for room in the ring checks ``patience``.
+    def send_all(self, items: Sequence[tuple[int, np.ndarray]], communicator: str,
+                 sequence: int, op: str, patience: Patience | None = None) -> None:
+        """Send each ``(member, data)`` of ``items`` (uint8) as exchange ``sequence`` of
+        ``communicator``: into the ring shared with a same-host peer, in records of up to
+        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES` taken from the members in
+        turn (the receivers copy out in parallel while this instance copies in), else as
+        chunks queued on the stream to the peer. Either way the bytes are copied, so
+        ``data`` may change once this returns. Waiting for room in a ring drains this
+        instance's own rings and checks ``patience``.
 
         Raises:
-            PeerLostError, CollectiveTimeoutError: while waiting for room in the ring.
+            PeerLostError, CollectiveTimeoutError: while waiting for room in a ring.
+            TransportError: a ring into this instance broke the rules meanwhile.
         """
-        outbox = self._outboxes[member] or self._open_outbox(member)
-        data = np.ascontiguousarray(data).reshape(-1)
-        if data.size >= MIN_SHM_BYTES and outbox.ring is not None and outbox.ring.attached:
-            def wait():
-                self.raise_if_failed()
-                self.check_sends((member,))
-                if patience is not None:
-                    patience.check()
+        pieces = []   # per ring member: (ring, member, data, next offset)
+        for member, data in items:
+            outbox = self._outboxes[member] or self._open_outbox(member)
+            data = np.ascontiguousarray(data).reshape(-1)
+            if outbox.ring is not None and outbox.ring.attached:
+                pieces.append([outbox.ring, member, data, 0])
+                self.shm_bytes_sent += data.size
+                continue
             for header, start, stop in chunk_headers(communicator, sequence,
-                                                     self.process_index, op, data.size,
-                                                     PIECE_BYTES):
-                header.shm_position = outbox.ring.write(data[start:stop], wait)
-                header.shm_nbytes = stop - start
-                outbox.put(encode_chunk(header, b""))
-            self.shm_bytes_sent += data.size
+                                                     self.process_index, op, data.size):
+                outbox.put(encode_chunk(header, data[start:stop]))
+        if not pieces:
             return
-        for header, start, stop in chunk_headers(communicator, sequence,
-                                                 self.process_index, op, data.size):
-            outbox.put(encode_chunk(header, data[start:stop]))
+        name = communicator.encode("ascii")
+        me = self.process_index
+        waiting_on = [0]
 
-    def _open_outbox(self, member: int) -> _Outbox:
+        def wait():   # no room in the ring to waiting_on[0]: progress, checks, sleep
+            for entry in pieces:   # records written this round must not wait for the wake
+                entry[0].signal()
+            self.inbox.drain()
+            self.raise_if_failed()
+            self.check_sends(waiting_on)
+            if patience is not None:
+                patience.check()
+                patience.settle()   # the caller's overlap work (a result copy) meanwhile
+            self.inbox.wait(SPACE_POLL_S)
+        while pieces:   # a piece to every member, then wake them all (see write_record)
+            for entry in pieces:
+                ring, member, data, at = entry
+                waiting_on[0] = member
+                stop = min(at + SEND_PIECE_BYTES, data.size)
+                ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait,
+                                  signal=False)
+                entry[3] = stop
+            for entry in pieces:
+                entry[0].signal()
+            pieces = [entry for entry in pieces if entry[3] < entry[2].size]
+
+    def _open_outbox(self, member: int) -> Outbox:
         ring = None
         if (self.options.grpc_shm and self.host_id
                 and self.peer_host_ids[member] == self.host_id):
@@ -603,13 +282,19 @@ class GrpcTransport(Transport):
                 ring = RingWriter(token=self._metadata[0][1])
             except OSError as exc:
                 logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
-        outbox = self._outboxes[member] = _Outbox(self._exchanges[member], self._metadata,
-                                                  self._wake, ring, self.host_id)
+            else:
+                self.inbox.watch(ring.space)
+        outbox = self._outboxes[member] = Outbox(self._exchanges[member], self._metadata,
+                                                 self._wake, ring, self.host_id)
         return outbox
 
     def _wake(self, _call=None) -> None:
+        """Wake the waiting call: a tensor arrived over gRPC, or a stream ended."""
         with self.mailbox.cond:
             self.mailbox.cond.notify_all()
+        inbox = getattr(self, "inbox", None)
+        if inbox is not None:
+            inbox.wake()
 
     def check_sends(self, members: Sequence[int]) -> None:
         """Raise if the stream to one of ``members`` has ended (a refused chunk, or the
@@ -688,6 +373,7 @@ class GrpcTransport(Transport):
                 except Exception:  # noqa: BLE001 - the peer may be gone already
                     logger.debug("the stream to a peer did not end cleanly", exc_info=True)
                 if outbox.ring is not None:
+                    self.inbox.unwatch(outbox.ring.space)
                     outbox.ring.close()
         for channel in getattr(self, "_channels", ()):
             if channel is not None:
@@ -698,3 +384,4 @@ class GrpcTransport(Transport):
         # the peers' streams into this server carry nothing this instance still needs
         self._server.stop(0.1).wait()
         self._executor.shutdown(wait=False)
+        self.inbox.close()

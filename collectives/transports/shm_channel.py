@@ -1,27 +1,36 @@
 """Same-host shared memory for the gRPC transport: one ring per ordered pair of peers.
 
-gRPC keeps carrying everything but the bulk bytes (the coordinator, tokens, tensor headers,
-heartbeats, aborts). When a peer's registered host identity (:func:`host_id`: hostname and
-boot id) equals ours, the sender creates a ring (:class:`RingWriter`) and offers it as the first
-message of its ``Exchange`` stream (``peer.proto``'s ``ShmRing``); the receiver maps it
-(:meth:`RingReader.attach`) and says so in the ring's control page. From then on a chunk is
-a header on the stream plus bytes in the ring: the sender copies a piece in (one copy) and
-sends ``shm_position``/``shm_nbytes``; the receiver copies it out into the buffer the call
-posted (one copy) and moves the ring's read position past it, which frees the space.
-Pieces of up to :data:`PIECE_BYTES` let the two copies overlap; the sender never writes
-past the read position (flow control), waiting through the caller's checks meanwhile.
+gRPC keeps carrying the coordinator, tokens, heartbeats and aborts, and every tensor between
+instances on different hosts. When a peer's registered host identity (:func:`host_id`:
+hostname and boot id) equals ours, the sender creates a ring (:class:`RingWriter`) and offers
+it as the first message of its ``Exchange`` stream (``peer.proto``'s ``ShmRing``); the
+receiver maps it (:meth:`RingReader.attach`) and says so in the ring's control page. From
+then on every tensor to that peer, small or large, travels in the ring as *records*
+(:meth:`RingWriter.write_record`): a 48-byte header (source, communicator, call number,
+tensor size, offset of this piece), the communicator's name, and up to
+:data:`PIECE_BYTES` of the tensor. The sender copies a record in (one copy), publishes its
+end in the control page and rings the ring's eventfd; the receiving *caller's* thread (not a
+gRPC thread: no hand-over between threads, which on a loaded machine costs a scheduler
+round trip each) wakes on the eventfd, copies the piece out into the buffer its call posted
+(one copy) and moves the ring's read position past it, which frees the space. The sender
+never writes past the read position (flow control), waiting through the caller's checks
+meanwhile (which drain its own incoming rings, so two senders never wait on each other).
+Why: a 4 KiB message through a gRPC stream passes four threads (the sender's request
+iterator, gRPC's poller, the server's handler, the waiting caller); through the ring it
+passes none (figures in the commit that made it so).
 
 Why a memfd and not a file in /dev/shm: the ring is ``memfd_create`` memory of the
 sending process. It has no name in any file system, so nothing is left behind whatever
 happens (SIGKILL included), and no unlink is racing with a crash;
 ``multiprocessing.shared_memory`` would name a /dev/shm file and start a resource tracker.
 
-The hand-over: the memfd itself travels over a Unix socket (``SCM_RIGHTS``), never as a
-``/proc/<pid>/fd/<fd>`` path that a receiver would open for any pid and fd it is told. The
+The hand-over: the memfd and the ring's two eventfds (records written, records released)
+travel over a Unix socket (``SCM_RIGHTS``), never as a ``/proc/<pid>/fd/<fd>`` path that a
+receiver would open for any pid and fd it is told. The
 sender listens at ``ring-<pid>-<nonce>.sock`` in ``<tmp>/ipupod-shm-<uid>`` (0700, owner
 checked: only the user can enter); the receiver connects there, checks with ``SO_PEERCRED``
 that the peer is the offering process of its own user, and sends the job token; the sender
-checks the peer's uid and the token, then sends the memfd and the nonce. "Same host" is
+checks the peer's uid and the token, then sends the fds and the nonce. "Same host" is
 verified, not assumed: equal host ids are the precondition, and the receiver then checks the
 16-byte nonce from the offer, on the socket and at the start of the memory it maps; the
 sender uses the ring only once the receiver has written its "attached" mark into that same
@@ -30,9 +39,14 @@ pair on pure gRPC.
 
 Control page (the first :data:`CONTROL_BYTES`), as 64-bit words: bytes 0-15 the nonce; word
 4 the receiver's attached mark; word 8 the read position (absolute ring position up to
-which the receiver has consumed; only the receiver writes it). A piece never wraps: if it
-does not fit before the end of the data area it starts at the beginning, and the skipped
-bytes count as consumed once the receiver passes that piece.
+which the receiver has consumed; only the receiver writes it); word 12 the write position
+(absolute ring position up to which records are complete; only the sender writes it, after
+the record's bytes: x86's stores are seen in program order); word 16 the sender's "waiting
+for room" flag (see :data:`SPACE_POLL_S`). A record never wraps: if it
+does not fit before the end of the data area, the sender marks the rest of the lap skipped
+(a skip header, or nothing when fewer than :data:`RECORD_HEADER_BYTES` are left) and the
+record starts at the beginning. The receiver checks every header against the ring's bounds
+and the tensor limits (:class:`~collectives.transports.grpc_wire.WireError` otherwise).
 """
 
 from __future__ import annotations
@@ -46,12 +60,11 @@ import socket
 import struct
 import tempfile
 import threading
-import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from collectives.transports.grpc_wire import WireError
+from collectives.transports.grpc_wire import MAX_TENSOR_BYTES, WireError
 from ipu_node.errors import OccupancyDirError
 from ipu_node.occupancy import private_dir
 from protos import MAX_CHUNK_BYTES
@@ -62,17 +75,32 @@ logger = logging.getLogger(__name__)
 #: bytes of a ring's data area (one per ordered peer pair, in the sender's memory); 8 MiB
 #: measured faster than 16-128 MiB here (the ring stays in cache; pieces overlap anyway)
 RING_BYTES = 8 << 20
-#: smaller tensors travel in gRPC payloads: the message costs the same either way, the ring
-#: only adds a copy (benchmark: 64 KiB all-reduces were slower through the ring)
-MIN_SHM_BYTES = 64 << 10
-#: largest piece of a tensor in the ring, bytes (a chunk's limit)
+#: largest piece of a tensor in one record, bytes (a chunk's limit)
 PIECE_BYTES = MAX_CHUNK_BYTES
+#: the pieces a sender cuts a tensor into, bytes: the receiver copies one out while the
+#: sender copies the next in (figures in the commit that chose it)
+SEND_PIECE_BYTES = 1 << 20
+#: bytes of a record's header: kind, name length (u32 each), source, call number, tensor
+#: bytes, offset, piece bytes (u64 each) and a u64 reserved
+RECORD_HEADER_BYTES = 48
+_RECORD = struct.Struct("<IIQQQQQQ")
+_DATA, _SKIP = 0xDA7A, 0x5C1B
+#: longest communicator name in a record, bytes
+MAX_NAME_BYTES = 256
 #: largest ring a receiver maps, bytes
 MAX_RING_BYTES = 1 << 30
 #: bytes of the control page before the data area
 CONTROL_BYTES = 4096
 _NONCE_BYTES = 16
-_ATTACHED, _READ_POSITION = 4, 8   # words of the control page
+# words of the control page
+_ATTACHED, _READ_POSITION, _WRITE_POSITION, _WRITER_WAITING = 4, 8, 12, 16
+#: seconds between the sender's looks at the read position while it waits for room: the
+#: receiver signals a release only while the sender says it waits (a signal per record
+#: would wake a sender that waits for data, not room: two context switches for nothing),
+#: and may read that flag just before the sender sets it (x86 may reorder a store before a
+#: later load), so the sender looks again after at most this long (ipupod assumption: rare,
+#: and short against the copy of a piece)
+SPACE_POLL_S = 0.002
 _ATTACHED_MARK = 0x1A77AC4ED
 #: seconds a sender keeps its hand-over socket open for the receiver, and the longest a
 #: receiver waits on it
@@ -108,6 +136,27 @@ def _remove_stale_sockets(directory: str) -> None:
                 pass
 
 
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def record_bytes(name_bytes: int, nbytes: int) -> int:
+    """Ring bytes of one record: header, name and piece, each padded to 8 bytes."""
+    return RECORD_HEADER_BYTES + _pad8(name_bytes) + _pad8(nbytes)
+
+
+class Record(NamedTuple):
+    """A piece of a tensor read from a ring (:meth:`RingReader.next_record`)."""
+
+    source: int
+    communicator: str
+    sequence: int
+    nbytes: int         # bytes of the whole tensor
+    offset: int         # of this piece in the tensor
+    piece: np.ndarray   # a view of the ring: copy it out, then release(end)
+    end: int            # ring position after the record
+
+
 def host_id() -> str:
     """This host's identity for the same-host check: ``hostname/boot id`` ("" if unknown,
     which never matches)."""
@@ -133,12 +182,21 @@ class RingWriter:
         self.nonce = secrets.token_bytes(_NONCE_BYTES)
         self._token = token.encode()
         self._fd: int | None = os.memfd_create("ipupod-grpc-shm", os.MFD_CLOEXEC)
+        self._event: int | None = None
+        #: the eventfd the receiver writes after a record it released while the sender
+        #: waits for room; the sender polls it (and the read position every
+        #: :data:`SPACE_POLL_S`)
+        self.space: int | None = None
         try:
             os.ftruncate(self._fd, CONTROL_BYTES + capacity)
             self._map = mmap.mmap(self._fd, CONTROL_BYTES + capacity)
+            self._event = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.space = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._listener = self._listen()
         except BaseException:
-            os.close(self._fd)
+            for fd in (self._fd, self._event, self.space):
+                if fd is not None:
+                    os.close(fd)
             raise
         self._map[:_NONCE_BYTES] = self.nonce
         self._control = np.frombuffer(self._map, np.uint64, CONTROL_BYTES // 8)
@@ -164,7 +222,8 @@ class RingWriter:
         return listener
 
     def _hand_over(self) -> None:
-        """Send the memfd to the first peer of this user that proves the job token."""
+        """Send the memfd and the eventfd to the first peer of this user that proves the
+        job token."""
         listener, fd = self._listener, self._fd
         try:
             while True:
@@ -177,7 +236,7 @@ class RingWriter:
                         logger.warning("refused a shared-memory hand-over to uid %d: wrong "
                                        "user or job token", uid)
                         continue
-                    socket.send_fds(conn, [self.nonce], [fd])
+                    socket.send_fds(conn, [self.nonce], [fd, self._event, self.space])
                     return
         except OSError:   # closed, timed out, or the peer went away: stay on gRPC
             pass
@@ -204,25 +263,52 @@ class RingWriter:
             self._fd = None
         return self._attached
 
-    def write(self, piece: np.ndarray, wait: Callable[[], None]) -> int:
-        """Copy ``piece`` (uint8, <= :data:`PIECE_BYTES`) into the ring once there is room;
-        returns its ring position. ``wait()`` runs between polls for room (it raises to
-        give up: peer lost, timeout)."""
+    def write_record(self, source: int, name: bytes, sequence: int, nbytes: int, offset: int,
+                     piece: np.ndarray, wait: Callable[[], None], signal: bool = True) -> None:
+        """Copy a record (``piece``, uint8, <= :data:`PIECE_BYTES`: bytes ``offset`` on of a
+        tensor of ``nbytes`` for call ``sequence`` of communicator ``name`` from instance
+        ``source``) into the ring once there is room, publish it and wake the receiver.
+        ``wait()`` runs while there is no room (it raises to give up: peer lost, timeout;
+        the transport drains its own incoming rings there and sleeps until :attr:`space`
+        or one of its own rings is readable). ``signal`` False: the caller wakes the
+        receiver later (:meth:`signal`), after its records to other peers are written too
+        (a wake-up may hand the CPU to the woken receiver at once)."""
         n = piece.size
+        size = record_bytes(len(name), n)
+        if size > self.capacity or len(name) > MAX_NAME_BYTES:
+            raise ValueError(f"a record of {size} bytes (name of {len(name)} bytes) does not "
+                             f"fit a ring of {self.capacity} bytes")
         start = self._position
-        offset = start % self.capacity
-        if offset + n > self.capacity:   # no wrapping inside a piece
-            start += self.capacity - offset
-            offset = 0
-        end = start + n
-        sleep = 10e-6
-        while end - int(self._control[_READ_POSITION]) > self.capacity:
-            wait()
-            time.sleep(sleep)
-            sleep = min(2 * sleep, 1e-3)
-        self._data[offset:offset + n] = piece
+        at = start % self.capacity
+        skipped = at if at + size > self.capacity else None   # no wrapping inside a record
+        if skipped is not None:
+            start += self.capacity - at
+            at = 0
+        end = start + size
+        if end - int(self._control[_READ_POSITION]) > self.capacity:
+            self._control[_WRITER_WAITING] = 1
+            try:
+                while end - int(self._control[_READ_POSITION]) > self.capacity:
+                    wait()
+            finally:
+                self._control[_WRITER_WAITING] = 0
+        base = CONTROL_BYTES + at
+        if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
+            _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
+        _RECORD.pack_into(self._map, base, _DATA, len(name), source, sequence, nbytes, offset,
+                          n, 0)
+        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + len(name)] = name
+        if n:
+            at += RECORD_HEADER_BYTES + _pad8(len(name))
+            self._data[at:at + n] = piece
         self._position = end
-        return start
+        self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
+        if signal:
+            os.eventfd_write(self._event, 1)
+
+    def signal(self) -> None:
+        """Wake the receiver: records are waiting."""
+        os.eventfd_write(self._event, 1)
 
     def close(self) -> None:
         try:
@@ -233,18 +319,25 @@ class RingWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        for fd in (self._event, self.space):
+            if fd is not None:
+                os.close(fd)
+        self._event = self.space = None
         _unmap(self)
 
 
 class RingReader:
     """The receiving end of a peer's ring, mapped from its offer (see :meth:`attach`)."""
 
-    def __init__(self, memory: mmap.mmap, capacity: int):
+    def __init__(self, memory: mmap.mmap, capacity: int, event: int, space: int):
         self.capacity = capacity
         self._map = memory
         self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
         self._data = np.frombuffer(memory, np.uint8, capacity, CONTROL_BYTES)
         self._consumed = 0
+        #: the eventfd the sender writes after each record (readable: records may wait)
+        self.event: int | None = event
+        self._space: int | None = space   # a release while the sender waits for room
         self._control[_ATTACHED] = _ATTACHED_MARK
 
     @classmethod
@@ -266,49 +359,83 @@ class RingReader:
             raise WireError(f"ring offer: pid {offer.pid}")
         if not host or offer.host_id != host:
             return None
-        fd = _receive_memfd(offer, token)
-        if fd is None:
+        fds = _receive_fds(offer, token)
+        if fds is None:
             return None
+        fd, event, space = fds
         size = CONTROL_BYTES + offer.capacity
+        memory = None
         try:
-            if os.fstat(fd).st_size != size:
-                return None
-            memory = mmap.mmap(fd, size)
+            if os.fstat(fd).st_size == size:
+                memory = mmap.mmap(fd, size)
         except OSError:
-            return None
+            pass
         finally:
             os.close(fd)
-        if memory[:_NONCE_BYTES] != offer.nonce:   # not the sender's memory
+        if memory is not None and memory[:_NONCE_BYTES] != offer.nonce:   # not the sender's
             memory.close()
+            memory = None
+        if memory is None:
+            os.close(event)
+            os.close(space)
             return None
-        return cls(memory, offer.capacity)
+        return cls(memory, offer.capacity, event, space)
 
-    def read(self, position: int, nbytes: int) -> np.ndarray:
-        """A view of the piece at ring ``position``; :meth:`release` it after copying.
+    def next_record(self) -> Record | None:
+        """The next complete record, or None; :meth:`release` it after copying its piece.
 
         Raises:
-            WireError: the piece is out of order or out of the ring (names the numbers).
+            WireError: the record breaks the ring's rules (names the numbers).
         """
-        offset = position % self.capacity
-        if position < self._consumed or not 0 < nbytes <= PIECE_BYTES \
-                or offset + nbytes > self.capacity:
-            raise WireError(f"ring piece at position {position} of {nbytes} bytes: out of "
-                            f"order (consumed up to {self._consumed}) or out of the ring of "
-                            f"{self.capacity} bytes")
-        return self._data[offset:offset + nbytes]
+        written = int(self._control[_WRITE_POSITION])
+        pos = self._consumed
+        if pos >= written:
+            return None
+        at = pos % self.capacity
+        if self.capacity - at < RECORD_HEADER_BYTES:   # an implicit skip to the next lap
+            pos, at = pos + self.capacity - at, 0
+        kind, name_len, source, sequence, nbytes, offset, n, _ = _RECORD.unpack_from(
+            self._map, CONTROL_BYTES + at)
+        if kind == _SKIP and at:
+            pos, at = pos + self.capacity - at, 0
+            kind, name_len, source, sequence, nbytes, offset, n, _ = _RECORD.unpack_from(
+                self._map, CONTROL_BYTES + at)
+        size = record_bytes(name_len, n)
+        if kind != _DATA or not 0 < name_len <= MAX_NAME_BYTES or n > PIECE_BYTES \
+                or nbytes > MAX_TENSOR_BYTES or offset + n > nbytes \
+                or at + size > self.capacity or pos + size > written:
+            raise WireError(f"ring record at position {pos} (kind {kind:#x}, name of "
+                            f"{name_len} bytes, piece of {n} bytes at {offset} of a "
+                            f"{nbytes}-byte tensor) breaks the ring's rules (ring of "
+                            f"{self.capacity} bytes, written up to {written})")
+        start = CONTROL_BYTES + at + RECORD_HEADER_BYTES
+        try:
+            name = bytes(self._map[start:start + name_len]).decode("ascii")
+        except UnicodeDecodeError:
+            raise WireError(f"ring record at position {pos}: the communicator name is not "
+                            "ASCII") from None
+        at += RECORD_HEADER_BYTES + _pad8(name_len)
+        return Record(source, name, sequence, nbytes, offset, self._data[at:at + n], pos + size)
 
-    def release(self, position: int, nbytes: int) -> None:
-        """The piece has been copied out: the sender may overwrite it."""
-        self._consumed = position + nbytes
-        self._control[_READ_POSITION] = self._consumed
+    def release(self, end: int) -> None:
+        """The record before ring position ``end`` has been copied out: the sender may
+        overwrite it."""
+        self._consumed = end
+        self._control[_READ_POSITION] = end
+        if self._control[_WRITER_WAITING]:
+            os.eventfd_write(self._space, 1)
 
     def close(self) -> None:
+        for fd in (self.event, self._space):
+            if fd is not None:
+                os.close(fd)
+        self.event = self._space = None
         _unmap(self)
 
 
-def _receive_memfd(offer: pb.ShmRing, token: str) -> int | None:
-    """The memfd of ``offer``'s ring, from the offering process over its hand-over socket
-    (SO_PEERCRED: that pid, this user), or None."""
+def _receive_fds(offer: pb.ShmRing, token: str) -> tuple[int, int, int] | None:
+    """The memfd and the two eventfds of ``offer``'s ring, from the offering process over its
+    hand-over socket (SO_PEERCRED: that pid, this user), or None."""
     try:
         path = _socket_path(_socket_dir(), offer.pid, offer.nonce)
     except OccupancyDirError as exc:
@@ -324,16 +451,16 @@ def _receive_memfd(offer: pb.ShmRing, token: str) -> int | None:
                                "uid %d", offer.pid, pid, uid)
                 return None
             sock.sendall(token.encode())
-            message, fds, _flags, _addr = socket.recv_fds(sock, _NONCE_BYTES, 1)
+            message, fds, _flags, _addr = socket.recv_fds(sock, _NONCE_BYTES, 3)
         except OSError as exc:
             logger.info("cannot receive the ring of process %d (%s): staying on gRPC",
                         offer.pid, exc)
             return None
-    if len(fds) != 1 or message != offer.nonce:
+    if len(fds) != 3 or message != offer.nonce:
         for fd in fds:
             os.close(fd)
         return None
-    return fds[0]
+    return fds[0], fds[1], fds[2]
 
 
 def _unmap(ring) -> None:

@@ -1,0 +1,266 @@
+"""The gRPC transport's communicator: the exchange every operation is made of.
+
+A :class:`GrpcCommunicator` numbers its exchanges; exchange ``seq`` posts a buffer for each
+tensor it expects (the transport's :class:`~collectives.transports.grpc_mailbox.Mailbox`),
+sends its tensors (:meth:`GrpcTransport.send_all
+<collectives.transports.grpc.GrpcTransport.send_all>`: ring records to same-host peers,
+stream chunks to the others) and waits, in one poll, until every expected tensor arrived
+(reading the shared-memory rings itself). The agreement is dissemination rounds of such
+exchanges (:meth:`GrpcCommunicator.agree`, :meth:`GrpcCommunicator.agree_gather`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from collectives.errors import TransportError
+from collectives.transports.base import Communicator
+from collectives.waiting import Patience
+
+__all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator"]
+
+
+#: the most payload bytes per member :meth:`GrpcCommunicator.agree_gather` carries (the
+#: same bound as the MPI transport's ``EAGER_MAX_BYTES``; ipupod assumption: up to here one
+#: round of every member's bytes to every member costs less than a second round)
+EAGER_MAX_BYTES = 64 << 10
+_BLOCK_HEADER = 16   # an agree_gather block's fingerprint and payload length (<i8 each)
+_EMPTY = np.empty(0, np.uint8)
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """Consecutive views of ``out`` of ``counts[j]`` bytes each."""
+    views, at = [], 0
+    for count in counts:
+        views.append(out[at:at + count])
+        at += count
+    return views
+
+
+class GrpcCommunicator(Communicator):
+    """A communicator of ``members`` over the transport's peer channels."""
+
+    def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):
+        self._transport = transport
+        self.members = members
+        self.rank = members.index(transport.process_index)
+        self.name = ",".join(str(m) for m in members)
+        self._seq = 0
+
+    # -- the operations of the interface ------------------------------------------------
+
+    def agree(self, fingerprint: int, patience: Patience) -> bool:
+        """Dissemination (Bruck, Ho, Kipnis, Upfal, Weathersby 1997): in round k member r
+        sends its running ``[min h, max h]`` (16 bytes) to member ``r + 2^k`` and combines
+        the pair it gets from member ``r - 2^k`` (mod P). After ``ceil(log2 P)`` rounds every
+        member holds the minimum and maximum of all (both idempotent, so the overlaps of a
+        P that is not a power of two do not matter): one message each way for P = 2, two
+        rounds for P = 4, no coordinator. A stall names the member this round waits for."""
+        n, me = self.size, self.rank
+        lo = hi = int(fingerprint)
+        empty = np.empty(0, np.uint8)
+        step = 1
+        while step < n:
+            to, source = (me + step) % n, (me - step) % n
+            got = np.empty(16, np.uint8)
+            sends, outs = [empty] * n, [empty] * n
+            sends[to] = np.array([lo, hi], "<i8").view(np.uint8)
+            outs[source] = got
+            self._exchange("agree", sends, outs, patience)
+            their_lo, their_hi = got.view("<i8")
+            lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
+            step *= 2
+        return lo == hi
+
+    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+        """:meth:`agree` fused with an all-gather of a small ``payload`` (uint8, at most
+        :data:`EAGER_MAX_BYTES`; None: agree only): Bruck's dissemination all-gather of one
+        block per member, ``[fingerprint, length | payload padded to 8 bytes]``. In round
+        k (``2^k < P``) member r sends the first ``min(2^k, P - 2^k)`` blocks it holds to
+        member ``r - 2^k`` and appends those of member ``r + 2^k``: ``ceil(log2 P)`` rounds,
+        one message each, any P; every member sees every fingerprint, so all decide alike.
+        For a small call this is the agreement and the data in one round trip (P = 2: one
+        message each way) instead of two.
+
+        Returns:
+            ``(agreed, blocks)``: ``blocks`` every member's payload in member order (views
+            of buffers of their own), or None when ``payload`` is None or the fingerprints
+            differ.
+
+        Raises:
+            ValueError: ``payload`` is larger than :data:`EAGER_MAX_BYTES`.
+            TransportError: a peer's message is malformed (names it).
+            CollectiveTimeoutError: a member did not arrive within the patience's timeout.
+        """
+        n = 0 if payload is None else payload.nbytes
+        if n > EAGER_MAX_BYTES:
+            raise ValueError(f"agree_gather: a payload of {n} bytes; at most "
+                             f"{EAGER_MAX_BYTES}")
+        mine = np.zeros(_BLOCK_HEADER + _pad8(n), np.uint8)
+        mine[:_BLOCK_HEADER].view("<i8")[:] = (fingerprint, n)
+        if n:
+            mine[_BLOCK_HEADER:_BLOCK_HEADER + n] = payload.reshape(-1).view(np.uint8)
+        size, rank, dist = self.size, self.rank, 1
+        blocks = [mine]   # blocks[i] holds member (rank + i) % size
+        outs: list = [_EMPTY] * size
+        while dist < size:
+            count = min(dist, size - dist)
+            to, source = (rank - dist) % size, (rank + dist) % size
+            sends = [_EMPTY] * size
+            sends[to] = blocks[0] if count == 1 else np.concatenate(blocks[:count])
+            outs[source] = None
+            got = self._exchange("agree_gather", sends, outs, patience)[source]
+            outs[source] = _EMPTY
+            blocks.extend(self._blocks(got, count, self.members[source]))
+            dist <<= 1
+        words = [block[:_BLOCK_HEADER].view("<i8") for block in blocks]
+        if any(int(w[0]) != fingerprint for w in words):
+            return False, None
+        if payload is None:
+            return True, None
+        return True, [blocks[(j - rank) % size][_BLOCK_HEADER:
+                                                _BLOCK_HEADER + int(words[(j - rank) % size][1])]
+                      for j in range(size)]
+
+    @staticmethod
+    def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
+        """The ``count`` blocks of an :meth:`agree_gather` message from instance ``source``.
+
+        Raises:
+            TransportError: the message is not ``count`` well-formed blocks.
+        """
+        blocks, at = [], 0
+        for _ in range(count):
+            length = -1 if at + _BLOCK_HEADER > got.size else \
+                int(got[at:at + _BLOCK_HEADER].view("<i8")[1])
+            end = at + _BLOCK_HEADER + _pad8(max(length, 0))
+            if not 0 <= length <= EAGER_MAX_BYTES or end > got.size:
+                raise TransportError(f"a malformed agreement message from instance {source}: "
+                                     f"{got.size} bytes for {count} blocks")
+            blocks.append(got[at:end])
+            at = end
+        if at != got.size:
+            raise TransportError(f"a malformed agreement message from instance {source}: "
+                                 f"{got.size} bytes for {count} blocks")
+        return blocks
+
+    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
+        out = np.empty((self.size, send.size), np.uint8)
+        self._exchange("allgather", [send] * self.size, list(out), patience)
+        return out
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
+                  recv_counts: Sequence[int], patience: Patience,
+                  recv: np.ndarray | None = None) -> np.ndarray:
+        total = int(sum(recv_counts))
+        out = np.empty(total, np.uint8) if recv is None else recv[:total]
+        self._exchange("alltoallv", _split(send, send_counts), _split(out, recv_counts),
+                       patience)
+        return out
+
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+        """Equal blocks, received straight into ``recv`` (returned)."""
+        counts = [send.nbytes // self.size] * self.size
+        self._exchange("alltoallv", _split(send, counts), _split(recv, counts), patience)
+        return recv
+
+    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
+                        patience: Patience) -> np.ndarray:
+        """The others' bytes straight into ``recv`` around this member's (no copy of the
+        own part, no new buffer); returns ``recv``."""
+        outs = _split(recv, recv_counts)
+        self._exchange("allgatherv", [outs[self.rank]] * self.size, outs, patience,
+                       own_in_place=True)
+        return recv
+
+    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      patience: Patience) -> np.ndarray:
+        """:meth:`allgatherv` straight into ``recv`` (returned)."""
+        if send.size != recv_counts[self.rank]:
+            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
+                             f"{recv_counts[self.rank]} for this member")
+        self._exchange("allgatherv", [send] * self.size, _split(recv, recv_counts), patience)
+        return recv
+
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+        """The root sends to every member; the others receive into ``data`` (returned)."""
+        empty = np.empty(0, np.uint8)
+        if self.rank == root:
+            self._exchange("broadcast", [data] * self.size, [empty] * self.size, patience)
+            return data
+        self._exchange("broadcast", [empty] * self.size,
+                       [data if j == root else empty for j in range(self.size)], patience)
+        return data
+
+    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
+                   patience: Patience) -> np.ndarray:
+        if send.size != recv_counts[self.rank]:
+            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
+                             f"{recv_counts[self.rank]} for this member")
+        out = np.empty(int(sum(recv_counts)), np.uint8)
+        self._exchange("allgatherv", [send] * self.size, _split(out, recv_counts), patience)
+        return out
+
+    # -- the exchange -------------------------------------------------------------------
+
+    def _exchange(self, op: str, sends: Sequence[np.ndarray],
+                  outs: Sequence[np.ndarray | None], patience: Patience,
+                  own_in_place: bool = False) -> dict[int, np.ndarray]:
+        """Send ``sends[j]`` to member j; receive ``outs[j].size`` bytes from member j into
+        ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]`` unless ``own_in_place``:
+        they are the same bytes). ``outs[j]`` None: whatever member j sends (at least a
+        byte), returned as ``{j: bytes}`` in a buffer of its own."""
+        t = self._transport
+        t.raise_if_failed()
+        seq = self._seq
+        self._seq += 1
+        mailbox = t.mailbox
+        mailbox.at(self.name, seq)
+        waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
+                   if j != self.rank and (outs[j] is None or outs[j].size)}
+        for j, key in waiting.items():
+            mailbox.post(key, outs[j])
+        unsized = {}
+        try:
+            t.send_all([(member, sends[j]) for j, member in enumerate(self.members)
+                        if j != self.rank and sends[j].size], self.name, seq, op, patience)
+            if outs[self.rank] is not None and outs[self.rank].size and not own_in_place:
+                outs[self.rank][...] = sends[self.rank]
+            inbox = t.inbox
+            while True:
+                inbox.drain()
+                for j in list(waiting):
+                    value = mailbox.take(waiting[j])
+                    if value is not None:
+                        if outs[j] is None:
+                            unsized[j] = value
+                        else:
+                            self._deliver(op, seq, j, value, outs[j])
+                        del waiting[j]
+                if not waiting:
+                    break
+                t.raise_if_failed()
+                t.check_sends(self.members)
+                patience.waiting_for([self.members[j] for j in waiting])
+                patience.check()
+                inbox.wait(0.1)
+        finally:
+            for key in waiting.values():
+                mailbox.unpost(key)
+        t.raise_if_failed()
+        return unsized
+
+    def _deliver(self, op: str, seq: int, j: int, value: np.ndarray, out: np.ndarray) -> None:
+        if value.size != out.size:
+            raise TransportError(f"{op} #{seq} over instances {self.name}: received "
+                                 f"{value.size} bytes from instance {self.members[j]}, "
+                                 f"expected {out.size}")
+        if value is not out:  # arrived before it was posted
+            out[...] = value
