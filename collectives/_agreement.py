@@ -61,6 +61,7 @@ class Agreement:
         self.replica_index_offset = replica_index_offset
         #: every instance of the job, increasing (the members of every agreement)
         self.everyone = tuple(range(transport.process_count))
+        self._comm = None  # the communicator of everyone, at the first agreement
 
     def instance_name(self, i: int) -> str:
         """``"instance 1 (replicas 2..3)"``."""
@@ -80,23 +81,43 @@ class Agreement:
                 (``desc.error`` here included).
             CollectiveTimeoutError: an instance did not arrive in time.
         """
+        self.exchange(desc)
+        return desc
+
+    def exchange(self, desc: Descriptor, payload: np.ndarray | None = None,
+                 fingerprint: int | None = None) -> list[np.ndarray] | None:
+        """:meth:`exchange_descriptors` fused with the data of a small call: every
+        instance's ``payload`` (uint8, at most ``EAGER_MAX_BYTES``; None: agree only), in
+        instance order, when the transport carried them
+        (:meth:`~collectives.transports.base.Communicator.agree_gather`), else None (the
+        caller moves the data itself). ``fingerprint``: ``desc.fingerprint()`` when the
+        caller has it.
+
+        Raises:
+            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
+        """
         if self.transport.process_count == 1:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
-            return desc
-        comm = self.transport.communicator(self.everyone)
+            return None
+        comm = self._comm
+        if comm is None:
+            comm = self._comm = self.transport.communicator(self.everyone)
         patience = self.arrival_patience(desc)
-        # the common case, every instance agrees: one small reduction of a fingerprint
-        # (Communicator.agree, O(log P)); whole descriptors only to name a difference
-        # (every instance sees the same answer, so every one takes the same path)
-        if comm.agree(desc.fingerprint(), patience):
+        # the common case, every instance agrees: one small all-gather or reduction of a
+        # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
+        # name a difference (every instance sees the same answer, so every one takes the
+        # same path)
+        agreed, blocks = comm.agree_gather(
+            desc.fingerprint() if fingerprint is None else fingerprint, payload, patience)
+        if agreed:
             if desc.error:  # every instance failed alike
                 raise CollectiveMismatchError(desc.error)
-            return desc
+            return blocks
         mine = desc.encode()
         gathered = comm.allgather(mine, patience)
         self.check_descriptors(desc, mine, gathered)
-        return desc
+        return None
 
     def arrival_patience(self, desc: Descriptor) -> Patience:
         """The wait for the other instances' descriptors: names those not arrived."""

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from collectives._agreement import END_OF_PROGRAM, Agreement, Text
+from collectives._eager import Eager
 from collectives._fusion import FusionLimits
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
@@ -276,9 +277,18 @@ class CollectiveEngine:
         value = values[0]  # (its size is the call's, on every replica)
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         recorder = self._recorder
+        payload = None
+        if isinstance(algorithm, Eager) and not desc.error:
+            eager_bytes = algorithm.payload_bytes(self, value)
+            if eager_bytes is not None:
+                payload = algorithm.payload(self, values)
         sent = -recorder.bytes_sent()
-        desc = self.agreement.exchange_descriptors(desc)
-        results = algorithm(self, desc, values)
+        blocks = self.agreement.exchange(desc, payload)
+        if blocks is not None:
+            results = algorithm.results(self, values, blocks)
+            sent += payload.nbytes * (len(blocks) - 1)
+        else:
+            results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         sent += recorder.bytes_sent()
         recorder.record(desc, nbytes, group, sent, wall)

@@ -31,14 +31,11 @@ one, the collectives stay usable (also after the error has left ``strategy.run``
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import _algorithms as algorithms
+from collectives import _eager
 from collectives import _fusion
-from collectives import _movement as movement
 from collectives import _nest
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
@@ -216,7 +213,7 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
                 group: CommGroup | None, name: str | None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
     g = _group("replica_group_size", replica_group_size, group)
-    algorithm = partial(algorithms.allreduce, op=operator, group=g)
+    algorithm = _eager.algorithm("allreduce", g, operator)
     if _is_nest(x):
         return _call_nest(what, x, g, name, algorithm, "elementwise",
                           lambda leaf: as_collective_array(leaf, what, operator),
@@ -278,7 +275,7 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
         The common errors (module docstring).
     """
     g = _group("replication_factor", replication_factor, group)
-    algorithm = partial(movement.all_gather, group=g)
+    algorithm = _eager.algorithm("all_gather", g)
     if _is_nest(x):
         return _call_nest("all_gather", x, g, name, algorithm, "all_gather",
                           lambda leaf: as_collective_array(leaf, "all_gather"))
@@ -312,7 +309,7 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     """
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
-    algorithm = partial(algorithms.reduce_scatter, op=operator, group=g)
+    algorithm = _eager.algorithm("reduce_scatter", g, operator)
 
     def check(leaf) -> np.ndarray:
         arr = as_collective_array(leaf, "reduce_scatter", operator)
@@ -373,16 +370,15 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
 
     if _is_nest(x):
         return _call_nest("all_to_all", x, g, name,
-                          partial(movement.all_to_all, group=g, split_dimension=0,
-                                  concat_dimension=0),
+                          _eager.algorithm("all_to_all", g, 0, 0),
                           "all_to_all", check,
                           params=(str(int(split_dimension)), str(int(concat_dimension))),
                           split_dimension=int(split_dimension),
                           concat_dimension=int(concat_dimension))
     arr = check(x)
     return _call("all_to_all", arr, g, name,
-                 partial(movement.all_to_all, group=g, split_dimension=int(split_dimension),
-                         concat_dimension=int(concat_dimension)),
+                 _eager.algorithm("all_to_all", g, int(split_dimension),
+                                  int(concat_dimension)),
                  params=(str(int(split_dimension)), str(int(concat_dimension))))
 
 
@@ -413,7 +409,7 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
             or not 0 <= root_replica < k:
         raise CollectiveArgumentError(f"broadcast: root_replica={root_replica!r} is not in "
                                       f"[0, {k}) (the group size)")
-    algorithm = partial(movement.broadcast, group=g, root=int(root_replica))
+    algorithm = _eager.algorithm("broadcast", g, int(root_replica))
     params = (str(int(root_replica)),)
     if _is_nest(x):
         return _call_nest("broadcast", x, g, name, algorithm, "elementwise",

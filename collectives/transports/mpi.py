@@ -1,14 +1,17 @@
 """The MPI transport: mpi4py buffer methods on raw bytes, one communicator per instance set.
 
 Only one thread of an instance calls MPI at a time (the engine's leader). Every call is
-nonblocking (``Iallreduce``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``, ``Idup``)
+nonblocking (``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``, ``Idup``)
 and polled with :class:`~collectives.waiting.Patience`, which yields the CPU and turns a
 missing peer into a timeout instead of a hang:
 
-* **agreement**: before its data, a call's descriptors are agreed with one
-  ``MPI_Iallreduce(MIN)`` of ``[h, -h]`` (``h`` the descriptor's fingerprint):
-  :meth:`MPICommunicator.agree`, O(log P) like any small all-reduce. Whole descriptors are
-  exchanged only when the fingerprints differ (to name the difference).
+* **agreement**: before its data, a call's descriptors are agreed by a dissemination
+  all-gather of ``[h, length | payload]`` blocks (``h`` the descriptor's fingerprint):
+  :meth:`MPICommunicator.agree_gather`, ``ceil(log2 P)`` rounds of point-to-point
+  messages. A small call (at most ``EAGER_MAX_BYTES`` per instance) carries its data in
+  those blocks, so it costs one exchange in all; a large one sends its header alone and
+  moves its data afterwards. Whole descriptors are exchanged only when the fingerprints
+  differ (to name the difference).
 * **communicators** are made without a blocking call: the job's own one by ``MPI_Comm_idup``,
   started when the transport is made and waited for (with the timeout) at the first call;
   one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
@@ -33,7 +36,7 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
 from collectives.options import CollectiveOptions
-from collectives.transports.base import Communicator, Transport
+from collectives.transports.base import EAGER_MAX_BYTES, Communicator, Transport
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
@@ -64,6 +67,16 @@ _TAG_CREATE_GROUP = 0x1A15
 _TAG_NOTICE = 0x1A16
 #: "I am waiting in this agreement" (a slow agreement only)
 _TAG_PRESENCE = 0x1A17
+#: the rounds of an agreement (Communicator.agree_gather) use tags _TAG_EAGER + round
+_TAG_EAGER = 0x1A40
+#: bytes of an agreement block's header: the fingerprint and the payload length, int64
+_HEADER_BYTES = 16
+#: the most bytes of one block of an agreement (header and padded payload)
+_BLOCK_CAPACITY = _HEADER_BYTES + EAGER_MAX_BYTES
+#: looks for a notice after an agreement: a peer that gave up in this call sent its notice
+#: after its block, so it may be queued behind that block and the peer's presence message
+#: (MPICH takes one message off the queue per look)
+_AGREEMENT_NOTICE_POLLS = 3
 #: seconds an agreement waits before its members tell each other who is there
 PRESENCE_AFTER_S = 0.5
 #: seconds a cancelled receive may take to finish cancelling
@@ -90,8 +103,8 @@ class MPICommunicator(Communicator):
         self.rank = members.index(transport.process_index)
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
-        self._agree_send = np.zeros(2, np.int64)
-        self._agree_recv = np.zeros(2, np.int64)
+        self._eager: tuple[np.ndarray, np.ndarray] | None = None
+        self._eager_statuses = [MPI.Status(), MPI.Status()]
         # presence messages of a slow agreement (_await_agreement)
         self._presence = np.zeros(1, np.int64)
         self._presence_request = None
@@ -116,27 +129,80 @@ class MPICommunicator(Communicator):
     # -- agreement ------------------------------------------------------------------------
 
     def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """One ``MPI_Iallreduce(MIN)`` of ``[h, -h]``: every member passed the same ``h`` when
-        ``min(h) == max(h)``. Then the notices of peers that gave up are looked at, so a
-        late member never goes on with a call its peer abandoned."""
-        comm = self._ready(patience)
-        send, recv = self._agree_send, self._agree_recv
-        send[0], send[1] = fingerprint, -fingerprint
-        request = comm.Iallreduce(send, recv, op=MPI.MIN)
-        if not request.Test():
-            self._await_agreement(comm, request, fingerprint, patience)
-        self._transport.check_notices()
-        return bool(recv[0] == -recv[1])
+        """:meth:`agree_gather` without payload: ``ceil(log2 P)`` rounds of 16-byte
+        messages."""
+        return self.agree_gather(fingerprint, None, patience)[0]
 
-    def _await_agreement(self, comm, request, fingerprint: int, patience: Patience) -> None:
-        """Wait for the agreement's reduction. A reduction cannot say who is late, so a wait
-        longer than :data:`PRESENCE_AFTER_S` tells the other members once that this one is
-        here (its fingerprint, point-to-point), and names as missing those that have not said
-        the same (only a slow wait pays for it)."""
+    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+        """Bruck's all-gather (dissemination) of one block per member, ``[fingerprint,
+        length | payload]``: in round k (``2^k < P``) a member sends the first
+        ``min(2^k, P - 2^k)`` blocks it holds to member ``rank - 2^k`` and appends those of
+        member ``rank + 2^k``; ``ceil(log2 P)`` rounds, any P. Every member ends up with
+        every member's block, so every member sees every fingerprint and all decide alike.
+        Every call of any size starts with it (a large call sends its header alone), and
+        receives go into buffers sized for :data:`EAGER_MAX_BYTES` per block, so a peer
+        that called something else never truncates a receive nor hangs one. Then the
+        notices of peers that gave up are looked at, so a late member never goes on with a
+        call its peer abandoned."""
+        comm = self._ready(patience)
+        buf, words = self._eager_buffers()
+        n = 0 if payload is None else payload.nbytes
+        words[0], words[1] = fingerprint, n
+        if n:
+            buf[_HEADER_BYTES:_HEADER_BYTES + n] = payload
+        ends = [_HEADER_BYTES + ((n + 7) & -8)]  # blocks padded to 8 bytes: aligned views
+        size, rank, dist, tag = self.size, self.rank, 1, _TAG_EAGER
+        while dist < size:
+            count = min(dist, size - dist)
+            end = ends[-1]
+            requests = [comm.Irecv([buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE],
+                                   (rank + dist) % size, tag),
+                        comm.Isend([buf[:ends[count - 1]], MPI.BYTE], (rank - dist) % size,
+                                   tag)]
+            statuses = self._eager_statuses
+            if not MPI.Request.Testall(requests, statuses):
+                self._await_eager(comm, requests, statuses, fingerprint, patience)
+            got, at = statuses[0].Get_count(MPI.BYTE), end
+            for _ in range(count):
+                at += _HEADER_BYTES + ((int(words[(at >> 3) + 1]) + 7) & -8)
+                ends.append(at)
+            if at != end + got:
+                raise TransportError(f"a malformed agreement message from instance "
+                                     f"{self.members[(rank + dist) % size]}: {got} bytes "
+                                     f"for {count} blocks")
+            dist, tag = dist << 1, tag + 1
+        self._transport.check_notices(_AGREEMENT_NOTICE_POLLS)
+        starts = [0, *ends[:-1]]
+        if any(words[s >> 3] != fingerprint for s in starts):
+            return False, None
+        if payload is None:
+            return True, None
+        blocks = []
+        for j in range(size):  # block i holds member (rank + i) % size
+            s = starts[(j - rank) % size] + _HEADER_BYTES
+            blocks.append(buf[s:s + int(words[(s >> 3) - 1])])
+        return True, blocks
+
+    def _eager_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The receive buffer of :meth:`agree_gather` (room for every member's block at
+        its largest) and its int64 view; made at the first call."""
+        if self._eager is None:
+            buf = np.zeros(self.size * _BLOCK_CAPACITY, np.uint8)
+            self._eager = (buf, buf.view(np.int64))
+        return self._eager
+
+    def _await_eager(self, comm, requests: list, statuses: list, fingerprint: int,
+                     patience: Patience) -> None:
+        """Wait for one round of :meth:`agree_gather`. A round cannot say who is late (the
+        partner may wait for another), so a wait longer than :data:`PRESENCE_AFTER_S`
+        tells the other members once that this one is here (its fingerprint,
+        point-to-point), and names as missing those that have not said the same (only a
+        slow wait pays for it). Cancels the round's requests on an error."""
         patience.waiting_for(self._other_members)
-        announced, polls = False, 0
+        announced, polls, testall = False, 0, MPI.Request.Testall
         try:
-            while not request.Test():
+            while not testall(requests, statuses):
                 polls += 1
                 if not polls % _NOTICE_EVERY:
                     self._transport.check_notices()
@@ -148,8 +214,11 @@ class MPICommunicator(Communicator):
                         announced = True
                         self._announce(comm, fingerprint)
                 patience.backoff()
-        except CollectiveTimeoutError as exc:
-            self._transport.abandon(f"timed out: {exc}")
+        except BaseException as exc:
+            for r in requests:
+                _cancel(r)
+            if isinstance(exc, CollectiveTimeoutError):
+                self._transport.abandon(f"timed out: {exc}")
             raise
         patience.waiting_for(())
 
@@ -349,6 +418,7 @@ class MPITransport(Transport):
         self._notice_request = world.Recv_init([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
                                                _TAG_NOTICE)
         self._notice_request.Start()
+        self._notice_status = MPI.Status()
         self._lost: PeerLostError | None = None
         self._gave_up = False
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
@@ -382,8 +452,10 @@ class MPITransport(Transport):
 
     # -- notices of instances that give up ------------------------------------------------
 
-    def check_notices(self) -> None:
-        """Raise if another instance gave up (sent a notice, :meth:`abandon`).
+    def check_notices(self, polls: int = 1) -> None:
+        """Raise if another instance gave up (sent a notice, :meth:`abandon`). Each of up to
+        ``polls`` looks lets MPI's progress engine take one more message off the queue
+        (where a peer's notice may wait behind its earlier messages).
 
         Raises:
             PeerLostError: names the instance and its reason.
@@ -393,15 +465,19 @@ class MPITransport(Transport):
         request = self._notice_request
         if request is None:
             return
-        status = MPI.Status()
-        if request.Test(status):
-            source = status.Get_source()
-            reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
-            self._lost = PeerLostError(
-                f"instance {source} gave up on the job's collectives ({reason}); this "
-                f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
-                f"{self.options.timeout_s:g} s)", source)
-            raise self._lost
+        status = self._notice_status
+        for _ in range(polls):
+            if request.Test(status):
+                break
+        else:
+            return
+        source = status.Get_source()
+        reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
+        self._lost = PeerLostError(
+            f"instance {source} gave up on the job's collectives ({reason}); this "
+            f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
+            f"{self.options.timeout_s:g} s)", source)
+        raise self._lost
 
     def abandon(self, reason: str) -> None:
         """Send a notice to every other instance: this one gives up (best effort, once,
