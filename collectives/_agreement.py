@@ -43,6 +43,25 @@ def _other_instances() -> str:
     return "the other instances"
 
 
+class _Arrival:
+    """The text of an agreement's wait, ``"cross_replica_sum #3 on instance 0 (replica
+    0)"``, made when first shown (most waits end without one)."""
+
+    __slots__ = ("_agreement", "_desc", "_seq")
+
+    def __init__(self, agreement: "Agreement", desc: Descriptor, seq: int):
+        self._agreement, self._desc, self._seq = agreement, desc, seq
+
+    def __str__(self) -> str:
+        desc, agreement = self._desc, self._agreement
+        if desc.seq != self._seq:
+            desc = desc.with_seq(self._seq)
+        return f"{desc.label()} on {agreement.instance_name(agreement.transport.process_index)}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 class Agreement:
     """The descriptor checks of one instance.
 
@@ -85,13 +104,21 @@ class Agreement:
         return desc
 
     def exchange(self, desc: Descriptor, payload: np.ndarray | None = None,
-                 fingerprint: int | None = None) -> list[np.ndarray] | None:
+                 seq: int | None = None, fingerprint: int | None = None
+                 ) -> list[np.ndarray] | None:
         """:meth:`exchange_descriptors` fused with the data of a small call: every
         instance's ``payload`` (uint8, at most ``EAGER_MAX_BYTES``; None: agree only), in
         instance order, when the transport carried them
         (:meth:`~collectives.transports.base.Communicator.agree_gather`), else None (the
-        caller moves the data itself). ``fingerprint``: ``desc.fingerprint()`` when the
-        caller has it.
+        caller moves the data itself).
+
+        Args:
+            desc: the call's descriptor.
+            payload: this instance's bytes, or None.
+            seq: the call's number when it is not ``desc.seq`` (the engine's cached
+                descriptors carry 0: the descriptor with ``seq`` is made only for a
+                message).
+            fingerprint: ``desc.with_seq(seq).fingerprint()``, when the caller has it.
 
         Raises:
             CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
@@ -103,7 +130,12 @@ class Agreement:
         comm = self._comm
         if comm is None:
             comm = self._comm = self.transport.communicator(self.everyone)
-        patience = self.arrival_patience(desc)
+        if seq is None:
+            seq = desc.seq
+        elif seq != desc.seq and fingerprint is None:
+            desc = desc.with_seq(seq)
+        patience = Patience(_Arrival(self, desc, seq), self.options, _other_instances,
+                            name_absent=self._instance_names)
         # the common case, every instance agrees: one small all-gather or reduction of a
         # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
         # name a difference (every instance sees the same answer, so every one takes the
@@ -114,6 +146,8 @@ class Agreement:
             if desc.error:  # every instance failed alike
                 raise CollectiveMismatchError(desc.error)
             return blocks
+        if seq != desc.seq:
+            desc = desc.with_seq(seq)
         mine = desc.encode()
         gathered = comm.allgather(mine, patience)
         self.check_descriptors(desc, mine, gathered)
@@ -121,10 +155,8 @@ class Agreement:
 
     def arrival_patience(self, desc: Descriptor) -> Patience:
         """The wait for the other instances' descriptors: names those not arrived."""
-        process_index = self.transport.process_index
-        return Patience(
-            Text(lambda: f"{desc.label()} on {self.instance_name(process_index)}"),
-            self.options, _other_instances, name_absent=self._instance_names)
+        return Patience(_Arrival(self, desc, desc.seq), self.options, _other_instances,
+                        name_absent=self._instance_names)
 
     def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
                           gathered: np.ndarray) -> None:

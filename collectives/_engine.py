@@ -38,7 +38,7 @@ from collectives._fusion import FusionLimits
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
 from collectives._accounting import CountingCommunicator, Ledger
-from collectives.descriptor import Descriptor
+from collectives.descriptor import Descriptor, seq_fingerprint
 from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                 TransportError)
 from collectives.gcl_options import GCLOptions
@@ -68,6 +68,26 @@ class _Transfer:
 
     def __call__(self) -> str:
         return f"instances {list(self.instances)} to finish the transfer"
+
+
+#: call plans an engine keeps before it starts again (a program calls few signatures)
+_MAX_PLANS = 4096
+
+
+class _Plan:
+    """What every call of one signature needs, made at its first call: the descriptor
+    (``seq`` 0) and algorithm it was made for, whether it is eager, the descriptor's
+    fingerprint at ``seq`` 0, and its accounting signature."""
+
+    __slots__ = ("desc", "algorithm", "eager", "fingerprint", "signature")
+
+    def __init__(self, desc: Descriptor, algorithm: Algorithm, eager: bool,
+                 fingerprint: int, signature):
+        self.desc = desc
+        self.algorithm = algorithm
+        self.eager = eager
+        self.fingerprint = fingerprint
+        self.signature = signature
 
 
 class CollectiveEngine:
@@ -112,6 +132,7 @@ class CollectiveEngine:
         self._scratch = np.empty(0, np.uint8)
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
+        self._plans: dict[int, _Plan] = {}
         self.routes: dict = {}
 
     @property
@@ -143,17 +164,54 @@ class CollectiveEngine:
                            group: CommGroup | None) -> Any:
         """:meth:`replica_call` of an instance with one local replica: it leads at once
         (no rendezvous, nobody to wait for; the replica's thread alone counts its calls,
-        so no lock)."""
+        so no lock). What the call's signature fixes comes from its :class:`_Plan`."""
         rendezvous = self._rendezvous
         if rendezvous.failure is not None:
             rendezvous.raise_if_failed()
         seq = rendezvous.seq[0]
         rendezvous.seq[0] = seq + 1
+        plan = self._plans.get(id(desc))
+        if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
+            plan = self._plan(desc, value, algorithm, group)
         try:
+            if plan.eager:
+                return self._run_eager(plan, seq, value)
             return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
         except (CollectiveTimeoutError, TransportError) as exc:
             self.abort(exc)  # requests may still be pending: the engine is unusable
             raise
+
+    def _plan(self, desc: Descriptor, value: Any, algorithm: Algorithm,
+              group: CommGroup | None) -> "_Plan":
+        """The :class:`_Plan` of ``desc`` (a descriptor the caller reuses for every call of
+        its signature, ``seq`` 0) with ``algorithm``; kept by the descriptor's id."""
+        value = np.asarray(value)
+        eager = (isinstance(algorithm, Eager) and not desc.error
+                 and algorithm.payload_bytes(self, value) is not None)
+        signature = self._recorder.signature(desc, value.nbytes, group)
+        plan = _Plan(desc, algorithm, eager, desc.fingerprint(), signature)
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[id(desc)] = plan
+        return plan
+
+    def _run_eager(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
+        """One eager call (:mod:`collectives._eager`) of a sole local replica."""
+        start = time.perf_counter()
+        algorithm, values = plan.algorithm, (value,)
+        payload = algorithm.payload(self, values)
+        blocks = self.agreement.exchange(plan.desc, payload, seq,
+                                         seq_fingerprint(plan.fingerprint, seq))
+        if blocks is None:  # (a transport that does not carry payloads)
+            sent = -self._recorder.bytes_sent()
+            result = algorithm(self, plan.desc.with_seq(seq), values)[0]
+            sent += self._recorder.bytes_sent()
+        else:
+            result = algorithm.results(self, values, blocks)[0]
+            sent = payload.nbytes * (len(blocks) - 1)
+        self._recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
+                                     plan.desc.op)
+        return result
 
     def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
         """A collective issued by the instance's host code (outside replica functions), with
