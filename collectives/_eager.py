@@ -116,7 +116,10 @@ class AllReduce(Eager):
 
     def payload(self, engine, values):
         if len(values) == 1:
-            return _flat(prepare(self.op, values[0]))
+            value = values[0]
+            if self.op is CollectiveOperator.SQUARE_ADD:
+                value = prepare(self.op, value)
+            return _flat(value)
         members = range(engine.replica_index_offset,
                         engine.replica_index_offset + len(values))
         return _flat(algorithms.local_partial(engine, values, members, self.op))
@@ -124,9 +127,15 @@ class AllReduce(Eager):
     def results(self, engine, values, blocks):
         value = values[0]
         dtype = value.dtype
-        items = [b.view(dtype) for b in blocks]
-        total = tree_reduce(items, self._combine, out=np.empty(value.size, dtype))
-        total = finish(self.op, total, engine.num_replicas).reshape(value.shape)
+        total = np.empty(value.size, dtype)
+        if len(blocks) == 2:  # the tree of two: one combine
+            total = combine_into(self.op, blocks[0].view(dtype), blocks[1].view(dtype), total)
+        else:
+            total = tree_reduce([b.view(dtype) for b in blocks], self._combine, out=total)
+        if self.op is CollectiveOperator.MEAN:
+            total = finish(self.op, total, engine.num_replicas)
+        if value.ndim != 1:
+            total = total.reshape(value.shape)
         return self._give(engine, total, values)
 
 

@@ -107,6 +107,7 @@ class CollectiveEngine:
         ledger: the records of this engine's calls.
         agreement: the descriptor agreement between instances.
         routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
+        eager_calls: calls whose data moved in their agreement (:mod:`collectives._eager`).
     """
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
@@ -133,6 +134,7 @@ class CollectiveEngine:
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
         self._plans: dict[int, _Plan] = {}
+        self.eager_calls = 0
         self.routes: dict = {}
 
     @property
@@ -209,6 +211,7 @@ class CollectiveEngine:
         else:
             result = algorithm.results(self, values, blocks)[0]
             sent = payload.nbytes * (len(blocks) - 1)
+            self.eager_calls += 1
         self._recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
                                      plan.desc.op)
         return result
@@ -345,6 +348,7 @@ class CollectiveEngine:
         if blocks is not None:
             results = algorithm.results(self, values, blocks)
             sent += payload.nbytes * (len(blocks) - 1)
+            self.eager_calls += 1
         else:
             results = algorithm(self, desc, values)
         wall = time.perf_counter() - start

@@ -221,7 +221,7 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)
     arr = as_collective_array(x, what, operator)
-    return _call(what, arr, g, name, spec, operator.value)
+    return _call(what, arr, g, name, spec, operator._value_)  # (.value runs Python)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
