@@ -73,9 +73,9 @@ _TAG_EAGER = 0x1A40
 _HEADER_BYTES = 16
 #: the most bytes of one block of an agreement (header and padded payload)
 _BLOCK_CAPACITY = _HEADER_BYTES + EAGER_MAX_BYTES
-#: looks for a notice after an agreement: a peer that gave up in this call sent its notice
-#: after its block, so it may be queued behind that block and the peer's presence message
-#: (MPICH takes one message off the queue per look)
+#: looks for a notice after an agreement whose blocks were all there at once: a peer that
+#: gave up on this call sent its notice after its block, so it may be queued behind that
+#: block and the peer's presence message (MPICH takes one message off the queue per look)
 _AGREEMENT_NOTICE_POLLS = 3
 #: seconds an agreement waits before its members tell each other who is there
 PRESENCE_AFTER_S = 0.5
@@ -146,42 +146,49 @@ class MPICommunicator(Communicator):
         notices of peers that gave up are looked at, so a late member never goes on with a
         call its peer abandoned."""
         comm = self._ready(patience)
-        buf, words = self._eager_buffers()
+        buf, words = self._eager or self._eager_buffers()
         n = 0 if payload is None else payload.nbytes
         words[0], words[1] = fingerprint, n
         if n:
             buf[_HEADER_BYTES:_HEADER_BYTES + n] = payload
-        ends = [_HEADER_BYTES + ((n + 7) & -8)]  # blocks padded to 8 bytes: aligned views
+        starts, lengths = [0], [n]  # of the blocks held, padded to 8 bytes (aligned views)
+        end, agreed, waited = _HEADER_BYTES + ((n + 7) & -8), True, False
         size, rank, dist, tag = self.size, self.rank, 1, _TAG_EAGER
+        statuses = self._eager_statuses
         while dist < size:
             count = min(dist, size - dist)
-            end = ends[-1]
             requests = [comm.Irecv([buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE],
                                    (rank + dist) % size, tag),
-                        comm.Isend([buf[:ends[count - 1]], MPI.BYTE], (rank - dist) % size,
-                                   tag)]
-            statuses = self._eager_statuses
+                        comm.Isend([buf[:starts[count] if count < len(starts) else end],
+                                    MPI.BYTE], (rank - dist) % size, tag)]
             if not MPI.Request.Testall(requests, statuses):
+                waited = True
                 self._await_eager(comm, requests, statuses, fingerprint, patience)
-            got, at = statuses[0].Get_count(MPI.BYTE), end
+            limit, at = end + statuses[0].Get_count(MPI.BYTE), end
             for _ in range(count):
-                at += _HEADER_BYTES + ((int(words[(at >> 3) + 1]) + 7) & -8)
-                ends.append(at)
-            if at != end + got:
+                w = at >> 3
+                if words[w] != fingerprint:
+                    agreed = False
+                length = int(words[w + 1])
+                starts.append(at)
+                lengths.append(length)
+                at += _HEADER_BYTES + ((length + 7) & -8)
+            if at != limit:
                 raise TransportError(f"a malformed agreement message from instance "
-                                     f"{self.members[(rank + dist) % size]}: {got} bytes "
-                                     f"for {count} blocks")
-            dist, tag = dist << 1, tag + 1
-        self._transport.check_notices(_AGREEMENT_NOTICE_POLLS)
-        starts = [0, *ends[:-1]]
-        if any(words[s >> 3] != fingerprint for s in starts):
-            return False, None
-        if payload is None:
-            return True, None
+                                     f"{self.members[(rank + dist) % size]}: "
+                                     f"{limit - end} bytes for {count} blocks")
+            end, dist, tag = at, dist << 1, tag + 1
+        # a peer that gave up on this call sent its notice after its block: when that block
+        # was here before we looked, look again (MPICH takes one message off the queue per
+        # look, and the peer's presence message may come first)
+        self._transport.check_notices(1 if waited else _AGREEMENT_NOTICE_POLLS)
+        if not agreed or payload is None:
+            return agreed, None
         blocks = []
         for j in range(size):  # block i holds member (rank + i) % size
-            s = starts[(j - rank) % size] + _HEADER_BYTES
-            blocks.append(buf[s:s + int(words[(s >> 3) - 1])])
+            i = (j - rank) % size
+            at = starts[i] + _HEADER_BYTES
+            blocks.append(buf[at:at + lengths[i]])
         return True, blocks
 
     def _eager_buffers(self) -> tuple[np.ndarray, np.ndarray]:
