@@ -179,9 +179,17 @@ class ReduceScatter(Eager):
         c = -(-values[0].shape[0] // k)
         lo = engine.replica_index_offset * c
         hi = lo + len(values) * c  # this instance's chunks: consecutive positions
-        items = [b.view(dtype)[lo:hi] for b in blocks]
-        total = finish(self.op, tree_reduce(items, self._combine,
-                                            out=np.empty(hi - lo, dtype)), k)
+        total = np.empty(hi - lo, dtype)
+        if len(blocks) == 2:  # the tree of two: one combine
+            total = combine_into(self.op, blocks[0].view(dtype)[lo:hi],
+                                 blocks[1].view(dtype)[lo:hi], total)
+        else:
+            total = tree_reduce([b.view(dtype)[lo:hi] for b in blocks], self._combine,
+                                out=total)
+        if self.op is CollectiveOperator.MEAN:
+            total = finish(self.op, total, k)
+        if len(values) == 1:
+            return [total]
         return [total[i * c:(i + 1) * c] for i in range(len(values))]  # disjoint slices
 
 
@@ -222,6 +230,16 @@ class AllToAll(Eager):
     def results(self, engine, values, blocks):
         value = values[0]
         k, split = engine.num_replicas, self.split_dimension
+        if len(values) == 1 and split == 0 and self.concat_dimension == 0:
+            # one replica per instance, along dimension 0: piece q of a value is its q-th
+            # run of bytes, and the pieces concatenate in sender order
+            out = np.empty(value.shape, value.dtype)
+            flat, piece = out.reshape(-1).view(np.uint8), value.nbytes // k
+            at, q = 0, engine.replica_index_offset * piece
+            for b in blocks:
+                flat[at:at + piece] = b[q:q + piece]
+                at += piece
+            return [out]
         shape = (len(values), *value.shape)
         senders = [v for b in blocks for v in b.view(value.dtype).reshape(shape)]
         step = value.shape[split] // k

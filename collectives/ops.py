@@ -323,7 +323,7 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     if _is_nest(x):
         return _call_nest("reduce_scatter", x, g, name, spec, "reduce_scatter", check,
                           operator.value)
-    return _call("reduce_scatter", check(x), g, name, spec, operator.value)
+    return _call("reduce_scatter", check(x), g, name, spec, operator._value_)
 
 
 def all_to_all(x, split_dimension: int, concat_dimension: int,
