@@ -176,9 +176,7 @@ class CollectiveEngine:
         if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
             plan = self._plan(desc, value, algorithm, group)
         try:
-            if plan.eager:
-                return self._run_eager(plan, seq, value)
-            return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
+            return self._run_plan(plan, seq, value)
         except (CollectiveTimeoutError, TransportError) as exc:
             self.abort(exc)  # requests may still be pending: the engine is unusable
             raise
@@ -197,23 +195,25 @@ class CollectiveEngine:
         self._plans[id(desc)] = plan
         return plan
 
-    def _run_eager(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
-        """One eager call (:mod:`collectives._eager`) of a sole local replica."""
+    def _run_plan(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
+        """Call number ``seq`` of ``plan`` by a sole local replica: its agreement, with its
+        data when it is eager (:mod:`collectives._eager`), else followed by its
+        algorithm."""
         start = time.perf_counter()
-        algorithm, values = plan.algorithm, (value,)
-        payload = algorithm.payload(self, values)
+        algorithm, values, recorder = plan.algorithm, (value,), self._recorder
+        payload = algorithm.payload(self, values) if plan.eager else None
         blocks = self.agreement.exchange(plan.desc, payload, seq,
                                          seq_fingerprint(plan.fingerprint, seq))
-        if blocks is None:  # (a transport that does not carry payloads)
-            sent = -self._recorder.bytes_sent()
+        if blocks is None:  # (large, or a transport that does not carry payloads)
+            sent = recorder.bytes_sent()
             result = algorithm(self, plan.desc.with_seq(seq), values)[0]
-            sent += self._recorder.bytes_sent()
+            sent = recorder.bytes_sent() - sent
         else:
             result = algorithm.results(self, values, blocks)[0]
             sent = payload.nbytes * (len(blocks) - 1)
             self.eager_calls += 1
-        self._recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
-                                     plan.desc.op)
+        recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
+                               plan.desc.op)
         return result
 
     def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
