@@ -8,7 +8,7 @@ missing peer into a timeout instead of a hang:
 * **agreement**: before its data, a call's descriptors are agreed by a dissemination
   all-gather of ``[h, length | payload]`` blocks (``h`` the descriptor's fingerprint):
   :meth:`MPICommunicator.agree_gather`, ``ceil(log2 P)`` rounds of point-to-point
-  messages. A small call (at most ``EAGER_MAX_BYTES`` per instance) carries its data in
+  messages (:mod:`collectives.transports.mpi_agreement`). A small call (at most ``EAGER_MAX_BYTES`` per instance) carries its data in
   those blocks, so it costs one exchange in all; a large one sends its header alone and
   moves its data afterwards. Whole descriptors are exchanged only when the fingerprints
   differ (to name the difference).
@@ -36,7 +36,10 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
 from collectives.options import CollectiveOptions
-from collectives.transports.base import EAGER_MAX_BYTES, Communicator, Transport
+from collectives.transports.base import Communicator, Transport
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import Rounds
+from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
@@ -53,8 +56,6 @@ def _displacements(counts: Sequence[int]) -> list[int]:
 #: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
 #: not sent yet, for a stall message); larger ones use MPI_Iallgather.
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
-#: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
-_NOTICE_EVERY = 64
 _TAG_ALLGATHER = 0x1A11
 _TAG_ALLTOALLV = 0x1A12
 _TAG_BROADCAST = 0x1A13
@@ -65,20 +66,6 @@ _TAG_CREATE_GROUP = 0x1A15
 #: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
 #: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
-#: "I am waiting in this agreement" (a slow agreement only)
-_TAG_PRESENCE = 0x1A17
-#: the rounds of an agreement (Communicator.agree_gather) use tags _TAG_EAGER + round
-_TAG_EAGER = 0x1A40
-#: bytes of an agreement block's header: the fingerprint and the payload length, int64
-_HEADER_BYTES = 16
-#: the most bytes of one block of an agreement (header and padded payload)
-_BLOCK_CAPACITY = _HEADER_BYTES + EAGER_MAX_BYTES
-#: looks for a notice after an agreement whose blocks were all there at once: a peer that
-#: gave up on this call sent its notice after its block, so it may be queued behind that
-#: block and the peer's presence message (MPICH takes one message off the queue per look)
-_AGREEMENT_NOTICE_POLLS = 3
-#: seconds an agreement waits before its members tell each other who is there
-PRESENCE_AFTER_S = 0.5
 #: seconds a cancelled receive may take to finish cancelling
 _WITHDRAW_S = 0.5
 #: bytes of a notice: its reason, UTF-8, zero-padded
@@ -103,13 +90,7 @@ class MPICommunicator(Communicator):
         self.rank = members.index(transport.process_index)
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
-        self._eager: tuple[np.ndarray, np.ndarray] | None = None
-        self._eager_statuses = [MPI.Status(), MPI.Status()]
-        # presence messages of a slow agreement (_await_agreement)
-        self._presence = np.zeros(1, np.int64)
-        self._presence_request = None
-        self._presence_sent: list = []
-        self._present: dict[int, int] = {}
+        self._agreement = Rounds(transport, members, self.rank)
 
     def _ready(self, patience: Patience):
         """The mpi4py communicator, made at the first call (waits for the members)."""
@@ -129,121 +110,16 @@ class MPICommunicator(Communicator):
     # -- agreement ------------------------------------------------------------------------
 
     def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """:meth:`agree_gather` without payload: ``ceil(log2 P)`` rounds of 16-byte
-        messages."""
-        return self.agree_gather(fingerprint, None, patience)[0]
+        """:meth:`agree_gather` without payload."""
+        return self._agreement.agree_gather(self._ready(patience), fingerprint, None,
+                                            patience)[0]
 
     def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
-        """Bruck's all-gather (dissemination) of one block per member, ``[fingerprint,
-        length | payload]``: in round k (``2^k < P``) a member sends the first
-        ``min(2^k, P - 2^k)`` blocks it holds to member ``rank - 2^k`` and appends those of
-        member ``rank + 2^k``; ``ceil(log2 P)`` rounds, any P. Every member ends up with
-        every member's block, so every member sees every fingerprint and all decide alike.
-        Every call of any size starts with it (a large call sends its header alone), and
-        receives go into buffers sized for :data:`EAGER_MAX_BYTES` per block, so a peer
-        that called something else never truncates a receive nor hangs one. Then the
-        notices of peers that gave up are looked at, so a late member never goes on with a
-        call its peer abandoned."""
-        comm = self._ready(patience)
-        buf, words = self._eager or self._eager_buffers()
-        n = 0 if payload is None else payload.nbytes
-        words[0], words[1] = fingerprint, n
-        if n:
-            buf[_HEADER_BYTES:_HEADER_BYTES + n] = payload
-        starts, lengths = [0], [n]  # of the blocks held, padded to 8 bytes (aligned views)
-        end, agreed, waited = _HEADER_BYTES + ((n + 7) & -8), True, False
-        size, rank, dist, tag = self.size, self.rank, 1, _TAG_EAGER
-        statuses = self._eager_statuses
-        while dist < size:
-            count = min(dist, size - dist)
-            requests = [comm.Irecv([buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE],
-                                   (rank + dist) % size, tag),
-                        comm.Isend([buf[:starts[count] if count < len(starts) else end],
-                                    MPI.BYTE], (rank - dist) % size, tag)]
-            if not MPI.Request.Testall(requests, statuses):
-                waited = True
-                self._await_eager(comm, requests, statuses, fingerprint, patience)
-            limit, at = end + statuses[0].Get_count(MPI.BYTE), end
-            for _ in range(count):
-                w = at >> 3
-                if words[w] != fingerprint:
-                    agreed = False
-                length = int(words[w + 1])
-                starts.append(at)
-                lengths.append(length)
-                at += _HEADER_BYTES + ((length + 7) & -8)
-            if at != limit:
-                raise TransportError(f"a malformed agreement message from instance "
-                                     f"{self.members[(rank + dist) % size]}: "
-                                     f"{limit - end} bytes for {count} blocks")
-            end, dist, tag = at, dist << 1, tag + 1
-        # a peer that gave up on this call sent its notice after its block: when that block
-        # was here before we looked, look again (MPICH takes one message off the queue per
-        # look, and the peer's presence message may come first)
-        self._transport.check_notices(1 if waited else _AGREEMENT_NOTICE_POLLS)
-        if not agreed or payload is None:
-            return agreed, None
-        blocks = []
-        for j in range(size):  # block i holds member (rank + i) % size
-            i = (j - rank) % size
-            at = starts[i] + _HEADER_BYTES
-            blocks.append(buf[at:at + lengths[i]])
-        return True, blocks
-
-    def _eager_buffers(self) -> tuple[np.ndarray, np.ndarray]:
-        """The receive buffer of :meth:`agree_gather` (room for every member's block at
-        its largest) and its int64 view; made at the first call."""
-        if self._eager is None:
-            buf = np.zeros(self.size * _BLOCK_CAPACITY, np.uint8)
-            self._eager = (buf, buf.view(np.int64))
-        return self._eager
-
-    def _await_eager(self, comm, requests: list, statuses: list, fingerprint: int,
-                     patience: Patience) -> None:
-        """Wait for one round of :meth:`agree_gather`. A round cannot say who is late (the
-        partner may wait for another), so a wait longer than :data:`PRESENCE_AFTER_S`
-        tells the other members once that this one is here (its fingerprint,
-        point-to-point), and names as missing those that have not said the same (only a
-        slow wait pays for it). Cancels the round's requests on an error."""
-        patience.waiting_for(self._other_members)
-        announced, polls, testall = False, 0, MPI.Request.Testall
-        try:
-            while not testall(requests, statuses):
-                polls += 1
-                if not polls % _NOTICE_EVERY:
-                    self._transport.check_notices()
-                    if announced:
-                        self._hear_presence(comm)
-                        patience.waiting_for([m for m in self._other_members
-                                              if self._present.get(m) != fingerprint])
-                    elif patience.elapsed() >= PRESENCE_AFTER_S:
-                        announced = True
-                        self._announce(comm, fingerprint)
-                patience.backoff()
-        except BaseException as exc:
-            for r in requests:
-                _cancel(r)
-            if isinstance(exc, CollectiveTimeoutError):
-                self._transport.abandon(f"timed out: {exc}")
-            raise
-        patience.waiting_for(())
-
-    def _announce(self, comm, fingerprint: int) -> None:
-        if self._presence_request is None:
-            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
-                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
-            self._presence_request.Start()
-        mine = np.array([fingerprint], np.int64)
-        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
-                                      for j in self._others]]
-
-    def _hear_presence(self, comm) -> None:
-        """Record every presence message that has arrived (member -> fingerprint)."""
-        request, status = self._presence_request, MPI.Status()
-        while request.Test(status):
-            self._present[self.members[status.Get_source()]] = int(self._presence[0])
-            request.Start()
+        """Bruck's all-gather of ``[fingerprint, length | payload]`` blocks,
+        ``ceil(log2 P)`` rounds (:class:`~collectives.transports.mpi_agreement.Rounds`)."""
+        return self._agreement.agree_gather(self._ready(patience), fingerprint, payload,
+                                            patience)
 
     # -- data -----------------------------------------------------------------------------
 
@@ -381,14 +257,6 @@ class MPICommunicator(Communicator):
             requests = [comm.Irecv([data, MPI.BYTE], root, _TAG_BROADCAST)]
         self._complete(requests, patience)
         return data
-
-
-def _cancel(request) -> None:
-    """Cancel a pending request after a timeout (best effort: the job is ending)."""
-    try:
-        request.Cancel()
-    except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
-        logger.debug("cancelling an MPI request failed", exc_info=True)
 
 
 class MPITransport(Transport):
@@ -558,10 +426,9 @@ class MPITransport(Transport):
         """Withdraw the receives of notices and presence messages (MPI_Finalize would
         report them as leaked)."""
         atexit.unregister(self._stop_listening)
-        requests = [self._notice_request] + [c._presence_request for c in self._comms.values()]
+        requests = [self._notice_request] + [c._agreement.take_listener()
+                                             for c in self._comms.values()]
         self._notice_request = None
-        for comm in self._comms.values():
-            comm._presence_request = None
         for request in requests:
             if request is not None:
                 _withdraw(request)
