@@ -34,7 +34,8 @@ from collectives import _algorithms as algorithms
 from collectives import _movement as movement
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
-from collectives.operators import CollectiveOperator, combine_into, finish, prepare
+from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
+                                   prepare)
 from collectives.transports.base import EAGER_MAX_BYTES
 from collectives.tree import tree_reduce
 
@@ -43,7 +44,8 @@ __all__ = ["Eager", "algorithm"]
 
 def _flat(x: np.ndarray) -> np.ndarray:
     """``x``'s bytes as a 1-D ``uint8`` array (no copy when ``x`` is contiguous)."""
-    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    x = np.ascontiguousarray(x)
+    return (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
 
 
 class Eager:
@@ -101,12 +103,13 @@ class Eager:
 class AllReduce(Eager):
     """:func:`collectives._algorithms.allreduce` with ``op``."""
 
-    __slots__ = ("op", "_combine")
+    __slots__ = ("op", "_combine", "_direct")
 
     def __init__(self, op: CollectiveOperator, group: CommGroup):
         super().__init__(group)
         self.op = op
         self._combine = lambda a, b, out: combine_into(op, a, b, out)
+        self._direct: dict = {}  # dtype -> operators.direct_ufunc (False: none)
 
     def __call__(self, engine, desc, values):
         return algorithms.allreduce(engine, desc, values, self.op, self.group)
@@ -129,7 +132,14 @@ class AllReduce(Eager):
         dtype = value.dtype
         total = np.empty(value.size, dtype)
         if len(blocks) == 2:  # the tree of two: one combine
-            total = combine_into(self.op, blocks[0].view(dtype), blocks[1].view(dtype), total)
+            ufunc = self._direct.get(dtype)
+            if ufunc is None:
+                ufunc = self._direct[dtype] = direct_ufunc(self.op, dtype) or False
+            if ufunc:
+                ufunc(blocks[0].view(dtype), blocks[1].view(dtype), out=total)
+            else:
+                total = combine_into(self.op, blocks[0].view(dtype), blocks[1].view(dtype),
+                                     total)
         else:
             total = tree_reduce([b.view(dtype) for b in blocks], self._combine, out=total)
         if self.op is CollectiveOperator.MEAN:

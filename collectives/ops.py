@@ -133,8 +133,14 @@ def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: 
     return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
 
 
+#: the containers of a nest
+_NESTS = (list, tuple, dict)
+#: the group of a call without a group argument
+_ALL = consecutive(None)
+
+
 def _is_nest(x) -> bool:
-    return isinstance(x, (list, tuple, dict))
+    return isinstance(x, _NESTS)
 
 
 def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
@@ -214,9 +220,10 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
 def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
                 group: CommGroup | None, name: str | None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
-    g = _group("replica_group_size", replica_group_size, group)
+    g = (_ALL if replica_group_size is None and group is None
+         else _group("replica_group_size", replica_group_size, group))
     spec = ("allreduce", operator)
-    if _is_nest(x):
+    if isinstance(x, _NESTS):
         return _call_nest(what, x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)

@@ -118,8 +118,8 @@ class MPICommunicator(Communicator):
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
         """Bruck's all-gather of ``[fingerprint, length | payload]`` blocks,
         ``ceil(log2 P)`` rounds (:class:`~collectives.transports.mpi_agreement.Rounds`)."""
-        return self._agreement.agree_gather(self._ready(patience), fingerprint, payload,
-                                            patience)
+        return self._agreement.agree_gather(self._comm or self._ready(patience), fingerprint,
+                                            payload, patience)
 
     # -- data -----------------------------------------------------------------------------
 
