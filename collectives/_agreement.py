@@ -134,8 +134,7 @@ class Agreement:
             seq = desc.seq
         elif seq != desc.seq and fingerprint is None:
             desc = desc.with_seq(seq)
-        patience = Patience(_Arrival(self, desc, seq), self.options, _other_instances,
-                            name_absent=self._instance_names)
+        patience = self.arrival_patience(desc, seq)
         # the common case, every instance agrees: one small all-gather or reduction of a
         # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
         # name a difference (every instance sees the same answer, so every one takes the
@@ -153,10 +152,11 @@ class Agreement:
         self.check_descriptors(desc, mine, gathered)
         return None
 
-    def arrival_patience(self, desc: Descriptor) -> Patience:
-        """The wait for the other instances' descriptors: names those not arrived."""
-        return Patience(_Arrival(self, desc, desc.seq), self.options, _other_instances,
-                        name_absent=self._instance_names)
+    def arrival_patience(self, desc: Descriptor, seq: int | None = None) -> Patience:
+        """The wait for the other instances' descriptors (of call number ``seq``, default
+        ``desc.seq``): names those not arrived."""
+        return Patience(_Arrival(self, desc, desc.seq if seq is None else seq), self.options,
+                        _other_instances, name_absent=self._instance_names)
 
     def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
                           gathered: np.ndarray) -> None:

@@ -8,6 +8,13 @@ not arrived), runs the algorithm (local combine in shared memory, exchange over 
 transport), records the call (:mod:`collectives._recording`) and hands each replica its
 result. Only the leader touches the transport, one call at a time.
 
+A small call whose group is every replica moves its data *in* its agreement
+(:mod:`collectives._eager`): one exchange instead of an agreement round and the
+algorithm's rounds, with bit-identical results. An instance with one local replica (the
+common case under MPI) skips the rendezvous and keeps a :class:`_Plan` per call signature,
+so a call does only what its number changes: the agreement's fingerprint, the data, the
+records.
+
 Divergent control flow is caught three ways:
 
 * a replica that calls a different collective (or the same with other arguments) at the
