@@ -16,6 +16,7 @@ Every engine has one by default (``Ledger.cost_model``, set by
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -125,10 +126,11 @@ class Ledger:
         self._lock = threading.Lock()
         # CallRecords (add) and compact (signature, transport bytes, wall s, modelled s)
         # entries (add_signed), oldest first
-        self._records: list = []
+        # (a deque bounded by ``keep``: dropping the oldest of a full list moved every
+        # other entry, 8 us a call at 10000 on the 2-core VM; a deque's append is O(1))
+        self._records: deque = deque(maxlen=keep)
         self._totals: dict[str, OpStats] = {}
         self._signed: list[CallSignature] = []  # signatures whose calls are not folded yet
-        self._keep = keep
 
     def add(self, record: CallRecord) -> CallRecord:
         model = _cost_model if _cost_model is not None else self.cost_model
@@ -164,10 +166,7 @@ class Ledger:
                 if getattr(model, "signature_only", False):
                     signature.model, signature.modelled_s = model, modelled
         with self._lock:
-            records = self._records
-            records.append((signature, transport_bytes, wall_s, modelled))
-            if len(records) > self._keep:
-                del records[: len(records) - self._keep]
+            self._records.append((signature, transport_bytes, wall_s, modelled))
             if not signature.calls:
                 self._signed.append(signature)
                 if len(self._signed) > _MAX_SIGNED:
@@ -204,8 +203,6 @@ class Ledger:
     def _keep_record(self, record: CallRecord) -> CallRecord:
         with self._lock:
             self._records.append(record)
-            if len(self._records) > self._keep:
-                del self._records[: len(self._records) - self._keep]
             totals = self._op_totals(record.op)
             totals.calls += 1
             totals.payload_bytes += record.nbytes

@@ -43,6 +43,25 @@ def _other_instances() -> str:
     return "the other instances"
 
 
+class _Arrival:
+    """The text of an agreement's wait, ``"cross_replica_sum #3 on instance 0 (replica
+    0)"``, made when first shown (most waits end without one)."""
+
+    __slots__ = ("_agreement", "_desc", "_seq")
+
+    def __init__(self, agreement: "Agreement", desc: Descriptor, seq: int):
+        self._agreement, self._desc, self._seq = agreement, desc, seq
+
+    def __str__(self) -> str:
+        desc, agreement = self._desc, self._agreement
+        if desc.seq != self._seq:
+            desc = desc.with_seq(self._seq)
+        return f"{desc.label()} on {agreement.instance_name(agreement.transport.process_index)}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 class Agreement:
     """The descriptor checks of one instance.
 
@@ -61,6 +80,7 @@ class Agreement:
         self.replica_index_offset = replica_index_offset
         #: every instance of the job, increasing (the members of every agreement)
         self.everyone = tuple(range(transport.process_count))
+        self._comm = None  # the communicator of everyone, at the first agreement
 
     def instance_name(self, i: int) -> str:
         """``"instance 1 (replicas 2..3)"``."""
@@ -80,30 +100,63 @@ class Agreement:
                 (``desc.error`` here included).
             CollectiveTimeoutError: an instance did not arrive in time.
         """
+        self.exchange(desc)
+        return desc
+
+    def exchange(self, desc: Descriptor, payload: np.ndarray | None = None,
+                 seq: int | None = None, fingerprint: int | None = None
+                 ) -> list[np.ndarray] | None:
+        """:meth:`exchange_descriptors` fused with the data of a small call: every
+        instance's ``payload`` (uint8, at most ``EAGER_MAX_BYTES``; None: agree only), in
+        instance order, when the transport carried them
+        (:meth:`~collectives.transports.base.Communicator.agree_gather`), else None (the
+        caller moves the data itself).
+
+        Args:
+            desc: the call's descriptor.
+            payload: this instance's bytes, or None.
+            seq: the call's number when it is not ``desc.seq`` (the engine's cached
+                descriptors carry 0: the descriptor with ``seq`` is made only for a
+                message).
+            fingerprint: ``desc.with_seq(seq).fingerprint()``, when the caller has it.
+
+        Raises:
+            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
+        """
         if self.transport.process_count == 1:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
-            return desc
-        comm = self.transport.communicator(self.everyone)
-        patience = self.arrival_patience(desc)
-        # the common case, every instance agrees: one small reduction of a fingerprint
-        # (Communicator.agree, O(log P)); whole descriptors only to name a difference
-        # (every instance sees the same answer, so every one takes the same path)
-        if comm.agree(desc.fingerprint(), patience):
+            return None
+        comm = self._comm
+        if comm is None:
+            comm = self._comm = self.transport.communicator(self.everyone)
+        if seq is None:
+            seq = desc.seq
+        elif seq != desc.seq and fingerprint is None:
+            desc = desc.with_seq(seq)
+        patience = self.arrival_patience(desc, seq)
+        # the common case, every instance agrees: one small all-gather or reduction of a
+        # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
+        # name a difference (every instance sees the same answer, so every one takes the
+        # same path)
+        agreed, blocks = comm.agree_gather(
+            desc.fingerprint() if fingerprint is None else fingerprint, payload, patience)
+        if agreed:
             if desc.error:  # every instance failed alike
                 raise CollectiveMismatchError(desc.error)
-            return desc
+            return blocks
+        if seq != desc.seq:
+            desc = desc.with_seq(seq)
         mine = desc.encode()
         gathered = comm.allgather(mine, patience)
         self.check_descriptors(desc, mine, gathered)
-        return desc
+        return None
 
-    def arrival_patience(self, desc: Descriptor) -> Patience:
-        """The wait for the other instances' descriptors: names those not arrived."""
-        process_index = self.transport.process_index
-        return Patience(
-            Text(lambda: f"{desc.label()} on {self.instance_name(process_index)}"),
-            self.options, _other_instances, name_absent=self._instance_names)
+    def arrival_patience(self, desc: Descriptor, seq: int | None = None) -> Patience:
+        """The wait for the other instances' descriptors (of call number ``seq``, default
+        ``desc.seq``): names those not arrived."""
+        return Patience(_Arrival(self, desc, desc.seq if seq is None else seq), self.options,
+                        _other_instances, name_absent=self._instance_names)
 
     def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
                           gathered: np.ndarray) -> None:

@@ -8,6 +8,13 @@ not arrived), runs the algorithm (local combine in shared memory, exchange over 
 transport), records the call (:mod:`collectives._recording`) and hands each replica its
 result. Only the leader touches the transport, one call at a time.
 
+A small call whose group is every replica moves its data *in* its agreement
+(:mod:`collectives._eager`): one exchange instead of an agreement round and the
+algorithm's rounds, with bit-identical results. An instance with one local replica (the
+common case under MPI) skips the rendezvous and keeps a :class:`_Plan` per call signature,
+so a call does only what its number changes: the agreement's fingerprint, the data, the
+records.
+
 Divergent control flow is caught three ways:
 
 * a replica that calls a different collective (or the same with other arguments) at the
@@ -33,11 +40,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from collectives._agreement import END_OF_PROGRAM, Agreement, Text
+from collectives._eager import Eager
 from collectives._fusion import FusionLimits
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
 from collectives._accounting import CountingCommunicator, Ledger
-from collectives.descriptor import Descriptor
+from collectives.descriptor import Descriptor, seq_fingerprint
 from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                 TransportError)
 from collectives.gcl_options import GCLOptions
@@ -69,6 +77,26 @@ class _Transfer:
         return f"instances {list(self.instances)} to finish the transfer"
 
 
+#: call plans an engine keeps before it starts again (a program calls few signatures)
+_MAX_PLANS = 4096
+
+
+class _Plan:
+    """What every call of one signature needs, made at its first call: the descriptor
+    (``seq`` 0) and algorithm it was made for, whether it is eager, the descriptor's
+    fingerprint at ``seq`` 0, and its accounting signature."""
+
+    __slots__ = ("desc", "algorithm", "eager", "fingerprint", "signature")
+
+    def __init__(self, desc: Descriptor, algorithm: Algorithm, eager: bool,
+                 fingerprint: int, signature):
+        self.desc = desc
+        self.algorithm = algorithm
+        self.eager = eager
+        self.fingerprint = fingerprint
+        self.signature = signature
+
+
 class CollectiveEngine:
     """Runs collectives for the replicas of one instance.
 
@@ -86,6 +114,7 @@ class CollectiveEngine:
         ledger: the records of this engine's calls.
         agreement: the descriptor agreement between instances.
         routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
+        eager_calls: calls whose data moved in their agreement (:mod:`collectives._eager`).
     """
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
@@ -111,6 +140,8 @@ class CollectiveEngine:
         self._scratch = np.empty(0, np.uint8)
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
+        self._plans: dict[int, _Plan] = {}
+        self.eager_calls = 0
         self.routes: dict = {}
 
     @property
@@ -142,17 +173,55 @@ class CollectiveEngine:
                            group: CommGroup | None) -> Any:
         """:meth:`replica_call` of an instance with one local replica: it leads at once
         (no rendezvous, nobody to wait for; the replica's thread alone counts its calls,
-        so no lock)."""
+        so no lock). What the call's signature fixes comes from its :class:`_Plan`."""
         rendezvous = self._rendezvous
         if rendezvous.failure is not None:
             rendezvous.raise_if_failed()
         seq = rendezvous.seq[0]
         rendezvous.seq[0] = seq + 1
+        plan = self._plans.get(id(desc))
+        if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
+            plan = self._plan(desc, value, algorithm, group)
         try:
-            return self._execute((desc.with_seq(seq),), (value,), algorithm, group)[0]
+            return self._run_plan(plan, seq, value)
         except (CollectiveTimeoutError, TransportError) as exc:
             self.abort(exc)  # requests may still be pending: the engine is unusable
             raise
+
+    def _plan(self, desc: Descriptor, value: Any, algorithm: Algorithm,
+              group: CommGroup | None) -> "_Plan":
+        """The :class:`_Plan` of ``desc`` (a descriptor the caller reuses for every call of
+        its signature, ``seq`` 0) with ``algorithm``; kept by the descriptor's id."""
+        value = np.asarray(value)
+        eager = (isinstance(algorithm, Eager) and not desc.error
+                 and algorithm.payload_bytes(self, value) is not None)
+        signature = self._recorder.signature(desc, value.nbytes, group)
+        plan = _Plan(desc, algorithm, eager, desc.fingerprint(), signature)
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[id(desc)] = plan
+        return plan
+
+    def _run_plan(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
+        """Call number ``seq`` of ``plan`` by a sole local replica: its agreement, with its
+        data when it is eager (:mod:`collectives._eager`), else followed by its
+        algorithm."""
+        start = time.perf_counter()
+        algorithm, values, recorder = plan.algorithm, (value,), self._recorder
+        payload = algorithm.payload(self, values) if plan.eager else None
+        blocks = self.agreement.exchange(plan.desc, payload, seq,
+                                         seq_fingerprint(plan.fingerprint, seq))
+        if blocks is None:  # (large, or a transport that does not carry payloads)
+            sent = recorder.bytes_sent()
+            result = algorithm(self, plan.desc.with_seq(seq), values)[0]
+            sent = recorder.bytes_sent() - sent
+        else:
+            result = algorithm.results(self, values, blocks)[0]
+            sent = payload.nbytes * (len(blocks) - 1)
+            self.eager_calls += 1
+        recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
+                               plan.desc.op)
+        return result
 
     def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
         """A collective issued by the instance's host code (outside replica functions), with
@@ -276,9 +345,19 @@ class CollectiveEngine:
         value = values[0]  # (its size is the call's, on every replica)
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         recorder = self._recorder
+        payload = None
+        if isinstance(algorithm, Eager) and not desc.error:
+            eager_bytes = algorithm.payload_bytes(self, value)
+            if eager_bytes is not None:
+                payload = algorithm.payload(self, values)
         sent = -recorder.bytes_sent()
-        desc = self.agreement.exchange_descriptors(desc)
-        results = algorithm(self, desc, values)
+        blocks = self.agreement.exchange(desc, payload)
+        if blocks is not None:
+            results = algorithm.results(self, values, blocks)
+            sent += payload.nbytes * (len(blocks) - 1)
+            self.eager_calls += 1
+        else:
+            results = algorithm(self, desc, values)
         wall = time.perf_counter() - start
         sent += recorder.bytes_sent()
         recorder.record(desc, nbytes, group, sent, wall)

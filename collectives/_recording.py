@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ipu_node.clock import charge_collective
 
-from collectives._accounting import CountingCommunicator, Ledger
+from collectives._accounting import CallSignature, CountingCommunicator, Ledger
 from collectives.descriptor import Descriptor
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup
@@ -50,6 +50,14 @@ class CallRecorder:
                wall_s: float) -> None:
         """One call of ``desc``: ``nbytes`` input bytes per replica, ``sent`` bytes sent by
         this instance, ``wall_s`` wall seconds."""
+        self.record_signed(self.signature(desc, nbytes, group), sent, wall_s,
+                           None if desc.op.startswith("host ") else desc.op)
+
+    def signature(self, desc: Descriptor, nbytes: int, group: CommGroup | None
+                  ) -> CallSignature:
+        """The :class:`~collectives._accounting.CallSignature` of ``desc``'s calls with
+        ``nbytes`` input bytes per replica (made once per signature: the engine keeps it
+        for a call signature's later calls)."""
         key = (desc.op, desc.operator, desc.dtype, desc.shape, desc.group, nbytes)
         signature = self._signatures.get(key)
         if signature is None:
@@ -60,7 +68,13 @@ class CallRecorder:
             signature = self._signatures[key] = self.ledger.signature(
                 desc.op, desc.operator, method, desc.dtype, desc.shape, nbytes, desc.group,
                 groups, self.ipus_per_replica)
+        return signature
+
+    def record_signed(self, signature: CallSignature, sent: int, wall_s: float,
+                      charge: str | None) -> None:
+        """One call of ``signature``; ``charge``: the label of the modelled clocks' event
+        (None: a host call, which no replica waits in)."""
         modelled = self.ledger.add_signed(signature, sent, wall_s)
-        if modelled is not None and not desc.op.startswith("host "):
+        if modelled is not None and charge is not None:
             # every local replica waits in this call: their IPUs' modelled clocks pay it
-            charge_collective(modelled, desc.op)
+            charge_collective(modelled, charge)

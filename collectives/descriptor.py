@@ -25,6 +25,12 @@ _MASK63 = (1 << 63) - 1
 _SEQ_MIX = 0x9E3779B97F4A7C15
 
 
+def seq_fingerprint(fingerprint: int, seq: int) -> int:
+    """The :meth:`Descriptor.fingerprint` of a descriptor with sequence number ``seq``, from
+    the fingerprint of the same descriptor with sequence number 0 (no descriptor made)."""
+    return (fingerprint + seq * _SEQ_MIX) & _MASK63
+
+
 @dataclass(frozen=True, slots=True)
 class Descriptor:
     """One collective call as one replica (or an instance's host code) sees it.

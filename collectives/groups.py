@@ -25,7 +25,9 @@ class CommGroupType(enum.Enum):
     NONE = "NONE"
 
 
-_TYPE_NUMBER = {t: i for i, t in enumerate(CommGroupType)}
+#: by the type's value (a str: its hash is cached, unlike an enum member's, which runs
+#: Python code; every collective call hashes its group)
+_TYPE_NUMBER = {t.value: i for i, t in enumerate(CommGroupType)}
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class CommGroup:
             raise ValueError(f"CommGroup size must be an int >= 0, got {self.size!r}")
 
     def __hash__(self) -> int:  # from ints only: the same in every process
-        return hash((_TYPE_NUMBER[self.type], self.size))
+        return hash((_TYPE_NUMBER[self.type._value_], self.size))
 
     def members(self, num_replicas: int) -> tuple[tuple[int, ...], ...]:
         """The groups, each a tuple of global replica indices in increasing order.

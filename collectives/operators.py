@@ -60,6 +60,16 @@ _UFUNC = {
 }
 
 
+def direct_ufunc(op: CollectiveOperator, dtype: np.dtype):
+    """The numpy ufunc that :func:`combine_into` calls for ``op`` on arrays of ``dtype``
+    when it writes straight into ``out`` (a 1-D one), else None (LOCAL; logical operators
+    on non-bool arrays, which convert)."""
+    ufunc = _UFUNC.get(op)
+    if ufunc in (np.logical_and, np.logical_or) and dtype != np.bool_:
+        return None
+    return ufunc
+
+
 def prepare(op: CollectiveOperator, x: np.ndarray) -> np.ndarray:
     """The contribution of one replica before combining (SQUARE_ADD squares it)."""
     if op is CollectiveOperator.SQUARE_ADD:

@@ -31,14 +31,11 @@ one, the collectives stay usable (also after the error has left ``strategy.run``
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import _algorithms as algorithms
+from collectives import _eager
 from collectives import _fusion
-from collectives import _movement as movement
 from collectives import _nest
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveArgumentError, CollectiveTypeError
@@ -70,7 +67,7 @@ def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> n
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
                                   f"use one of {names}")
-    if arr.dtype == np.bool_ and op is not None and op not in _BOOL_OK:
+    if op is not None and arr.dtype.kind == "b" and op not in _BOOL_OK:
         raise CollectiveTypeError(f"{what}: dtype bool needs COLLECTIVE_OP_LOGICAL_AND or "
                                   f"_OR, not {op.value}")
     return arr
@@ -105,37 +102,45 @@ def _members(what: str, group: CommGroup, num_replicas: int):
         raise CollectiveArgumentError(f"{what}: {exc}") from None
 
 
-#: descriptors (sequence number 0) by call signature and replica count: built (and
-#: validated) once, then ``with_seq``
-_descriptors: dict[tuple, Descriptor] = {}
+#: descriptors (sequence number 0) and algorithm objects by call signature and replica
+#: count: built (and validated) once; the engine keeps what it needs per descriptor
+_descriptors: dict[tuple, tuple[Descriptor, _eager.Eager]] = {}
 
 
 def _descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
                 group: CommGroup, name: str | None, params: tuple[str, ...],
-                num_replicas: int) -> Descriptor:
+                num_replicas: int, spec: tuple) -> tuple[Descriptor, _eager.Eager]:
+    """The call's descriptor and its algorithm (``_eager.algorithm(spec[0], group,
+    *spec[1:])``; the key's fields determine the spec)."""
     key = (what, operator, dtype, shape, group, name, params, num_replicas)
-    desc = _descriptors.get(key)
-    if desc is None:
+    found = _descriptors.get(key)
+    if found is None:
         _members(what, group, num_replicas)  # (a signature seen before has passed)
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=dtype.name,
                           shape=tuple(shape), group=str(group), name=name or "",
                           params=params)
         if len(_descriptors) >= 4096:
             _descriptors.clear()
-        _descriptors[key] = desc
-    return desc
+        found = _descriptors[key] = (desc, _eager.algorithm(spec[0], group, *spec[1:]))
+    return found
 
 
-def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, algorithm,
+def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: tuple,
           operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
     ctx = require_replica_context(what)
-    desc = _descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
-                       ctx.num_replicas)
+    desc, algorithm = _descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
+                                  ctx.num_replicas, spec)
     return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
 
 
+#: the containers of a nest
+_NESTS = (list, tuple, dict)
+#: the group of a call without a group argument
+_ALL = consecutive(None)
+
+
 def _is_nest(x) -> bool:
-    return isinstance(x, (list, tuple, dict))
+    return isinstance(x, _NESTS)
 
 
 def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
@@ -155,7 +160,7 @@ def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
     return arrays, rebuild
 
 
-def _call_nest(what: str, x, group: CommGroup, name: str | None, algorithm, layout: str,
+def _call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, layout: str,
                check, operator: str = "", params: tuple[str, ...] = (),
                split_dimension: int = 0, concat_dimension: int = 0):
     """A collective on a nest: every array checked first (nothing is exchanged when one
@@ -171,9 +176,9 @@ def _call_nest(what: str, x, group: CommGroup, name: str | None, algorithm, layo
     results: list = [None] * len(arrays)
     count = len(plan.buckets)
     for j, bucket in enumerate(plan.buckets):
-        desc = _descriptor(what, operator, bucket.dtype, (bucket.length,), group, name,
-                           params + (f"nest {plan.fingerprint} {j + 1}/{count}",),
-                           ctx.num_replicas)
+        desc, algorithm = _descriptor(
+            what, operator, bucket.dtype, (bucket.length,), group, name,
+            params + (f"nest {plan.fingerprint} {j + 1}/{count}",), ctx.num_replicas, spec)
         fused = _fusion.pack(bucket, arrays, layout, k, split_dimension)
         out = engine.replica_call(ctx.local_index, desc, fused, algorithm, group)
         for i, result in zip(bucket.indices, _fusion.unpack(
@@ -215,14 +220,15 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
 def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
                 group: CommGroup | None, name: str | None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
-    g = _group("replica_group_size", replica_group_size, group)
-    algorithm = partial(algorithms.allreduce, op=operator, group=g)
-    if _is_nest(x):
-        return _call_nest(what, x, g, name, algorithm, "elementwise",
+    g = (_ALL if replica_group_size is None and group is None
+         else _group("replica_group_size", replica_group_size, group))
+    spec = ("allreduce", operator)
+    if isinstance(x, _NESTS):
+        return _call_nest(what, x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)
     arr = as_collective_array(x, what, operator)
-    return _call(what, arr, g, name, algorithm, operator.value)
+    return _call(what, arr, g, name, spec, operator._value_)  # (.value runs Python)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -278,12 +284,12 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
         The common errors (module docstring).
     """
     g = _group("replication_factor", replication_factor, group)
-    algorithm = partial(movement.all_gather, group=g)
+    spec = ("all_gather",)
     if _is_nest(x):
-        return _call_nest("all_gather", x, g, name, algorithm, "all_gather",
+        return _call_nest("all_gather", x, g, name, spec, "all_gather",
                           lambda leaf: as_collective_array(leaf, "all_gather"))
     arr = as_collective_array(x, "all_gather")
-    return _call("all_gather", arr, g, name, algorithm)
+    return _call("all_gather", arr, g, name, spec)
 
 
 def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_ADD",
@@ -312,7 +318,7 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     """
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
-    algorithm = partial(algorithms.reduce_scatter, op=operator, group=g)
+    spec = ("reduce_scatter", operator)
 
     def check(leaf) -> np.ndarray:
         arr = as_collective_array(leaf, "reduce_scatter", operator)
@@ -322,9 +328,9 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
         return arr
 
     if _is_nest(x):
-        return _call_nest("reduce_scatter", x, g, name, algorithm, "reduce_scatter", check,
+        return _call_nest("reduce_scatter", x, g, name, spec, "reduce_scatter", check,
                           operator.value)
-    return _call("reduce_scatter", check(x), g, name, algorithm, operator.value)
+    return _call("reduce_scatter", check(x), g, name, spec, operator._value_)
 
 
 def all_to_all(x, split_dimension: int, concat_dimension: int,
@@ -373,16 +379,14 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
 
     if _is_nest(x):
         return _call_nest("all_to_all", x, g, name,
-                          partial(movement.all_to_all, group=g, split_dimension=0,
-                                  concat_dimension=0),
+                          ("all_to_all", 0, 0),
                           "all_to_all", check,
                           params=(str(int(split_dimension)), str(int(concat_dimension))),
                           split_dimension=int(split_dimension),
                           concat_dimension=int(concat_dimension))
     arr = check(x)
     return _call("all_to_all", arr, g, name,
-                 partial(movement.all_to_all, group=g, split_dimension=int(split_dimension),
-                         concat_dimension=int(concat_dimension)),
+                 ("all_to_all", int(split_dimension), int(concat_dimension)),
                  params=(str(int(split_dimension)), str(int(concat_dimension))))
 
 
@@ -413,13 +417,13 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
             or not 0 <= root_replica < k:
         raise CollectiveArgumentError(f"broadcast: root_replica={root_replica!r} is not in "
                                       f"[0, {k}) (the group size)")
-    algorithm = partial(movement.broadcast, group=g, root=int(root_replica))
+    spec = ("broadcast", int(root_replica))
     params = (str(int(root_replica)),)
     if _is_nest(x):
-        return _call_nest("broadcast", x, g, name, algorithm, "elementwise",
+        return _call_nest("broadcast", x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, "broadcast"), params=params)
     arr = as_collective_array(x, "broadcast")
-    return _call("broadcast", arr, g, name, algorithm, params=params)
+    return _call("broadcast", arr, g, name, spec, params=params)
 
 
 def replication_index() -> np.int32:

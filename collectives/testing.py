@@ -12,7 +12,9 @@ It raises ``AssertionError`` naming the check, the communicator and the member o
 result that breaks the contract, and returns the names of the checks that passed. The checks:
 
 * ``agree``: equal fingerprints agree, different ones disagree, the same answer on every
-  member, and the communicator stays usable after a disagreement (a mismatch);
+  member, and the communicator stays usable after a disagreement (a mismatch); the same
+  with ``agree_gather``, whose payloads (when the transport carries them) arrive whole, in
+  member order, at every length up to ``EAGER_MAX_BYTES``;
 * ``zero bytes``: every operation with nothing to move;
 * ``uneven counts``: all-gathers and all-to-alls whose members send different byte counts,
   some of them zero;
@@ -36,7 +38,7 @@ import numpy as np
 
 from collectives.errors import CollectiveTimeoutError
 from collectives.options import CollectiveOptions
-from collectives.transports.base import Communicator, Transport
+from collectives.transports.base import EAGER_MAX_BYTES, Communicator, Transport
 from collectives.waiting import Patience
 
 __all__ = ["check_communicator"]
@@ -83,6 +85,38 @@ class _Checks:
         if not comm.agree(77, self.patience("agree")):  # still usable after a mismatch
             raise AssertionError(f"agree over {comm.members} ({self.where}): unusable after "
                                  "a disagreement")
+        self.agree_gather()
+
+    def agree_gather(self) -> None:
+        """``agree_gather``: the agreement as :meth:`agree`, with every member's payload
+        (lengths differ, zero and EAGER_MAX_BYTES included) when the transport carries
+        them; None without payload or after a disagreement."""
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        for name, length in (("uneven", lambda j: 3 * j + 1),
+                             ("the largest", lambda j: EAGER_MAX_BYTES if j == 0 else 0)):
+            agreed, blocks = comm.agree_gather(
+                4242, _bytes(me, length(me), salt=1), self.patience("agree_gather"))
+            if not agreed:
+                raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
+                                     "equal fingerprints disagreed")
+            if blocks is not None:
+                if len(blocks) != n:
+                    raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
+                                         f"{len(blocks)} blocks for {n} members")
+                for j, block in enumerate(blocks):
+                    self.expect(f"agree_gather of {name} payloads, member {j}'s", block,
+                                _bytes(j, length(j), salt=1))
+        agreed, blocks = comm.agree_gather(99, None, self.patience("agree_gather"))
+        if not agreed or blocks is not None:
+            raise AssertionError(f"agree_gather without payload over {comm.members} "
+                                 f"({self.where}): got {agreed}, {blocks}")
+        if n > 1:
+            agreed, blocks = comm.agree_gather(500 + me, _bytes(me, 8),
+                                               self.patience("agree_gather"))
+            if agreed or blocks is not None:
+                raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
+                                     f"member {me}'s {500 + me} agreed with the others' "
+                                     "different fingerprints")
 
     def zero_bytes(self) -> None:
         comm, n, empty = self.comm, self.comm.size, np.empty(0, np.uint8)

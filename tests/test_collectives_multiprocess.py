@@ -22,9 +22,10 @@ from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
 
-@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (4, 8)])
+@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (4, 4), (4, 8)])
 def test_per_rank_suite(instances, replicas):
-    # (2, 2): one replica per instance, where descriptors travel with the data
+    # (2, 2), (4, 4): one replica per instance (the engine's one-replica path); small calls
+    # move their data in the agreement (collectives._eager) at every layout
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
                   "pytest", "tests/perrank", "-q", "-p", "no:cacheprovider"], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr

@@ -1,14 +1,17 @@
 """The MPI transport: mpi4py buffer methods on raw bytes, one communicator per instance set.
 
 Only one thread of an instance calls MPI at a time (the engine's leader). Every call is
-nonblocking (``Iallreduce``, ``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``, ``Idup``)
+nonblocking (``Isend``/``Irecv``, ``Iallgatherv``, ``Ialltoall``, ``Idup``)
 and polled with :class:`~collectives.waiting.Patience`, which yields the CPU and turns a
 missing peer into a timeout instead of a hang:
 
-* **agreement**: before its data, a call's descriptors are agreed with one
-  ``MPI_Iallreduce(MIN)`` of ``[h, -h]`` (``h`` the descriptor's fingerprint):
-  :meth:`MPICommunicator.agree`, O(log P) like any small all-reduce. Whole descriptors are
-  exchanged only when the fingerprints differ (to name the difference).
+* **agreement**: before its data, a call's descriptors are agreed by a dissemination
+  all-gather of ``[h, length | payload]`` blocks (``h`` the descriptor's fingerprint):
+  :meth:`MPICommunicator.agree_gather`, ``ceil(log2 P)`` rounds of point-to-point
+  messages (:mod:`collectives.transports.mpi_agreement`). A small call (at most ``EAGER_MAX_BYTES`` per instance) carries its data in
+  those blocks, so it costs one exchange in all; a large one sends its header alone and
+  moves its data afterwards. Whole descriptors are exchanged only when the fingerprints
+  differ (to name the difference).
 * **communicators** are made without a blocking call: the job's own one by ``MPI_Comm_idup``,
   started when the transport is made and waited for (with the timeout) at the first call;
   one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
@@ -36,6 +39,9 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import Rounds
+from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
@@ -52,8 +58,6 @@ def _displacements(counts: Sequence[int]) -> list[int]:
 #: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
 #: not sent yet, for a stall message); larger ones use MPI_Iallgather.
 P2P_ALLGATHER_MAX_BYTES = 64 * 1024
-#: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
-_NOTICE_EVERY = 64
 _TAG_ALLGATHER = 0x1A11
 _TAG_ALLTOALLV = 0x1A12
 _TAG_BROADCAST = 0x1A13
@@ -64,10 +68,6 @@ _TAG_CREATE_GROUP = 0x1A15
 #: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
 #: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
-#: "I am waiting in this agreement" (a slow agreement only)
-_TAG_PRESENCE = 0x1A17
-#: seconds an agreement waits before its members tell each other who is there
-PRESENCE_AFTER_S = 0.5
 #: seconds a cancelled receive may take to finish cancelling
 _WITHDRAW_S = 0.5
 #: bytes of a notice: its reason, UTF-8, zero-padded
@@ -119,13 +119,7 @@ class MPICommunicator(Communicator):
         self.rank = members.index(transport.process_index)
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
-        self._agree_send = np.zeros(2, np.int64)
-        self._agree_recv = np.zeros(2, np.int64)
-        # presence messages of a slow agreement (_await_agreement)
-        self._presence = np.zeros(1, np.int64)
-        self._presence_request = None
-        self._presence_sent: list = []
-        self._present: dict[int, int] = {}
+        self._agreement = Rounds(transport, members, self.rank)
 
     def _ready(self, patience: Patience):
         """The mpi4py communicator, made at the first call (waits for the members)."""
@@ -157,58 +151,16 @@ class MPICommunicator(Communicator):
     # -- agreement ------------------------------------------------------------------------
 
     def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """One ``MPI_Iallreduce(MIN)`` of ``[h, -h]``: every member passed the same ``h`` when
-        ``min(h) == max(h)``. Then the notices of peers that gave up are looked at, so a
-        late member never goes on with a call its peer abandoned."""
-        comm = self._ready(patience)
-        send, recv = self._agree_send, self._agree_recv
-        send[0], send[1] = fingerprint, -fingerprint
-        request = comm.Iallreduce(send, recv, op=MPI.MIN)
-        if not request.Test():
-            self._await_agreement(comm, request, fingerprint, patience)
-        self._transport.check_notices()
-        return bool(recv[0] == -recv[1])
+        """:meth:`agree_gather` without payload."""
+        return self._agreement.agree_gather(self._ready(patience), fingerprint, None,
+                                            patience)[0]
 
-    def _await_agreement(self, comm, request, fingerprint: int, patience: Patience) -> None:
-        """Wait for the agreement's reduction. A reduction cannot say who is late, so a wait
-        longer than :data:`PRESENCE_AFTER_S` tells the other members once that this one is
-        here (its fingerprint, point-to-point), and names as missing those that have not said
-        the same (only a slow wait pays for it)."""
-        patience.waiting_for(self._other_members)
-        announced, polls = False, 0
-        try:
-            while not request.Test():
-                polls += 1
-                if not polls % _NOTICE_EVERY:
-                    self._transport.check_notices()
-                    if announced:
-                        self._hear_presence(comm)
-                        patience.waiting_for([m for m in self._other_members
-                                              if self._present.get(m) != fingerprint])
-                    elif patience.elapsed() >= PRESENCE_AFTER_S:
-                        announced = True
-                        self._announce(comm, fingerprint)
-                patience.backoff()
-        except CollectiveTimeoutError as exc:
-            self._transport.abandon(f"timed out: {exc}")
-            raise
-        patience.waiting_for(())
-
-    def _announce(self, comm, fingerprint: int) -> None:
-        if self._presence_request is None:
-            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
-                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
-            self._presence_request.Start()
-        mine = np.array([fingerprint], np.int64)
-        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
-                                      for j in self._others]]
-
-    def _hear_presence(self, comm) -> None:
-        """Record every presence message that has arrived (member -> fingerprint)."""
-        request, status = self._presence_request, MPI.Status()
-        while request.Test(status):
-            self._present[self.members[status.Get_source()]] = int(self._presence[0])
-            request.Start()
+    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+        """Bruck's all-gather of ``[fingerprint, length | payload]`` blocks,
+        ``ceil(log2 P)`` rounds (:class:`~collectives.transports.mpi_agreement.Rounds`)."""
+        return self._agreement.agree_gather(self._comm or self._ready(patience), fingerprint,
+                                            payload, patience)
 
     # -- data -----------------------------------------------------------------------------
 
@@ -381,14 +333,6 @@ class MPICommunicator(Communicator):
         return data
 
 
-def _cancel(request) -> None:
-    """Cancel a pending request after a timeout (best effort: the job is ending)."""
-    try:
-        request.Cancel()
-    except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
-        logger.debug("cancelling an MPI request failed", exc_info=True)
-
-
 class MPITransport(Transport):
     """Instances are the ranks of ``MPI.COMM_WORLD`` (started by poprun's mpirun, or mpirun).
 
@@ -423,6 +367,7 @@ class MPITransport(Transport):
         self._notice_request = world.Recv_init([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
                                                _TAG_NOTICE)
         self._notice_request.Start()
+        self._notice_status = MPI.Status()
         self._lost: PeerLostError | None = None
         self._gave_up = False
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
@@ -456,8 +401,10 @@ class MPITransport(Transport):
 
     # -- notices of instances that give up ------------------------------------------------
 
-    def check_notices(self) -> None:
-        """Raise if another instance gave up (sent a notice, :meth:`abandon`).
+    def check_notices(self, polls: int = 1) -> None:
+        """Raise if another instance gave up (sent a notice, :meth:`abandon`). Each of up to
+        ``polls`` looks lets MPI's progress engine take one more message off the queue
+        (where a peer's notice may wait behind its earlier messages).
 
         Raises:
             PeerLostError: names the instance and its reason.
@@ -467,15 +414,19 @@ class MPITransport(Transport):
         request = self._notice_request
         if request is None:
             return
-        status = MPI.Status()
-        if request.Test(status):
-            source = status.Get_source()
-            reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
-            self._lost = PeerLostError(
-                f"instance {source} gave up on the job's collectives ({reason}); this "
-                f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
-                f"{self.options.timeout_s:g} s)", source)
-            raise self._lost
+        status = self._notice_status
+        for _ in range(polls):
+            if request.Test(status):
+                break
+        else:
+            return
+        source = status.Get_source()
+        reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
+        self._lost = PeerLostError(
+            f"instance {source} gave up on the job's collectives ({reason}); this "
+            f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
+            f"{self.options.timeout_s:g} s)", source)
+        raise self._lost
 
     def abandon(self, reason: str) -> None:
         """Send a notice to every other instance: this one gives up (best effort, once,
@@ -549,10 +500,9 @@ class MPITransport(Transport):
         """Withdraw the receives of notices and presence messages (MPI_Finalize would
         report them as leaked)."""
         atexit.unregister(self._stop_listening)
-        requests = [self._notice_request] + [c._presence_request for c in self._comms.values()]
+        requests = [self._notice_request] + [c._agreement.take_listener()
+                                             for c in self._comms.values()]
         self._notice_request = None
-        for comm in self._comms.values():
-            comm._presence_request = None
         for request in requests:
             if request is not None:
                 _withdraw(request)

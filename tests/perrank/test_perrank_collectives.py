@@ -124,3 +124,66 @@ def test_host_broadcast_and_reduce(strategy):
 
 def test_instance_index_environment():
     assert int(os.environ["POPDIST_NUM_TOTAL_REPLICAS"]) % popdist.getNumInstances() == 0
+
+
+# -- the eager path (collectives._eager): small calls move their data in the agreement ----
+
+def _ordinary_path(engine, on: bool) -> None:
+    """Make every small call take the ordinary path (``on``) or the eager one again; the
+    one-replica path's plans are made anew."""
+    from collectives import _eager
+    from collectives.transports.base import EAGER_MAX_BYTES
+    _eager.EAGER_MAX_BYTES = -1 if on else EAGER_MAX_BYTES
+    engine._plans.clear()
+
+
+def test_eager_results_are_the_ordinary_paths_bit_for_bit(strategy):
+    from collectives._runtime import get_engine
+    R = strategy.num_replicas_in_sync
+    cases = [c for c in all_cases(R) if c.group == C.CommGroup()]
+    engine = get_engine()
+
+    def step():
+        r = int(C.replication_index())
+        return [run_case(case, r) for case in cases]
+
+    before = engine.eager_calls
+    eager = strategy.run(step)
+    assert engine.eager_calls > before  # (calls with op LOCAL are never eager)
+    _ordinary_path(engine, True)
+    try:
+        before = engine.eager_calls
+        ordinary = strategy.run(step)
+        assert engine.eager_calls == before
+    finally:
+        _ordinary_path(engine, False)
+    for local, (got, want) in enumerate(zip(eager, ordinary)):
+        r = popdist.getReplicaIndexOffset() + local
+        for case, a, b in zip(cases, got, want):
+            assert_same(a, b, f"{case.key} on replica {r}: eager vs ordinary")
+            assert_same(a, oracle(case, r, R), f"{case.key} on replica {r}")
+
+
+@pytest.mark.parametrize("other", ["large", "all_gather"])
+def test_a_small_call_against_a_large_one_or_another_op_raises_everywhere(strategy, other):
+    last = strategy.num_replicas_in_sync - 1
+
+    def step():
+        r = int(C.replication_index())
+        try:
+            if r != last:
+                C.cross_replica_sum(np.ones(4, np.float32), name="small")
+            elif other == "large":  # 128 KiB: not eager
+                C.cross_replica_sum(np.ones(1 << 15, np.float32), name="small")
+            else:
+                C.all_gather(np.ones(4, np.float32), name="small")
+        except C.CollectiveMismatchError as exc:
+            return str(exc)
+        return "no error"
+
+    for message in strategy.run(step):
+        assert "cross_replica_sum" in message and "'small'" in message, message
+        assert ("shape (4,) vs (32768,)" in message if other == "large"
+                else "all_gather" in message), message
+    out = strategy.run(lambda: C.cross_replica_sum(np.ones(3)))  # still usable
+    assert (out[0] == strategy.num_replicas_in_sync).all()

@@ -1,0 +1,304 @@
+"""The collective algorithms as objects, each with an eager path for small calls.
+
+:mod:`collectives.ops` makes one algorithm object per op, operator, group and parameters
+(:func:`algorithm`, cached). Called as ``algorithm(engine, descriptor, values)`` it runs the
+ordinary algorithm (:mod:`collectives._algorithms`, :mod:`collectives._movement`): the
+call's agreement first, in a round of its own, then its data. A small call can instead move
+its data *in* the agreement (:meth:`Communicator.agree_gather
+<collectives.transports.base.Communicator.agree_gather>`): every instance sends its
+payload (:meth:`Eager.payload`) with its fingerprint, gets every instance's, and computes
+its results locally (:meth:`Eager.results`). One exchange in all instead of two or three,
+and O(log P) rounds on MPI.
+
+A call is eager when its payload can be computed from every instance's payload and is
+small: one group of every replica (``group`` ALL, or a size equal to the replica count),
+more than one instance, at most :data:`~collectives.transports.base.EAGER_MAX_BYTES` per
+instance, and an operator other than LOCAL. The rule reads only the call's descriptor and
+the job's layout, so every instance whose call agrees decides alike.
+
+Results are bit-identical to the ordinary path: a reduction combines this instance's local
+replicas first (:func:`~collectives._algorithms.local_partial`, the same tree), then the
+instances' partials in instance order with :func:`~collectives.tree.tree_reduce` (the order
+of :func:`~collectives._algorithms.exchange_reduce`, whose chunks are combined elementwise
+alike); data movement copies the same bytes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from collectives import _algorithms as algorithms
+from collectives import _movement as movement
+from collectives.descriptor import Descriptor
+from collectives.groups import CommGroup
+from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
+                                   prepare)
+from collectives.transports.base import EAGER_MAX_BYTES
+from collectives.tree import tree_reduce
+
+__all__ = ["Eager", "algorithm"]
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """``x``'s bytes as a 1-D ``uint8`` array (no copy when ``x`` is contiguous)."""
+    x = np.ascontiguousarray(x)
+    return (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
+
+
+class Eager:
+    """An algorithm with an eager path (module docstring).
+
+    Attributes:
+        group: the call's replica group.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, group: CommGroup):
+        self.group = group
+
+    def __call__(self, engine, desc: Descriptor, values: Sequence[np.ndarray]) -> list:
+        """The ordinary algorithm: one result per local replica."""
+        raise NotImplementedError
+
+    def payload_bytes(self, engine, value: np.ndarray) -> int | None:
+        """The bytes of this instance's payload when the call is eager (``value`` is one
+        local replica's input), else None. Depends only on the descriptor and the layout."""
+        if engine.transport.process_count == 1 or len(self.group.members(
+                engine.num_replicas)) != 1:
+            return None
+        nbytes = self._payload_bytes(engine, value)
+        return nbytes if nbytes is not None and nbytes <= EAGER_MAX_BYTES else None
+
+    def _payload_bytes(self, engine, value: np.ndarray) -> int | None:
+        return value.nbytes * engine.num_local_replicas
+
+    def payload(self, engine, values: Sequence[np.ndarray]) -> np.ndarray:
+        """This instance's payload (``uint8``): its local replicas' values in order."""
+        if len(values) == 1:
+            return _flat(values[0])
+        return np.concatenate([_flat(v) for v in values])
+
+    def results(self, engine, values: Sequence[np.ndarray],
+                blocks: Sequence[np.ndarray]) -> list:
+        """One result per local replica from every instance's payload (``blocks``, uint8,
+        in instance order; views of a buffer the next call reuses: never returned)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _give(engine, value: np.ndarray, values: Sequence[np.ndarray]) -> list:
+        """``value`` for every local replica (each its own array)."""
+        if len(values) == 1:
+            return [value]
+        results: list = [None] * len(values)
+        algorithms.give(results, engine, range(engine.replica_index_offset,
+                                               engine.replica_index_offset + len(values)),
+                        value, values)
+        return results
+
+
+class AllReduce(Eager):
+    """:func:`collectives._algorithms.allreduce` with ``op``."""
+
+    __slots__ = ("op", "_combine", "_direct")
+
+    def __init__(self, op: CollectiveOperator, group: CommGroup):
+        super().__init__(group)
+        self.op = op
+        self._combine = lambda a, b, out: combine_into(op, a, b, out)
+        self._direct: dict = {}  # dtype -> operators.direct_ufunc (False: none)
+
+    def __call__(self, engine, desc, values):
+        return algorithms.allreduce(engine, desc, values, self.op, self.group)
+
+    def _payload_bytes(self, engine, value):
+        return None if self.op is CollectiveOperator.LOCAL else value.nbytes
+
+    def payload(self, engine, values):
+        if len(values) == 1:
+            value = values[0]
+            if self.op is CollectiveOperator.SQUARE_ADD:
+                value = prepare(self.op, value)
+            return _flat(value)
+        members = range(engine.replica_index_offset,
+                        engine.replica_index_offset + len(values))
+        return _flat(algorithms.local_partial(engine, values, members, self.op))
+
+    def results(self, engine, values, blocks):
+        value = values[0]
+        dtype = value.dtype
+        total = np.empty(value.size, dtype)
+        if len(blocks) == 2:  # the tree of two: one combine
+            ufunc = self._direct.get(dtype)
+            if ufunc is None:
+                ufunc = self._direct[dtype] = direct_ufunc(self.op, dtype) or False
+            if ufunc:
+                ufunc(blocks[0].view(dtype), blocks[1].view(dtype), out=total)
+            else:
+                total = combine_into(self.op, blocks[0].view(dtype), blocks[1].view(dtype),
+                                     total)
+        else:
+            total = tree_reduce([b.view(dtype) for b in blocks], self._combine, out=total)
+        if self.op is CollectiveOperator.MEAN:
+            total = finish(self.op, total, engine.num_replicas)
+        if value.ndim != 1:
+            total = total.reshape(value.shape)
+        return self._give(engine, total, values)
+
+
+class ReduceScatter(Eager):
+    """:func:`collectives._algorithms.reduce_scatter` with ``op``: every instance sends its
+    whole (padded) partial; each keeps the chunks of its replicas."""
+
+    __slots__ = ("op", "_combine")
+
+    def __init__(self, op: CollectiveOperator, group: CommGroup):
+        super().__init__(group)
+        self.op = op
+        self._combine = lambda a, b, out: combine_into(op, a, b, out)
+
+    def __call__(self, engine, desc, values):
+        return algorithms.reduce_scatter(engine, desc, values, self.op, self.group)
+
+    def _payload_bytes(self, engine, value):
+        if self.op is CollectiveOperator.LOCAL:
+            return None
+        k = engine.num_replicas
+        return -(-value.shape[0] // k) * k * value.itemsize
+
+    def payload(self, engine, values):
+        k = engine.num_replicas
+        c = -(-values[0].shape[0] // k)
+        if len(values) == 1:
+            partial = prepare(self.op, values[0])
+        else:
+            members = range(engine.replica_index_offset,
+                            engine.replica_index_offset + len(values))
+            partial = algorithms.local_partial(engine, values, members, self.op)
+        if partial.shape[0] != k * c:
+            padded = np.zeros(k * c, partial.dtype)
+            padded[:partial.shape[0]] = partial
+            partial = padded
+        return _flat(partial)
+
+    def results(self, engine, values, blocks):
+        k, dtype = engine.num_replicas, values[0].dtype
+        c = -(-values[0].shape[0] // k)
+        lo = engine.replica_index_offset * c
+        hi = lo + len(values) * c  # this instance's chunks: consecutive positions
+        total = np.empty(hi - lo, dtype)
+        if len(blocks) == 2:  # the tree of two: one combine
+            total = combine_into(self.op, blocks[0].view(dtype)[lo:hi],
+                                 blocks[1].view(dtype)[lo:hi], total)
+        else:
+            total = tree_reduce([b.view(dtype)[lo:hi] for b in blocks], self._combine,
+                                out=total)
+        if self.op is CollectiveOperator.MEAN:
+            total = finish(self.op, total, k)
+        if len(values) == 1:
+            return [total]
+        return [total[i * c:(i + 1) * c] for i in range(len(values))]  # disjoint slices
+
+
+class AllGather(Eager):
+    """:func:`collectives._movement.all_gather`: the payloads in instance order are the
+    result's bytes."""
+
+    __slots__ = ()
+
+    def __call__(self, engine, desc, values):
+        return movement.all_gather(engine, desc, values, self.group)
+
+    def results(self, engine, values, blocks):
+        value = values[0]
+        out = np.empty((engine.num_replicas, *value.shape), value.dtype)
+        flat, at = out.reshape(-1).view(np.uint8), 0
+        for b in blocks:
+            flat[at:at + b.size] = b
+            at += b.size
+        return self._give(engine, out, values)
+
+
+class AllToAll(Eager):
+    """:func:`collectives._movement.all_to_all`: every instance sends its replicas' whole
+    values; each replica keeps its piece of every one."""
+
+    __slots__ = ("split_dimension", "concat_dimension")
+
+    def __init__(self, group: CommGroup, split_dimension: int, concat_dimension: int):
+        super().__init__(group)
+        self.split_dimension = split_dimension
+        self.concat_dimension = concat_dimension
+
+    def __call__(self, engine, desc, values):
+        return movement.all_to_all(engine, desc, values, self.group, self.split_dimension,
+                                   self.concat_dimension)
+
+    def results(self, engine, values, blocks):
+        value = values[0]
+        k, split = engine.num_replicas, self.split_dimension
+        if len(values) == 1 and split == 0 and self.concat_dimension == 0:
+            # one replica per instance, along dimension 0: piece q of a value is its q-th
+            # run of bytes, and the pieces concatenate in sender order
+            out = np.empty(value.shape, value.dtype)
+            flat, piece = out.reshape(-1).view(np.uint8), value.nbytes // k
+            at, q = 0, engine.replica_index_offset * piece
+            for b in blocks:
+                flat[at:at + piece] = b[q:q + piece]
+                at += piece
+            return [out]
+        shape = (len(values), *value.shape)
+        senders = [v for b in blocks for v in b.view(value.dtype).reshape(shape)]
+        step = value.shape[split] // k
+        lead = (slice(None),) * split
+        results = []
+        for r in range(engine.replica_index_offset,
+                       engine.replica_index_offset + len(values)):
+            piece = lead + (slice(r * step, (r + 1) * step),)
+            results.append(np.concatenate([s[piece] for s in senders],
+                                          axis=self.concat_dimension))
+        return results
+
+
+class Broadcast(Eager):
+    """:func:`collectives._movement.broadcast` from position ``root``: the root's instance
+    sends its value, the others nothing."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, group: CommGroup, root: int):
+        super().__init__(group)
+        self.root = root
+
+    def __call__(self, engine, desc, values):
+        return movement.broadcast(engine, desc, values, self.group, self.root)
+
+    def _payload_bytes(self, engine, value):
+        return value.nbytes
+
+    def payload(self, engine, values):
+        at = self.root - engine.replica_index_offset
+        if 0 <= at < len(values):
+            return _flat(values[at])
+        return np.empty(0, np.uint8)
+
+    def results(self, engine, values, blocks):
+        value = values[0]
+        root = blocks[self.root // engine.num_local_replicas]
+        return self._give(engine, root.view(value.dtype).reshape(value.shape).copy(), values)
+
+
+@lru_cache(maxsize=1024)
+def algorithm(kind: str, group: CommGroup, *params) -> Eager:
+    """The algorithm object of ``kind`` (``"allreduce"``, ``"reduce_scatter"`` with an
+    operator; ``"all_gather"``; ``"all_to_all"`` with split and concat dimensions;
+    ``"broadcast"`` with the root position) over ``group``; made once per arguments."""
+    return _KINDS[kind](*params, group) if kind in ("allreduce", "reduce_scatter") \
+        else _KINDS[kind](group, *params)
+
+
+_KINDS = {"allreduce": AllReduce, "reduce_scatter": ReduceScatter, "all_gather": AllGather,
+          "all_to_all": AllToAll, "broadcast": Broadcast}

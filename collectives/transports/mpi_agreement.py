@@ -1,0 +1,193 @@
+"""The agreement of the MPI transport: every call's fingerprint, and a small call's data,
+in ``ceil(log2 P)`` rounds of point-to-point messages (:class:`Rounds`).
+
+Every collective call of an instance starts here, whatever its size: each member
+contributes one block, ``[fingerprint, length | payload]`` (int64 header, payload padded to
+8 bytes), and Bruck's all-gather (dissemination) gives every member every block. In round
+k (``2^k < P``) a member sends the first ``min(2^k, P - 2^k)`` blocks it holds to member
+``rank - 2^k`` and appends those of member ``rank + 2^k``. Any P; O(log P) rounds; and since
+every member sees every fingerprint, every member decides alike whether the call agrees.
+
+A small call (at most ``EAGER_MAX_BYTES`` per member) carries its data in its block, so its
+agreement *is* its data exchange; a large one sends its header alone and moves its data
+afterwards. Receives go into buffers sized for the largest block of every member, so a peer
+that called something else (another size, another op, a large call, the end of its
+program, an error) never truncates a receive nor hangs one: the blocks arrive, the
+fingerprints differ, and every member takes the descriptor exchange that names the
+difference.
+
+A round cannot say who is late (the partner may wait for another member), so a wait longer
+than :data:`PRESENCE_AFTER_S` tells the other members once that this one is here (its
+fingerprint, point-to-point, tag ``_TAG_PRESENCE``) and names as missing those that have
+not said the same (only a slow wait pays for it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from mpi4py import MPI  # (imported only when the MPI transport is created)
+
+from collectives.errors import CollectiveTimeoutError, TransportError
+from collectives.transports.base import EAGER_MAX_BYTES
+from collectives.waiting import Patience
+
+logger = logging.getLogger(__name__)
+
+#: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
+NOTICE_EVERY = 64
+#: "I am waiting in this agreement" (a slow agreement only)
+_TAG_PRESENCE = 0x1A17
+#: the rounds of an agreement use tags _TAG_ROUND + round
+_TAG_ROUND = 0x1A40
+#: bytes of a block's header: the fingerprint and the payload length, int64
+_HEADER_BYTES = 16
+#: the most bytes of one block (header and padded payload)
+_BLOCK_CAPACITY = _HEADER_BYTES + EAGER_MAX_BYTES
+#: looks for a notice after an agreement whose blocks were all there at once: a peer that
+#: gave up on this call sent its notice after its block, so it may be queued behind that
+#: block and the peer's presence message (MPICH takes one message off the queue per look)
+_NOTICE_POLLS = 3
+#: seconds an agreement waits before its members tell each other who is there
+PRESENCE_AFTER_S = 0.5
+
+
+def cancel(request) -> None:
+    """Cancel a pending request after a timeout (best effort: the job is ending)."""
+    try:
+        request.Cancel()
+    except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
+        logger.debug("cancelling an MPI request failed", exc_info=True)
+
+
+class Rounds:
+    """The agreement rounds of one communicator (module docstring).
+
+    Args:
+        transport: the :class:`~collectives.transports.mpi.MPITransport` (its notices are
+            checked while waiting and after every agreement).
+        members: the communicator's instances, increasing.
+        rank: this instance's position in ``members``.
+    """
+
+    def __init__(self, transport, members: tuple[int, ...], rank: int):
+        self._transport = transport
+        self.members = members
+        self.rank = rank
+        self._others = tuple(m for m in members if m != members[rank])
+        self._buffers: tuple[np.ndarray, np.ndarray] | None = None
+        self._statuses = [MPI.Status(), MPI.Status()]
+        self._presence = np.zeros(1, np.int64)
+        self._presence_request = None
+        self._presence_sent: list = []
+        self._present: dict[int, int] = {}
+
+    def agree_gather(self, comm, fingerprint: int, payload: np.ndarray | None,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+        """:meth:`Communicator.agree_gather
+        <collectives.transports.base.Communicator.agree_gather>` on the mpi4py ``comm``.
+        Then the notices of peers that gave up are looked at, so a late member never goes
+        on with a call its peer abandoned.
+
+        Raises:
+            CollectiveTimeoutError: a member did not arrive in time (the others are told).
+            PeerLostError: a peer gave up.
+            TransportError: a block that does not parse (not an ipupod peer).
+        """
+        buf, words = self._buffers or self._allocate()
+        n = 0 if payload is None else payload.nbytes
+        words[0], words[1] = fingerprint, n
+        if n:
+            buf[_HEADER_BYTES:_HEADER_BYTES + n] = payload
+        starts, lengths = [0], [n]  # of the blocks held
+        end, agreed, waited = _HEADER_BYTES + ((n + 7) & -8), True, False
+        size, rank, dist, tag = len(self.members), self.rank, 1, _TAG_ROUND
+        statuses = self._statuses
+        while dist < size:
+            count = min(dist, size - dist)
+            requests = [comm.Irecv([buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE],
+                                   (rank + dist) % size, tag),
+                        comm.Isend([buf[:starts[count] if count < len(starts) else end],
+                                    MPI.BYTE], (rank - dist) % size, tag)]
+            if not MPI.Request.Testall(requests, statuses):
+                waited = True
+                self._await(comm, requests, fingerprint, patience)
+            limit, at = end + statuses[0].Get_count(MPI.BYTE), end
+            for _ in range(count):
+                w = at >> 3
+                if words[w] != fingerprint:
+                    agreed = False
+                length = int(words[w + 1])
+                starts.append(at)
+                lengths.append(length)
+                at += _HEADER_BYTES + ((length + 7) & -8)
+            if at != limit:
+                raise TransportError(f"a malformed agreement message from instance "
+                                     f"{self.members[(rank + dist) % size]}: "
+                                     f"{limit - end} bytes for {count} blocks")
+            end, dist, tag = at, dist << 1, tag + 1
+        self._transport.check_notices(1 if waited else _NOTICE_POLLS)
+        if not agreed or payload is None:
+            return agreed, None
+        blocks = []
+        for j in range(size):  # block i holds member (rank + i) % size
+            i = (j - rank) % size
+            at = starts[i] + _HEADER_BYTES
+            blocks.append(buf[at:at + lengths[i]])
+        return True, blocks
+
+    def _allocate(self) -> tuple[np.ndarray, np.ndarray]:
+        """The receive buffer (room for every member's block at its largest) and its int64
+        view; made at the first agreement."""
+        buf = np.zeros(len(self.members) * _BLOCK_CAPACITY, np.uint8)
+        self._buffers = (buf, buf.view(np.int64))
+        return self._buffers
+
+    def _await(self, comm, requests: list, fingerprint: int, patience: Patience) -> None:
+        """Wait for one round's ``requests``, naming the missing members of a slow wait
+        (module docstring); cancels the requests on an error."""
+        patience.waiting_for(self._others)
+        announced, polls, testall = False, 0, MPI.Request.Testall
+        try:
+            while not testall(requests, self._statuses):
+                polls += 1
+                if not polls % NOTICE_EVERY:
+                    self._transport.check_notices()
+                    if announced:
+                        self._hear_presence()
+                        patience.waiting_for([m for m in self._others
+                                              if self._present.get(m) != fingerprint])
+                    elif patience.elapsed() >= PRESENCE_AFTER_S:
+                        announced = True
+                        self._announce(comm, fingerprint)
+                patience.backoff()
+        except BaseException as exc:
+            for r in requests:
+                cancel(r)
+            if isinstance(exc, CollectiveTimeoutError):
+                self._transport.abandon(f"timed out: {exc}")
+            raise
+        patience.waiting_for(())
+
+    def _announce(self, comm, fingerprint: int) -> None:
+        if self._presence_request is None:
+            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
+                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
+            self._presence_request.Start()
+        mine = np.array([fingerprint], np.int64)
+        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
+                                      for j in range(len(self.members)) if j != self.rank]]
+
+    def _hear_presence(self) -> None:
+        """Record every presence message that has arrived (member -> fingerprint)."""
+        request, status = self._presence_request, MPI.Status()
+        while request.Test(status):
+            self._present[self.members[status.Get_source()]] = int(self._presence[0])
+            request.Start()
+
+    def take_listener(self):
+        """The pending receive of presence messages, if any, for the caller to withdraw
+        (at exit: MPI_Finalize would report it as leaked); this object forgets it."""
+        request, self._presence_request = self._presence_request, None
+        return request
