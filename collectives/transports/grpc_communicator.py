@@ -16,16 +16,14 @@ from typing import Sequence
 import numpy as np
 
 from collectives.errors import TransportError
-from collectives.transports.base import Communicator
+from collectives.transports.base import EAGER_MAX_BYTES, Communicator
 from collectives.waiting import Patience
 
 __all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator"]
 
 
-#: the most payload bytes per member :meth:`GrpcCommunicator.agree_gather` carries (the
-#: same bound as the MPI transport's ``EAGER_MAX_BYTES``; ipupod assumption: up to here one
-#: round of every member's bytes to every member costs less than a second round)
-EAGER_MAX_BYTES = 64 << 10
+# EAGER_MAX_BYTES (collectives.transports.base): the most payload bytes per member
+# GrpcCommunicator.agree_gather carries, the one bound every transport and the engine share
 _BLOCK_HEADER = 16   # an agree_gather block's fingerprint and payload length (<i8 each)
 _EMPTY = np.empty(0, np.uint8)
 
