@@ -48,7 +48,7 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
     with _lock:
         engine = _engines.get(id(system))
         if engine is None:
-            options = CollectiveOptions.from_env()
+            options = CollectiveOptions.for_job(system.process_count)
             if ((system.process_count > 1 or system.num_local_replicas > 1)
                     and options.keep_freed_memory):
                 keep_freed_memory()  # large results would page-fault every buffer anew

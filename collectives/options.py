@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 STALL_WARNING_ENV = "IPUPOD_STALL_WARNING_S"
 TIMEOUT_ENV = "IPUPOD_COLLECTIVE_TIMEOUT_S"
@@ -70,6 +70,14 @@ class CollectiveOptions:
         heartbeat_timeout_s: a gRPC instance counts the coordinator lost after this long
             without an answer (the coordinator reads the same variable for instances;
             5 s: ipupod assumption, ten heartbeats of a live process on a loaded machine).
+        arrival_spin_s: a wait for peers that may still be computing polls without yielding
+            the CPU for this long before it yields between polls
+            (:class:`~collectives.waiting.Patience`). 0.5 ms (ipupod assumption: a small
+            message between running peers arrives within it); the runtime sets 0 when the
+            job has more instances than this machine has cores, where a spinning instance
+            takes the core its peer needs (measured on the 2-core VM, 4 instances, 4 KiB
+            cross_replica_sum: 1009 us with the spin, 456 us without; 2 instances: the same
+            within noise).
     """
 
     stall_warning_s: float = 60.0
@@ -78,6 +86,16 @@ class CollectiveOptions:
     keep_freed_memory: bool = True
     grpc_shm: bool = True
     heartbeat_timeout_s: float = 5.0
+    arrival_spin_s: float = 0.0005
+
+    @classmethod
+    def for_job(cls, process_count: int) -> "CollectiveOptions":
+        """:meth:`from_env`, with ``arrival_spin_s`` 0 when the job's ``process_count``
+        instances outnumber this machine's cores (``os.cpu_count()``)."""
+        options = cls.from_env()
+        if process_count > (os.cpu_count() or 1):
+            options = replace(options, arrival_spin_s=0.0)
+        return options
 
     @classmethod
     def from_env(cls) -> "CollectiveOptions":

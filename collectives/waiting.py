@@ -5,7 +5,8 @@ would take the CPU the computing ranks need (DESIGN.md, known traps). Waits ther
 nonblocking requests, in one of two modes:
 
 * **arrival** (the default): the peers may be computing for a long time. Poll without
-  yielding for ``_SPIN_S``, then yield the CPU between polls until ``_YIELD_S``, then sleep
+  yielding for ``options.arrival_spin_s`` (0 when the job's instances outnumber the
+  cores), then yield the CPU between polls until ``_YIELD_S``, then sleep
   between polls, doubling up to ``_MAX_SLEEP_S``.
 * **committed** (``committed=True``): every peer has arrived (the descriptors were
   exchanged) and data is flowing. MPICH moves a large message in pieces, one per poll
@@ -30,7 +31,6 @@ from collectives.options import CollectiveOptions
 
 logger = logging.getLogger("collectives")
 
-_SPIN_S = 0.0005       # poll without yielding for this long (small messages finish here)
 _YIELD_S = 0.005       # then yield the CPU between polls for this long
 _MAX_SLEEP_S = 0.001   # then sleep between polls, doubling up to this
 _CHECK_EVERY = 256     # committed waits look at the clock every this many polls
@@ -134,7 +134,7 @@ class Patience:
             os.sched_yield()
             return
         elapsed = self.elapsed()
-        if elapsed < _SPIN_S:
+        if elapsed < self.options.arrival_spin_s:
             return
         if elapsed < _YIELD_S:
             os.sched_yield()

@@ -94,6 +94,21 @@ def test_committed_patience_only_yields():
     assert time.perf_counter() - start < 0.5  # no sleeps (arrival mode would sleep ~1 ms)
 
 
+def test_an_oversubscribed_job_yields_at_once(monkeypatch):
+    """An arrival wait spins for ``arrival_spin_s`` before it yields the CPU; a job with
+    more instances than cores does not spin (CollectiveOptions.for_job)."""
+    yields = []
+    monkeypatch.setattr("collectives.waiting.os.sched_yield", lambda: yields.append(1))
+    monkeypatch.setattr("collectives.options.os.cpu_count", lambda: 2)
+    assert CollectiveOptions.for_job(2).arrival_spin_s == CollectiveOptions().arrival_spin_s > 0
+    oversubscribed = CollectiveOptions.for_job(4)
+    assert oversubscribed.arrival_spin_s == 0
+    Patience("x", CollectiveOptions(arrival_spin_s=60.0), lambda: "").backoff()
+    assert not yields   # still spinning
+    Patience("x", oversubscribed, lambda: "").backoff()
+    assert yields == [1]
+
+
 def test_counting_communicator_counts_ring_bytes():
     comm = CountingCommunicator(LocalTransport().communicator((0,)))
     p = Patience("x", CollectiveOptions(), lambda: "")
