@@ -55,6 +55,13 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} must be 1 or 0 (yes/no, true/false)")
 
 
+def fits_cores(process_count: int) -> bool:
+    """Whether ``process_count`` instances of a job fit this machine's cores
+    (``os.cpu_count()``). Where they do not, a waiting instance must not spin: it would take
+    the core a peer needs."""
+    return process_count <= (os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class CollectiveOptions:
     """How long collectives wait (wall seconds).
@@ -91,9 +98,9 @@ class CollectiveOptions:
     @classmethod
     def for_job(cls, process_count: int) -> "CollectiveOptions":
         """:meth:`from_env`, with ``arrival_spin_s`` 0 when the job's ``process_count``
-        instances outnumber this machine's cores (``os.cpu_count()``)."""
+        instances outnumber this machine's cores (:func:`fits_cores`)."""
         options = cls.from_env()
-        if process_count > (os.cpu_count() or 1):
+        if not fits_cores(process_count):
             options = replace(options, arrival_spin_s=0.0)
         return options
 

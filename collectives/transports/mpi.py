@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import time
 from functools import lru_cache
 from typing import Sequence
@@ -37,7 +36,7 @@ import numpy as np
 from mpi4py import MPI  # (this module is imported only when the MPI transport is created)
 
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
-from collectives.options import CollectiveOptions
+from collectives.options import CollectiveOptions, fits_cores
 from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
@@ -97,8 +96,8 @@ DATA_SPIN_S = 20e-6
 @lru_cache(maxsize=None)
 def data_spin_s(process_count: int) -> float:
     """:data:`DATA_SPIN_S` when ``process_count`` instances fit this machine's cores
-    (``os.cpu_count()``), else 0: a spinning instance would take the core a peer needs."""
-    return DATA_SPIN_S if process_count <= (os.cpu_count() or 1) else 0.0
+    (:func:`~collectives.options.fits_cores`), else 0."""
+    return DATA_SPIN_S if fits_cores(process_count) else 0.0
 
 
 class MPICommunicator(Communicator):
