@@ -193,14 +193,20 @@ class CollectiveEngine:
         """The :class:`_Plan` of ``desc`` (a descriptor the caller reuses for every call of
         its signature, ``seq`` 0) with ``algorithm``; kept by the descriptor's id."""
         value = np.asarray(value)
-        eager = (isinstance(algorithm, Eager) and not desc.error
-                 and algorithm.payload_bytes(self, value) is not None)
+        eager = self._is_eager(desc, algorithm, value)
         signature = self._recorder.signature(desc, value.nbytes, group)
         plan = _Plan(desc, algorithm, eager, desc.fingerprint(), signature)
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
         self._plans[id(desc)] = plan
         return plan
+
+    def _is_eager(self, desc: Descriptor, algorithm: Algorithm, value: np.ndarray) -> bool:
+        """Whether the call moves its data in its agreement (:mod:`collectives._eager`):
+        an eager algorithm, no error to share, a small payload (``value``: one local
+        replica's input)."""
+        return (isinstance(algorithm, Eager) and not desc.error
+                and algorithm.payload_bytes(self, value) is not None)
 
     def _run_plan(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
         """Call number ``seq`` of ``plan`` by a sole local replica: its agreement, with its
@@ -345,11 +351,8 @@ class CollectiveEngine:
         value = values[0]  # (its size is the call's, on every replica)
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
         recorder = self._recorder
-        payload = None
-        if isinstance(algorithm, Eager) and not desc.error:
-            eager_bytes = algorithm.payload_bytes(self, value)
-            if eager_bytes is not None:
-                payload = algorithm.payload(self, values)
+        payload = algorithm.payload(self, values) if self._is_eager(desc, algorithm, value) \
+            else None
         sent = -recorder.bytes_sent()
         blocks = self.agreement.exchange(desc, payload)
         if blocks is not None:
