@@ -100,8 +100,9 @@ class Eager:
         return results
 
 
-class AllReduce(Eager):
-    """:func:`collectives._algorithms.allreduce` with ``op``."""
+class _Reduction(Eager):
+    """An eager reduction with ``op``: every instance sends its partial (its local
+    replicas' tree), and the instances' partials combine in instance order."""
 
     __slots__ = ("op", "_combine", "_direct")
 
@@ -111,6 +112,33 @@ class AllReduce(Eager):
         self._combine = lambda a, b, out: combine_into(op, a, b, out)
         self._direct: dict = {}  # dtype -> operators.direct_ufunc (False: none)
 
+    def _partial(self, engine, values: Sequence[np.ndarray]) -> np.ndarray:
+        """This instance's partial (``prepare`` applied)."""
+        if len(values) == 1:
+            return prepare(self.op, values[0])
+        members = range(engine.replica_index_offset,
+                        engine.replica_index_offset + len(values))
+        return algorithms.local_partial(engine, values, members, self.op)
+
+    def _reduce(self, partials: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
+        """The tree of the instances' ``partials`` (1-D, in instance order), into ``out``
+        where it can be written (returns the result)."""
+        if len(partials) != 2:
+            return tree_reduce(partials, self._combine, out=out)
+        # the tree of two: one combine, by the ufunc itself when it writes into out
+        ufunc = self._direct.get(out.dtype)
+        if ufunc is None:
+            ufunc = self._direct[out.dtype] = direct_ufunc(self.op, out.dtype) or False
+        if ufunc:
+            return ufunc(partials[0], partials[1], out=out)
+        return combine_into(self.op, partials[0], partials[1], out)
+
+
+class AllReduce(_Reduction):
+    """:func:`collectives._algorithms.allreduce` with ``op``."""
+
+    __slots__ = ()
+
     def __call__(self, engine, desc, values):
         return algorithms.allreduce(engine, desc, values, self.op, self.group)
 
@@ -118,30 +146,12 @@ class AllReduce(Eager):
         return None if self.op is CollectiveOperator.LOCAL else value.nbytes
 
     def payload(self, engine, values):
-        if len(values) == 1:
-            value = values[0]
-            if self.op is CollectiveOperator.SQUARE_ADD:
-                value = prepare(self.op, value)
-            return _flat(value)
-        members = range(engine.replica_index_offset,
-                        engine.replica_index_offset + len(values))
-        return _flat(algorithms.local_partial(engine, values, members, self.op))
+        return _flat(self._partial(engine, values))
 
     def results(self, engine, values, blocks):
         value = values[0]
         dtype = value.dtype
-        total = np.empty(value.size, dtype)
-        if len(blocks) == 2:  # the tree of two: one combine
-            ufunc = self._direct.get(dtype)
-            if ufunc is None:
-                ufunc = self._direct[dtype] = direct_ufunc(self.op, dtype) or False
-            if ufunc:
-                ufunc(blocks[0].view(dtype), blocks[1].view(dtype), out=total)
-            else:
-                total = combine_into(self.op, blocks[0].view(dtype), blocks[1].view(dtype),
-                                     total)
-        else:
-            total = tree_reduce([b.view(dtype) for b in blocks], self._combine, out=total)
+        total = self._reduce([b.view(dtype) for b in blocks], np.empty(value.size, dtype))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, engine.num_replicas)
         if value.ndim != 1:
@@ -149,16 +159,11 @@ class AllReduce(Eager):
         return self._give(engine, total, values)
 
 
-class ReduceScatter(Eager):
+class ReduceScatter(_Reduction):
     """:func:`collectives._algorithms.reduce_scatter` with ``op``: every instance sends its
     whole (padded) partial; each keeps the chunks of its replicas."""
 
-    __slots__ = ("op", "_combine")
-
-    def __init__(self, op: CollectiveOperator, group: CommGroup):
-        super().__init__(group)
-        self.op = op
-        self._combine = lambda a, b, out: combine_into(op, a, b, out)
+    __slots__ = ()
 
     def __call__(self, engine, desc, values):
         return algorithms.reduce_scatter(engine, desc, values, self.op, self.group)
@@ -172,12 +177,7 @@ class ReduceScatter(Eager):
     def payload(self, engine, values):
         k = engine.num_replicas
         c = -(-values[0].shape[0] // k)
-        if len(values) == 1:
-            partial = prepare(self.op, values[0])
-        else:
-            members = range(engine.replica_index_offset,
-                            engine.replica_index_offset + len(values))
-            partial = algorithms.local_partial(engine, values, members, self.op)
+        partial = self._partial(engine, values)
         if partial.shape[0] != k * c:
             padded = np.zeros(k * c, partial.dtype)
             padded[:partial.shape[0]] = partial
@@ -189,13 +189,7 @@ class ReduceScatter(Eager):
         c = -(-values[0].shape[0] // k)
         lo = engine.replica_index_offset * c
         hi = lo + len(values) * c  # this instance's chunks: consecutive positions
-        total = np.empty(hi - lo, dtype)
-        if len(blocks) == 2:  # the tree of two: one combine
-            total = combine_into(self.op, blocks[0].view(dtype)[lo:hi],
-                                 blocks[1].view(dtype)[lo:hi], total)
-        else:
-            total = tree_reduce([b.view(dtype)[lo:hi] for b in blocks], self._combine,
-                                out=total)
+        total = self._reduce([b.view(dtype)[lo:hi] for b in blocks], np.empty(hi - lo, dtype))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, k)
         if len(values) == 1:
