@@ -42,6 +42,16 @@ from collectives.waiting import Patience
 #: member is cheaper than a second round; the receive buffers are P times this)
 EAGER_MAX_BYTES = 64 << 10
 
+#: bytes of the header of an :meth:`Communicator.agree_gather` block on the wire: the
+#: fingerprint and the payload length, int64 each; the payload follows, padded to 8 bytes
+AGREE_HEADER_BYTES = 16
+
+
+def agree_block_bytes(payload_bytes: int) -> int:
+    """Bytes of an agree_gather block carrying ``payload_bytes`` (header and padded
+    payload)."""
+    return AGREE_HEADER_BYTES + ((payload_bytes + 7) & -8)
+
 
 class Communicator(ABC):
     """A fixed set of instances that exchange data together.

@@ -16,20 +16,17 @@ from typing import Sequence
 import numpy as np
 
 from collectives.errors import TransportError
-from collectives.transports.base import EAGER_MAX_BYTES, Communicator
+from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES, Communicator,
+                                         agree_block_bytes)
 from collectives.waiting import Patience
 
 __all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator"]
 
 
 # EAGER_MAX_BYTES (collectives.transports.base): the most payload bytes per member
-# GrpcCommunicator.agree_gather carries, the one bound every transport and the engine share
-_BLOCK_HEADER = 16   # an agree_gather block's fingerprint and payload length (<i8 each)
+# GrpcCommunicator.agree_gather carries, the one bound every transport and the engine share;
+# its blocks have the base module's format (AGREE_HEADER_BYTES, agree_block_bytes)
 _EMPTY = np.empty(0, np.uint8)
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
@@ -101,10 +98,10 @@ class GrpcCommunicator(Communicator):
         if n > EAGER_MAX_BYTES:
             raise ValueError(f"agree_gather: a payload of {n} bytes; at most "
                              f"{EAGER_MAX_BYTES}")
-        mine = np.zeros(_BLOCK_HEADER + _pad8(n), np.uint8)
-        mine[:_BLOCK_HEADER].view("<i8")[:] = (fingerprint, n)
+        mine = np.zeros(agree_block_bytes(n), np.uint8)
+        mine[:AGREE_HEADER_BYTES].view("<i8")[:] = (fingerprint, n)
         if n:
-            mine[_BLOCK_HEADER:_BLOCK_HEADER + n] = payload.reshape(-1).view(np.uint8)
+            mine[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload.reshape(-1).view(np.uint8)
         size, rank, dist = self.size, self.rank, 1
         blocks = [mine]   # blocks[i] holds member (rank + i) % size
         outs: list = [_EMPTY] * size
@@ -118,14 +115,14 @@ class GrpcCommunicator(Communicator):
             outs[source] = _EMPTY
             blocks.extend(self._blocks(got, count, self.members[source]))
             dist <<= 1
-        words = [block[:_BLOCK_HEADER].view("<i8") for block in blocks]
+        words = [block[:AGREE_HEADER_BYTES].view("<i8") for block in blocks]
         if any(int(w[0]) != fingerprint for w in words):
             return False, None
         if payload is None:
             return True, None
-        return True, [blocks[(j - rank) % size][_BLOCK_HEADER:
-                                                _BLOCK_HEADER + int(words[(j - rank) % size][1])]
-                      for j in range(size)]
+        order = [(j - rank) % size for j in range(size)]  # member j's block
+        return True, [blocks[i][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + int(words[i][1])]
+                      for i in order]
 
     @staticmethod
     def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
@@ -136,9 +133,9 @@ class GrpcCommunicator(Communicator):
         """
         blocks, at = [], 0
         for _ in range(count):
-            length = -1 if at + _BLOCK_HEADER > got.size else \
-                int(got[at:at + _BLOCK_HEADER].view("<i8")[1])
-            end = at + _BLOCK_HEADER + _pad8(max(length, 0))
+            length = -1 if at + AGREE_HEADER_BYTES > got.size else \
+                int(got[at:at + AGREE_HEADER_BYTES].view("<i8")[1])
+            end = at + agree_block_bytes(max(length, 0))
             if not 0 <= length <= EAGER_MAX_BYTES or end > got.size:
                 raise TransportError(f"a malformed agreement message from instance {source}: "
                                      f"{got.size} bytes for {count} blocks")

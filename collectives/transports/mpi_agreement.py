@@ -30,7 +30,8 @@ import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import CollectiveTimeoutError, TransportError
-from collectives.transports.base import EAGER_MAX_BYTES
+from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES,
+                                         agree_block_bytes)
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,8 @@ NOTICE_EVERY = 64
 _TAG_PRESENCE = 0x1A17
 #: the rounds of an agreement use tags _TAG_ROUND + round
 _TAG_ROUND = 0x1A40
-#: bytes of a block's header: the fingerprint and the payload length, int64
-_HEADER_BYTES = 16
 #: the most bytes of one block (header and padded payload)
-_BLOCK_CAPACITY = _HEADER_BYTES + EAGER_MAX_BYTES
+_BLOCK_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
 #: looks for a notice after an agreement whose blocks were all there at once: a peer that
 #: gave up on this call sent its notice after its block, so it may be queued behind that
 #: block and the peer's presence message (MPICH takes one message off the queue per look)
@@ -99,9 +98,9 @@ class Rounds:
         n = 0 if payload is None else payload.nbytes
         words[0], words[1] = fingerprint, n
         if n:
-            buf[_HEADER_BYTES:_HEADER_BYTES + n] = payload
+            buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload
         starts, lengths = [0], [n]  # of the blocks held
-        end, agreed, waited = _HEADER_BYTES + ((n + 7) & -8), True, False
+        end, agreed, waited = agree_block_bytes(n), True, False
         size, rank, dist, tag = len(self.members), self.rank, 1, _TAG_ROUND
         statuses = self._statuses
         while dist < size:
@@ -121,7 +120,7 @@ class Rounds:
                 length = int(words[w + 1])
                 starts.append(at)
                 lengths.append(length)
-                at += _HEADER_BYTES + ((length + 7) & -8)
+                at += agree_block_bytes(length)
             if at != limit:
                 raise TransportError(f"a malformed agreement message from instance "
                                      f"{self.members[(rank + dist) % size]}: "
@@ -133,7 +132,7 @@ class Rounds:
         blocks = []
         for j in range(size):  # block i holds member (rank + i) % size
             i = (j - rank) % size
-            at = starts[i] + _HEADER_BYTES
+            at = starts[i] + AGREE_HEADER_BYTES
             blocks.append(buf[at:at + lengths[i]])
         return True, blocks
 
