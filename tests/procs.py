@@ -119,3 +119,30 @@ def wait_no_processes(marker: str, timeout_s: float = 5.0) -> list[str]:
 def describe(result: subprocess.CompletedProcess) -> str:
     """A job's exit code and output, for assertion messages."""
     return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def shm_entries() -> set[str]:
+    """The names in /dev/shm now."""
+    return set(os.listdir("/dev/shm"))
+
+
+def left_in_shm(before: set[str]) -> set[str]:
+    """/dev/shm names made since ``before`` that no live process maps: what a job left
+    behind. (A segment of another job that still runs on this machine is mapped, so it does
+    not count; the suite may share the machine with other ipupod jobs.)"""
+    new = shm_entries() - before
+    if not new:
+        return new
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    at = line.find("/dev/shm/")
+                    if at >= 0:
+                        mapped.add(line[at + len("/dev/shm/"):].split()[0])
+        except OSError:
+            continue
+    return new - mapped

@@ -18,7 +18,7 @@ from collectives.transports.shm_channel import RING_BYTES, RingWriter, host_id
 from launch.coordinator import CoordinatorServer
 from protos import TOKEN_METADATA_KEY
 from protos import peer_pb2 as ppb
-from tests.procs import PROGRAMS, poprun, wait_gone
+from tests.procs import PROGRAMS, left_in_shm, poprun, shm_entries, wait_gone
 from tests.test_grpc_transport import OPTIONS, TOKEN, _parallel, _patience, _still_serves
 
 OK = ((TOKEN_METADATA_KEY, TOKEN),)
@@ -162,26 +162,21 @@ def test_offer_from_another_host_is_not_mapped(mixed_hosts):
 
 # -- whole jobs -----------------------------------------------------------------------
 
-def _shm_entries() -> set[str]:
-    """/dev/shm names, without MPICH's (other jobs on this machine use MPI)."""
-    return {n for n in os.listdir("/dev/shm") if not n.startswith("mpich_shm_")}
-
-
 def test_nothing_left_in_dev_shm_after_a_normal_run(tmp_path):
-    before = _shm_entries()
+    before = shm_entries()
     out = tmp_path / "sum.npy"
     result = poprun(["-n", "2", "--num-replicas", "4", "--launcher", "local", "--transport",
                      "grpc", "python", str(PROGRAMS / "layout_sum.py"), str(out)],
                     timeout_s=60)
     assert result.returncode == 0, result.stderr
-    assert _shm_entries() - before == set()
+    assert left_in_shm(before) == set()
 
 
 def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
     """Figures: 16 MiB per collective (through the ring), instance 1 SIGKILLed from a thread
     2 ms into a collective; instance 0 raises PeerLostError naming it within 10 s, poprun
     ends, no process and no /dev/shm entry is left."""
-    before = _shm_entries()
+    before = shm_entries()
     kill_file = tmp_path / "kill-time"
     result = poprun(["--launcher", "local", "--transport", "grpc", "-n", "2", "python",
                      str(PROGRAMS / "kill_mid_collective.py")], timeout_s=60,
@@ -195,7 +190,7 @@ def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
     assert shm and shm[0] > 0, result.stdout   # the bytes did go through shared memory
     pids = [int(line.split()[-1]) for line in result.stdout.splitlines() if "PID" in line]
     assert len(pids) == 2 and wait_gone(pids, 2) == []
-    assert _shm_entries() - before == set()
+    assert left_in_shm(before) == set()
 
 
 # -- the hand-over (issue 11, deliverable 4): the memfd over SCM_RIGHTS, never a /proc path --

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from poprun.cli import main as poprun_main
-from tests.procs import PROGRAMS, describe, run_poprun, wait_no_processes
+from tests.procs import (PROGRAMS, describe, left_in_shm, run_poprun, shm_entries,
+                         wait_no_processes)
 
 
 def test_every_instance_gets_its_environment(tmp_path):
@@ -51,13 +52,8 @@ def test_a_failing_exit_code_is_passed_on():
     assert "exit code 3" in result.stderr
 
 
-def _mpich_segments() -> set:
-    import os
-    return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
-
-
 def test_an_instance_that_raises_stops_the_job_and_is_named():
-    segments = _mpich_segments()
+    segments = shm_entries()
     started = time.monotonic()
     result = run_poprun(["-n", "3", "python", str(PROGRAMS / "fail_in_collective.py"), "1"], 30)
     elapsed = time.monotonic() - started
@@ -68,7 +64,7 @@ def test_an_instance_that_raises_stops_the_job_and_is_named():
     assert "[1,1]<stderr>:RuntimeError: deliberate failure" in result.stderr
     assert "unreachable" not in result.stdout
     assert wait_no_processes("fail_in_collective.py") == []
-    assert _mpich_segments() - segments == set()  # MPICH's shared memory is not left behind
+    assert left_in_shm(segments) == set()  # MPICH's shared memory is not left behind
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -196,7 +192,7 @@ def test_the_readme_minimal_program_prints_what_the_readme_says(tmp_path):
 def test_an_instance_killed_by_sigkill_under_mpirun_is_reported():
     """mpirun stops the others with signals too, so which went first cannot be known: poprun
     names the killed instance among those that died, never a wrong one alone."""
-    segments = _mpich_segments()
+    segments = shm_entries()
     started = time.monotonic()
     result = run_poprun(["-n", "3", "python", str(PROGRAMS / "kill_self.py"), "1"], 30)
     assert time.monotonic() - started < 15
@@ -207,4 +203,4 @@ def test_an_instance_killed_by_sigkill_under_mpirun_is_reported():
                         r"unknown); the other instances were stopped", last), describe(result)
     assert "unreachable" not in result.stdout
     assert wait_no_processes("kill_self.py") == []
-    assert _mpich_segments() - segments == set()
+    assert left_in_shm(segments) == set()

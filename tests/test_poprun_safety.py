@@ -7,17 +7,18 @@ directory, no working directory.
 """
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from launch.supervise import runtime_dir
 from poprun.cli import main as poprun_main
-from tests.procs import (PROGRAMS, PYTHON, ROOT, child_env, describe, kill_session, run,
-                         wait_no_processes)
+from tests.procs import (PROGRAMS, PYTHON, ROOT, child_env, describe, kill_session,
+                         left_in_shm, run, shm_entries, wait_no_processes)
 
 SAFETY = str(PROGRAMS / "safety.py")
 LAUNCHERS = ["mpirun", "local"]
@@ -26,14 +27,11 @@ LAUNCHERS = ["mpirun", "local"]
 END_S = 40
 
 
-def _unmapped_new_segments(before: set[str]) -> set[str]:
-    """MPICH segments created since ``before`` that no live process maps (leftovers)."""
-    from launch.mpirun import _mapped_segments, _mpich_segments
-    return _mpich_segments() - before - _mapped_segments()
-
-
-def _workdirs() -> set[str]:
-    return set(os.listdir(runtime_dir()))
+def _workdirs(tmp: str) -> set[str]:
+    """The working directories in poprun's runtime directory under ``tmp`` (the job's
+    TMPDIR: a private one per test, so that other ipupod jobs on the machine do not count)."""
+    path = os.path.join(tmp, f"poprun-{os.getuid()}")
+    return set(os.listdir(path)) if os.path.isdir(path) else set()
 
 
 def _partition_dirs(occupancy) -> list[str]:
@@ -44,16 +42,19 @@ def _partition_dirs(occupancy) -> list[str]:
 @pytest.fixture
 def job(tmp_path):
     """Runs a poprun job in a fresh occupancy directory, then checks nothing is left."""
-    from launch.mpirun import _mpich_segments
     occupancy = tmp_path / "occupancy"
     marker = f"marker-{uuid.uuid4().hex[:8]}"
-    segments, workdirs = _mpich_segments(), _workdirs()
+    tmp = tempfile.mkdtemp(prefix="ipt-")  # short: socket paths live under it
+    segments = shm_entries()
 
     class Job:
-        env = child_env(IPUPOD_OCCUPANCY_DIR=str(occupancy))
+        env = child_env(IPUPOD_OCCUPANCY_DIR=str(occupancy), TMPDIR=tmp)
 
         def __init__(self):
             self.marker = marker
+
+        def workdirs(self) -> set[str]:
+            return _workdirs(tmp)
 
         def run(self, launcher, *program, timeout_s=END_S):
             return run([PYTHON, "-m", "poprun", "--launcher", launcher, "-n", "2", *program],
@@ -65,12 +66,16 @@ def job(tmp_path):
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                 env=self.env, start_new_session=True)
 
-    yield Job()
+    try:
+        yield Job()
+    finally:
+        left = _workdirs(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     assert wait_no_processes(marker, 10) == [], "processes of the job were left behind"
-    assert _unmapped_new_segments(segments) == set(), "MPICH segments were left in /dev/shm"
+    assert left_in_shm(segments) == set(), "MPICH segments were left in /dev/shm"
     assert _partition_dirs(occupancy) == [], "partition directories were left behind"
     assert sorted(occupancy.rglob("*.lock")) == [], "lock files were left behind"
-    assert _workdirs() - workdirs == set(), "working directories were left behind"
+    assert left == set(), "working directories were left behind"
 
 
 def _wait_ready(proc, count: int, timeout_s: float = END_S) -> None:
@@ -143,7 +148,6 @@ def test_a_signal_to_poprun_ends_the_job_with_128_plus_it(job, launcher, signum,
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_leftovers_of_a_sigkilled_poprun_are_reclaimed_by_the_next(job, launcher):
-    workdirs = _workdirs()
     proc = job.start(launcher, "python", SAFETY, "attach", "-1", job.marker)
     try:
         _wait_ready(proc, 2)
@@ -154,10 +158,10 @@ def test_the_leftovers_of_a_sigkilled_poprun_are_reclaimed_by_the_next(job, laun
     assert wait_no_processes(job.marker, 10) == []
     occupancy = job.env["IPUPOD_OCCUPANCY_DIR"]
     assert len(_partition_dirs(Path(occupancy))) == 1      # the killed job's partition
-    assert len(_workdirs() - workdirs) == 1                # and its working directory
+    assert len(job.workdirs()) == 1                        # and its working directory
     result = job.run(launcher, "true", timeout_s=60)
     assert result.returncode == 0, describe(result)
-    assert _workdirs() - workdirs == set()
+    assert job.workdirs() == set()
 
 
 @pytest.mark.parametrize("inner", LAUNCHERS)
