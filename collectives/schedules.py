@@ -63,8 +63,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE",
-           "MAX_FLAT_BROADCAST_MEMBERS"]
+__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE", "CHAIN",
+           "CHAIN_STREAMS", "MAX_FLAT_BROADCAST_MEMBERS"]
 
 # method -> (the rings as (ring, direction), data split between them, steps-per-phase rule)
 RINGS = {
@@ -90,6 +90,13 @@ LINE = "bidirectional_line"
 #: Fragments per half the line pipeline may use (a fixed set, so that the minimum over it is
 #: continuous and non-decreasing in the bytes).
 LINE_FRAGMENTS = tuple(2 ** i for i in range(21))
+#: Name of the chain schedule (:meth:`Pricer.chain`), reduce-scatter and all-gather on the
+#: members as an open chain. Not one of GCL's method names (see the module docstring).
+CHAIN = "chain"
+#: Parts the chain schedule may split the data into, each its own stream of fragments each
+#: way (one physical IPU-Link per stream and direction): 1, 2 or 4, as GCL's rings split it
+#: (``clockwise_ring``, ``bidirectional_ring_pair``, ``quad_directional_ring``).
+CHAIN_STREAMS = (1, 2, 4)
 #: The levels a hierarchical schedule splits a group by (attributes of ``IPUInfo``): rung,
 #: IPU-Machine, IPU-Link domain.
 LEVELS = ("row", "machine", "domain")
@@ -152,6 +159,10 @@ class Pricer:
         best = min((self.flat(kind, groups, nbytes, m, contend), m) for m in methods)
         if kind == "all_reduce" and len(groups[0]) > 2:
             best = min(best, (self.line(groups, nbytes, contend), LINE))
+        if kind in ("all_reduce", "reduce_scatter", "all_gather") and len(groups[0]) > 2:
+            for streams in CHAIN_STREAMS:
+                best = min(best, (self.chain(kind, groups, nbytes, streams, contend),
+                                  f"{CHAIN}[{streams}]"))
         if kind in ("all_reduce", "reduce_scatter", "all_gather"):
             for level in LEVELS:
                 parts = self._cost.split(groups, level)
@@ -178,6 +189,23 @@ class Pricer:
         profile = self._cost.profile(groups, ("line",), contend)
         return min((f + 2 * (n - 1) - 1) * profile.time_s(nbytes / (2 * f))
                    for f in LINE_FRAGMENTS)
+
+    def chain(self, kind: str, groups: Groups, nbytes: float, streams: int,
+              contend: Groups | None = None) -> float:
+        """Modelled seconds of the :data:`CHAIN` schedule of ``kind`` (all-reduce,
+        reduce-scatter or all-gather) over ``groups``, the members in
+        :meth:`~collectives.cost_model.HardwareCostModel.chain_order`, the data split into
+        ``streams`` parts that run side by side: ``n - 1`` steps per phase (all-reduce: 2),
+        in each of which every chain neighbour sends its neighbour one fragment of each part
+        each way: ``S/(n * streams)`` (all_gather: ``S/streams``)."""
+        contend = self._contend if contend is None else contend
+        n = len(groups[0])
+        if n < 2 or nbytes == 0:
+            return 0.0
+        phases = 2 if kind == "all_reduce" else 1
+        fragment = (nbytes if kind == "all_gather" else nbytes / n) / streams
+        profile = self._cost.profile(groups, ("chain", streams), contend)
+        return phases * (n - 1) * profile.time_s(fragment)
 
     def _hierarchical(self, kind: str, level: str, parts, c_parts, nbytes: float):
         inner, outer, k, d = parts
