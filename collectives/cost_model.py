@@ -68,12 +68,14 @@ all_to_all             (always direct: every pair sends S/n in one step, any met
   (then reduces locally), paying the latency once ("the network latency cost is paid only
   once", ``syncful.maxBroadcastSize``, anchors §2.2).
 * ``auto`` (what a record carries unless ``GCL_OPTIONS`` names a method): the cheapest
-  schedule the model knows (:mod:`collectives.schedules`): every flat method above, a chain
-  all-reduce, and hierarchical schedules by rung or by IPU-Machine (the POD64 torus' two
-  dimensions: rungs or machines, then the ladder's sides) and by IPU-Link domain
-  (reduce-scatter inside each POD64, all-reduce across them over the GW-Links, all-gather),
-  each phase itself ``auto``. The minimum of schedules affine
-  in the bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
+  schedule the model knows (:mod:`collectives.schedules`): every flat method above, the
+  chain schedules (a pipelined all-reduce, and a reduce-scatter / all-gather along an open
+  chain of IPU-Links, :meth:`HardwareCostModel.chain_order`), and hierarchical schedules
+  by rung or by IPU-Machine (the POD64 torus' two dimensions: rungs or machines, then the
+  ladder's sides; on an open ladder, e.g. half a POD64, a chain along each side) and by
+  IPU-Link domain (reduce-scatter inside each POD64, all-reduce across them over the
+  GW-Links, all-gather), each phase itself ``auto``. The minimum of schedules affine in the
+  bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
   :meth:`HardwareCostModel.choose` names the schedule.
 
 **Latencies** have no source (seeds-inventory §1.2 GAP): the per-hop latencies of
