@@ -106,13 +106,24 @@ def test_half_a_pod64_runs_chains_along_its_open_ladder_sides():
     assert {len(route(cost.model, a, b)) for a, b in zip(chain, chain[1:])} == {1}
     ring = cost.gcl_ring(list(sides[0]))
     assert max(len(route(cost.model, a, b)) for a, b in zip(ring, ring[1:] + ring[:1])) == 2
-    # each link of the side: one flow per stream and direction (4 streams: 4 flows, over the
-    # 3 IPU-Links of a side inside a machine, ipu_node.systems.M2000_SIDE_IPU_LINKS)
-    flows = cost._flows(list(sides[0]), ("chain", 4))
-    assert len(flows) == 2 * 4 * 15 and len(set(flows)) == 2 * 15
-    # and it beats GCL's rings on that side
+    # a chain step: one IPU-Link hop (0.5 us), one flow per stream and direction on each link
+    # of the side: 2 streams run at a link's 16 GB/s, 4 share the 3 IPU-Links of a side
+    # inside a machine (ipu_node.systems.M2000_SIDE_IPU_LINKS); the folded ring, 2 hops
+    per_link = 16e9
+    for streams, spb in ((2, 1 / per_link), (4, 4 / (3 * per_link))):
+        (terms,) = cost.profile(sides, ("chain", streams)).terms
+        assert terms == pytest.approx((0.5e-6, spb)), streams
+    assert cost.profile(sides, ("ring", ((0, 1), (0, -1)))).terms[0][0] == \
+        pytest.approx(1e-6)
+    # 2(n-1) steps for an all-reduce, n-1 for a reduce-scatter or an all-gather, fragments of
+    # S/(n * streams) (all-gather: S/streams)
     pricer = Pricer(cost)
     size = (3 << 18) / 2
+    step = 0.5e-6 + size / (16 * 2) / per_link
+    assert pricer.chain("all_reduce", sides, size, 2) == pytest.approx(30 * step)
+    assert pricer.chain("reduce_scatter", sides, size, 2) == pytest.approx(15 * step)
+    assert pricer.chain("all_gather", sides, size / 16, 2) == pytest.approx(15 * step)
+    # and it beats GCL's rings on that side
     best_chain = min(pricer.chain("all_reduce", sides, size, s) for s in CHAIN_STREAMS)
     assert best_chain < min(pricer.flat("all_reduce", sides, size, m) for m in RINGS)
 
