@@ -23,17 +23,17 @@ for the flat formulas). ``auto`` is the cheapest schedule the model knows:
   - all-gather = across, then inside each part (``d * S`` per member).
 * :data:`LINE`, for all-reduce: the members as a chain, half the data reduced towards
   each end and broadcast back, pipelined (no closing hop);
-* :data:`CHAIN`, for all-reduce, reduce-scatter and all-gather: the members as an open
-  chain (:meth:`~collectives.cost_model.HardwareCostModel.chain_order`), the data in 1, 2
-  or 4 streams (:data:`CHAIN_STREAMS`, as GCL splits it over one, two or four rings). The
+* :data:`CHAIN`, for all-reduce, reduce-scatter and all-gather: the members as an open chain
+  (:meth:`~collectives.cost_model.HardwareCostModel.chain_order`), the data in 1, 2 or 4
+  streams (:data:`CHAIN_STREAMS`, as GCL splits it over one, two or four rings). The
   reduce-scatter takes ``n - 1`` steps: the fragment member ``i`` keeps is reduced from both
   ends of the chain towards ``i`` (the partial sum of the members before ``i`` moves one
   member on each step, that of the members after ``i`` one member back, each fragment
   starting so that it reaches ``i`` at the last step), so each step every chain neighbour
-  sends its neighbour one fragment of ``S/n`` per stream each way; the all-gather is the same steps
-  backwards; an all-reduce is both, ``2(n - 1)`` steps. Across the middle link of the chain
-  the all-reduce moves ``S`` each way, the least any all-reduce moves across a cut that
-  splits the members (each element's sum must cross it both ways), and no step crosses
+  sends its neighbour one fragment of ``S/n`` per stream each way; the all-gather is the
+  same steps backwards; an all-reduce is both, ``2(n - 1)`` steps. Across the middle link of
+  the chain the all-reduce moves ``S`` each way, the least any all-reduce moves across a cut
+  that splits the members (each element's sum must cross it both ways), and no step crosses
   more IPU-Links than the members are apart. GCL names only rings (anchors §2.2), and on an
   open stretch of the ladder its ring folds out and back over the same links; that GCL does
   at least as well as the chain there is an ipupod assumption (the chain crosses only the
@@ -60,17 +60,18 @@ open ladder, as a C2 server's. GCL's two-dimensional schedule by machine (a redu
 in each IPU-M2000, an all-reduce among the IPUs holding the same quarter, an all-gather)
 runs its middle phase, in the whole POD64, on rings the loopback closes (0, 4, 8, ..., 60:
 16 members, two IPU-Links a step); in a half the ring over 0, 4, ..., 28 folds out and back
-along the open side (four IPU-Links a step, twice the flows on each link and direction,
-more than the 3 IPU-Links of a side inside a machine carry at full rate,
+along the open side (four IPU-Links a step, twice the flows on each link and direction, more
+than the 3 IPU-Links of a side inside a machine carry at full rate,
 :data:`ipu_node.systems.M2000_SIDE_IPU_LINKS`), and the half cost up to 8.2 % more than the
 whole (768 KiB: 53.8 against 49.7 us) while ``auto`` knew only rings. On the open ladder the
-schedule by rung with a :data:`CHAIN` along each side (a reduce-scatter across each rung,
-an all-reduce up each side's 16 IPUs, one IPU-Link a step, an all-gather across each rung)
+schedule by rung with a :data:`CHAIN` along each side (a reduce-scatter across each rung, an
+all-reduce up each side's 16 IPUs, one IPU-Link a step, an all-gather across each rung)
 costs 47.7 us there, below the whole POD64's 49.7 us (by machine; by rung the whole's sides
-are closed rings of 32 members, 54.9 us). With it, CONSECUTIVE groups (all running at once) never get cheaper as the group
-size doubles, on every system and op but ``all_to_all``, without exception
-(``tests/test_cost_model_properties.py``). (Before the ladder, the model took the IPU-M2000
-PODs for a ``machines x 4`` torus: 19 such steps, up to 31 % at 8 MiB broadcast.)
+are closed rings of 32 members, 54.9 us). With it, CONSECUTIVE groups (all running at once)
+never get cheaper as the group size doubles, on every system and op but ``all_to_all``,
+without exception (``tests/test_cost_model_properties.py``). (Before the ladder, the model
+took the IPU-M2000 PODs for a ``machines x 4`` torus: 19 such steps, up to 31 % at 8 MiB
+broadcast.)
 ORTHOGONAL groups, spread over machines or domains, are not tested for monotonicity: their
 members' links are not nested as the group doubles; nor is ``all_to_all``: a bigger group
 sends each member a smaller share over more links at once.
