@@ -165,16 +165,17 @@ def test_replicas_sit_where_the_runtime_puts_them():
 
 
 def test_bigger_pods_never_make_the_whole_pod_all_reduce_cheaper():
-    """POD16 <= POD64 <= POD128 and POD64 <= POD256; not POD128 <= POD256 for the smallest
-    tensors: POD256's GW-Link switch reaches every machine in one GW-Link hop (12 us between
-    any two POD64s at 8 bytes), POD128's cross-connected cables only the twin machine, the
-    rest over up to 16 more IPU-Link hops (anchors §2.5: "optical GW-Link cables cross
-    connected" against "GW-Link switches")."""
+    """POD16 <= POD64 <= POD128 and POD64 <= POD256; POD128 <= POD256 but for the
+    latency-bound tensors below about 2 KiB (8 bytes: 15.5 us on POD128, 14.0 us on POD256):
+    POD256's GW-Link switch reaches every machine in one GW-Link hop (12 us between any two
+    POD64s at 8 bytes), POD128's cross-connected cables only the twin machine, the rest over
+    up to 16 more IPU-Link hops (anchors §2.5: "optical GW-Link cables cross connected"
+    against "GW-Link switches")."""
     for size in (8, 2049, 1 << 20, RESNET50_FP16):
         t = {s: full(s).estimate("cross_replica_sum", size) for s in SYSTEMS[2:]}
         assert t["POD16"] <= t["POD64"] <= t["POD128"], size
         assert t["POD64"] <= t["POD256"], size
-        if size >= 1 << 20:
+        if size > 2048:
             assert t["POD128"] <= t["POD256"], size
 
 
