@@ -68,12 +68,14 @@ all_to_all             (always direct: every pair sends S/n in one step, any met
   (then reduces locally), paying the latency once ("the network latency cost is paid only
   once", ``syncful.maxBroadcastSize``, anchors §2.2).
 * ``auto`` (what a record carries unless ``GCL_OPTIONS`` names a method): the cheapest
-  schedule the model knows (:mod:`collectives.schedules`): every flat method above, a chain
-  all-reduce, and hierarchical schedules by rung or by IPU-Machine (the POD64 torus' two
-  dimensions: rungs or machines, then the ladder's sides) and by IPU-Link domain
-  (reduce-scatter inside each POD64, all-reduce across them over the GW-Links, all-gather),
-  each phase itself ``auto``. The minimum of schedules affine
-  in the bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
+  schedule the model knows (:mod:`collectives.schedules`): every flat method above, the
+  chain schedules (a pipelined all-reduce, and a reduce-scatter / all-gather along an open
+  chain of IPU-Links, :meth:`HardwareCostModel.chain_order`), and hierarchical schedules
+  by rung or by IPU-Machine (the POD64 torus' two dimensions: rungs or machines, then the
+  ladder's sides; on an open ladder, e.g. half a POD64, a chain along each side) and by
+  IPU-Link domain (reduce-scatter inside each POD64, all-reduce across them over the
+  GW-Links, all-gather), each phase itself ``auto``. The minimum of schedules affine in the
+  bytes is continuous and non-decreasing: no step at ``syncful.maxBroadcastSize``.
   :meth:`HardwareCostModel.choose` names the schedule.
 
 **Latencies** have no source (seeds-inventory §1.2 GAP): the per-hop latencies of
@@ -458,18 +460,32 @@ class HardwareCostModel:
         IPU-Link hops on its longest step (ties: in order), cached."""
         key = (tuple(ipus), "gcl ring")
         if key not in self._splits:
-            ipus = list(ipus)
-            folded = folded_order(ipus)
-
-            def longest(order):  # IPU-Link hops of the longest step (another domain: 1000)
-                return max(len(routes_from(self.model, a)[b]) if self.model.domain_of(a) ==
-                           self.model.domain_of(b) else 1_000
-                           for a, b in zip(order, order[1:] + order[:1]))
-
-            best = folded if len(ipus) > 3 and longest(folded) < longest(ipus) else ipus
+            best = self._shorter_order(list(ipus), closed=True)
             with self._lock:
                 self._splits[key] = best
         return self._splits[key]
+
+    def chain_order(self, ipus) -> list[int]:
+        """The members of a chain over ``ipus`` (a group's IPUs in replica order): in order or
+        :func:`folded_order` (the ladder's periphery, open between the first two members),
+        whichever has the fewer IPU-Link hops on its longest step, without the closing step
+        a ring has (ties: in order), cached."""
+        key = (tuple(ipus), "chain")
+        if key not in self._splits:
+            best = self._shorter_order(list(ipus), closed=False)
+            with self._lock:
+                self._splits[key] = best
+        return self._splits[key]
+
+    def _shorter_order(self, ipus: list[int], *, closed: bool) -> list[int]:
+        folded = folded_order(ipus)
+
+        def longest(order):  # IPU-Link hops of the longest step (another domain: 1000)
+            steps = zip(order, order[1:] + order[:1] if closed else order[1:])
+            return max((len(routes_from(self.model, a)[b]) if self.model.domain_of(a) ==
+                        self.model.domain_of(b) else 1_000 for a, b in steps), default=0)
+
+        return folded if len(ipus) > 3 and longest(folded) < longest(ipus) else ipus
 
     def _flows(self, ipus: list[int], pattern: tuple) -> list[tuple[int, int]]:
         n = len(ipus)
@@ -479,6 +495,9 @@ class HardwareCostModel:
             return [(ipus[0], b) for b in ipus[1:]]
         if pattern[0] == "line":  # each way: a fragment being reduced, one being broadcast
             return [f for a, b in zip(ipus, ipus[1:]) for f in ((a, b), (a, b), (b, a), (b, a))]
+        if pattern[0] == "chain":  # pattern[1] streams each way between chain neighbours
+            order = self.chain_order(ipus)
+            return [f for a, b in zip(order, order[1:]) for f in ((a, b), (b, a)) * pattern[1]]
         orders = (self.gcl_ring(ipus), mirrored_ring(self.model, ipus))
         return [(orders[ring][i], orders[ring][(i + d) % n])
                 for ring, d in pattern[1] for i in range(n)]

@@ -23,6 +23,21 @@ for the flat formulas). ``auto`` is the cheapest schedule the model knows:
   - all-gather = across, then inside each part (``d * S`` per member).
 * :data:`LINE`, for all-reduce: the members as a chain, half the data reduced towards
   each end and broadcast back, pipelined (no closing hop);
+* :data:`CHAIN`, for all-reduce, reduce-scatter and all-gather: the members as an open chain
+  (:meth:`~collectives.cost_model.HardwareCostModel.chain_order`), the data in 1, 2 or 4
+  streams (:data:`CHAIN_STREAMS`, as GCL splits it over one, two or four rings). The
+  reduce-scatter takes ``n - 1`` steps: the fragment member ``i`` keeps is reduced from both
+  ends of the chain towards ``i`` (the partial sum of the members before ``i`` moves one
+  member on each step, that of the members after ``i`` one member back, each fragment
+  starting so that it reaches ``i`` at the last step), so each step every chain neighbour
+  sends its neighbour one fragment of ``S/n`` per stream each way; the all-gather is the
+  same steps backwards; an all-reduce is both, ``2(n - 1)`` steps. Across the middle link of
+  the chain the all-reduce moves ``S`` each way, the least any all-reduce moves across a cut
+  that splits the members (each element's sum must cross it both ways), and no step crosses
+  more IPU-Links than the members are apart. GCL names only rings (anchors §2.2), and on an
+  open stretch of the ladder its ring folds out and back over the same links; that GCL does
+  at least as well as the chain there is an ipupod assumption (the chain crosses only the
+  IPU-Links between neighbouring members, which that folded ring crosses too);
 * the flat ``broadcast`` is a candidate for groups of at most
   :data:`MAX_FLAT_BROADCAST_MEMBERS` members.
 
@@ -38,19 +53,25 @@ forwarding as every multi-hop route inside a domain does).
 :func:`ipu_node.selection.layout_replicas`), a CONSECUTIVE group of ``k >= 4`` replicas of
 one IPU is ``k/2`` rungs of the ladder, whose periphery is a ring of its own IPU-Links, one
 link a step (GCL's interleaved ring), and the groups share no link: the bigger group runs
-the same rings over more steps. So CONSECUTIVE groups (all running at once) never get
-cheaper as the group size doubles, on every system and op but ``all_to_all``, except one
-step: from half a POD64 to the whole POD64 (CONSECUTIVE 32 to 64 on a POD64, POD128,
-POD256), by up to 8 % between 192 KiB and 1 MiB (768 KiB: 53.8 us for groups of 32, 49.7 us
-for 64). Both run the same schedule: a reduce-scatter in each IPU-M2000, an all-reduce among
-the IPUs holding the same quarter, an all-gather. In the whole POD64 those IPUs (0, 4, 8,
-..., 60) form a ring closed by the torus' loopback cables; in a half (0, 4, ..., 28) they lie
-on an open stretch of the ladder's side, and a ring over an open chain crosses every link of
-it out and back: twice the flows per link and direction, more than the 3 IPU-Links of a side
-inside a machine carry at full rate (:data:`ipu_node.systems.M2000_SIDE_IPU_LINKS`). The
-loopback cables are links the half does not have. ``tests/test_cost_model_properties.py``
-checks that difference and limits that step to 10 %. (Before the ladder, the model took the
-IPU-M2000 PODs for a ``machines x 4`` torus: 19 such steps, up to 31 % at 8 MiB broadcast.)
+the same rings over more steps. The links a bigger group has and a smaller one lacks are the
+loopback cables: the whole POD64 (CONSECUTIVE 64 on a POD64, POD128, POD256) closes the two
+sides of its ladder into rings; half a POD64 (CONSECUTIVE 32: 8 IPU-M2000s, 16 rungs) is an
+open ladder, as a C2 server's. GCL's two-dimensional schedule by machine (a reduce-scatter
+in each IPU-M2000, an all-reduce among the IPUs holding the same quarter, an all-gather)
+runs its middle phase, in the whole POD64, on rings the loopback closes (0, 4, 8, ..., 60:
+16 members, two IPU-Links a step); in a half the ring over 0, 4, ..., 28 folds out and back
+along the open side (four IPU-Links a step, twice the flows on each link and direction, more
+than the 3 IPU-Links of a side inside a machine carry at full rate,
+:data:`ipu_node.systems.M2000_SIDE_IPU_LINKS`), and the half cost up to 8.2 % more than the
+whole (768 KiB: 53.8 against 49.7 us) while ``auto`` knew only rings. On the open ladder the
+schedule by rung with a :data:`CHAIN` along each side (a reduce-scatter across each rung, an
+all-reduce up each side's 16 IPUs, one IPU-Link a step, an all-gather across each rung)
+costs 47.7 us there, below the whole POD64's 49.7 us (by machine; by rung the whole's sides
+are closed rings of 32 members, 54.9 us). With it, CONSECUTIVE groups (all running at once)
+never get cheaper as the group size doubles, on every system and op but ``all_to_all``,
+without exception (``tests/test_cost_model_properties.py``). (Before the ladder, the model
+took the IPU-M2000 PODs for a ``machines x 4`` torus: 19 such steps, up to 31 % at 8 MiB
+broadcast.)
 ORTHOGONAL groups, spread over machines or domains, are not tested for monotonicity: their
 members' links are not nested as the group doubles; nor is ``all_to_all``: a bigger group
 sends each member a smaller share over more links at once.
@@ -63,8 +84,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE",
-           "MAX_FLAT_BROADCAST_MEMBERS"]
+__all__ = ["Pricer", "split_groups", "folded_order", "RINGS", "LEVELS", "LINE", "CHAIN",
+           "CHAIN_STREAMS", "MAX_FLAT_BROADCAST_MEMBERS"]
 
 # method -> (the rings as (ring, direction), data split between them, steps-per-phase rule)
 RINGS = {
@@ -90,6 +111,13 @@ LINE = "bidirectional_line"
 #: Fragments per half the line pipeline may use (a fixed set, so that the minimum over it is
 #: continuous and non-decreasing in the bytes).
 LINE_FRAGMENTS = tuple(2 ** i for i in range(21))
+#: Name of the chain schedule (:meth:`Pricer.chain`), reduce-scatter and all-gather on the
+#: members as an open chain. Not one of GCL's method names (see the module docstring).
+CHAIN = "chain"
+#: Parts the chain schedule may split the data into, each its own stream of fragments each
+#: way (one physical IPU-Link per stream and direction): 1, 2 or 4, as GCL's rings split it
+#: (``clockwise_ring``, ``bidirectional_ring_pair``, ``quad_directional_ring``).
+CHAIN_STREAMS = (1, 2, 4)
 #: The levels a hierarchical schedule splits a group by (attributes of ``IPUInfo``): rung,
 #: IPU-Machine, IPU-Link domain.
 LEVELS = ("row", "machine", "domain")
@@ -152,6 +180,10 @@ class Pricer:
         best = min((self.flat(kind, groups, nbytes, m, contend), m) for m in methods)
         if kind == "all_reduce" and len(groups[0]) > 2:
             best = min(best, (self.line(groups, nbytes, contend), LINE))
+        if kind in ("all_reduce", "reduce_scatter", "all_gather") and len(groups[0]) > 2:
+            for streams in CHAIN_STREAMS:
+                best = min(best, (self.chain(kind, groups, nbytes, streams, contend),
+                                  f"{CHAIN}[{streams}]"))
         if kind in ("all_reduce", "reduce_scatter", "all_gather"):
             for level in LEVELS:
                 parts = self._cost.split(groups, level)
@@ -178,6 +210,23 @@ class Pricer:
         profile = self._cost.profile(groups, ("line",), contend)
         return min((f + 2 * (n - 1) - 1) * profile.time_s(nbytes / (2 * f))
                    for f in LINE_FRAGMENTS)
+
+    def chain(self, kind: str, groups: Groups, nbytes: float, streams: int,
+              contend: Groups | None = None) -> float:
+        """Modelled seconds of the :data:`CHAIN` schedule of ``kind`` (all-reduce,
+        reduce-scatter or all-gather) over ``groups``, the members in
+        :meth:`~collectives.cost_model.HardwareCostModel.chain_order`, the data split into
+        ``streams`` parts that run side by side: ``n - 1`` steps per phase (all-reduce: 2),
+        in each of which every chain neighbour sends its neighbour one fragment of each part
+        each way: ``S/(n * streams)`` (all_gather: ``S/streams``)."""
+        contend = self._contend if contend is None else contend
+        n = len(groups[0])
+        if n < 2 or nbytes == 0:
+            return 0.0
+        phases = 2 if kind == "all_reduce" else 1
+        fragment = (nbytes if kind == "all_gather" else nbytes / n) / streams
+        profile = self._cost.profile(groups, ("chain", streams), contend)
+        return phases * (n - 1) * profile.time_s(fragment)
 
     def _hierarchical(self, kind: str, level: str, parts, c_parts, nbytes: float):
         inner, outer, k, d = parts
