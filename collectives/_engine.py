@@ -145,7 +145,7 @@ class CollectiveEngine:
         ``desc.seq`` is filled in here. Raises the collective's error on every replica.
         """
         if self.num_local_replicas == 1:
-            return self._sole_replica_call(desc, value, algorithm, group)
+            return self.sole_plan(desc, algorithm, value, group)(value)
         rendezvous = self.rendezvous
         slot, seq, leader = rendezvous.arrive(local_index, desc, value, algorithm, group)
         if leader:
@@ -157,18 +157,25 @@ class CollectiveEngine:
             raise slot.error
         return slot.results[local_index]
 
-    def _sole_replica_call(self, desc: Descriptor, value: Any, algorithm: Algorithm,
-                           group: CommGroup | None) -> Any:
-        """:meth:`replica_call` of an instance with one local replica: the
-        :class:`~collectives._sole.SolePlan` of ``desc`` (a descriptor the caller reuses for
-        every call of its signature, ``seq`` 0) with ``algorithm`` runs it."""
+    def sole_plan(self, desc: Descriptor, algorithm: Algorithm, value: Any,
+                  group: CommGroup | None) -> SolePlan:
+        """The :class:`~collectives._sole.SolePlan` that runs the calls of ``desc`` (a
+        descriptor the caller reuses for every call of its signature, ``seq`` 0) with
+        ``algorithm`` on an instance with one local replica; made at the first call."""
         plan = self._plans.get(id(desc))
         if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
             plan = SolePlan(self, desc, algorithm, value, group)
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
             self._plans[id(desc)] = plan
-        return plan(value)
+        return plan
+
+    def forget_plans(self) -> None:
+        """Make every call's plan anew at its next call (e.g. after a change of
+        ``EAGER_MAX_BYTES``); the plans kept elsewhere stop being used (``live``)."""
+        for plan in self._plans.values():
+            plan.live = False
+        self._plans.clear()
 
     def is_eager(self, desc: Descriptor, algorithm: Algorithm, value: np.ndarray) -> bool:
         """Whether the call moves its data in its agreement (:mod:`collectives._eager`):

@@ -34,9 +34,12 @@ class SolePlan:
             ``algorithm(engine, descriptor, values) -> results``).
         value: the first call's input (its size decides whether the signature is eager).
         group: the call's replica group (for the records).
+
+    Attributes:
+        live: whether the engine still runs this signature's calls with this plan.
     """
 
-    __slots__ = ("desc", "algorithm", "eager", "_engine", "_fingerprint", "_signature",
+    __slots__ = ("desc", "algorithm", "eager", "live", "_engine", "_fingerprint", "_signature",
                  "_arrival", "_patience", "_ledger", "_op")
 
     def __init__(self, engine, desc: Descriptor, algorithm, value: Any, group):
@@ -44,6 +47,7 @@ class SolePlan:
         self.desc = desc
         self.algorithm = algorithm
         self.eager = engine.is_eager(desc, algorithm, value)
+        self.live = True  # (False: the engine made its plans anew, forget_plans)
         self._engine = engine
         self._fingerprint = desc.fingerprint()
         self._signature = engine.recorder.signature(desc, value.nbytes, group)
