@@ -231,13 +231,11 @@ class AllGather(Eager):
         return movement.all_gather(engine, desc, values, self.group)
 
     def results(self, engine, values, blocks):
-        value = values[0]
-        out = np.empty((engine.num_replicas, *value.shape), value.dtype)
-        flat, at = out.reshape(-1).view(np.uint8), 0
-        for b in blocks:
-            flat[at:at + b.size] = b
-            at += b.size
-        return self._give(engine, out, values)
+        return self._give(engine, self.sole_result(engine, values[0], blocks), values)
+
+    def sole_result(self, engine, value, blocks):
+        return np.concatenate(blocks).view(value.dtype).reshape(
+            (engine.num_replicas, *value.shape))
 
 
 class AllToAll(Eager):
