@@ -139,18 +139,20 @@ class _Reduction(Eager):
                         engine.replica_index_offset + len(values))
         return algorithms.local_partial(engine, values, members, self.op)
 
-    def _reduce(self, partials: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
-        """The tree of the instances' ``partials`` (1-D, in instance order), into ``out``
-        where it can be written (returns the result)."""
+    def _reduce(self, partials: Sequence[np.ndarray]) -> np.ndarray:
+        """The tree of the instances' ``partials`` (1-D, of one dtype and size, in instance
+        order), as a new array."""
+        dtype = partials[0].dtype
         if len(partials) != 2:
-            return tree_reduce(partials, self._combine, out=out)
-        # the tree of two: one combine, by the ufunc itself when it writes into out
-        ufunc = self._direct.get(out.dtype)
+            return tree_reduce(partials, self._combine, out=np.empty(partials[0].size, dtype))
+        # the tree of two: one combine, by the ufunc itself (its new array) when it can
+        ufunc = self._direct.get(dtype)
         if ufunc is None:
-            ufunc = self._direct[out.dtype] = direct_ufunc(self.op, out.dtype) or False
+            ufunc = self._direct[dtype] = direct_ufunc(self.op, dtype) or False
         if ufunc:
-            return ufunc(partials[0], partials[1], out=out)
-        return combine_into(self.op, partials[0], partials[1], out)
+            return ufunc(partials[0], partials[1])
+        return combine_into(self.op, partials[0], partials[1],
+                            np.empty(partials[0].size, dtype))
 
 
 class AllReduce(_Reduction):
@@ -176,8 +178,7 @@ class AllReduce(_Reduction):
 
     def sole_result(self, engine, value, blocks):
         dtype = value.dtype
-        total = self._reduce(self._typed_blocks(blocks, dtype, 0, value.size),
-                             np.empty(value.size, dtype))
+        total = self._reduce(self._typed_blocks(blocks, dtype, 0, value.size))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, engine.num_replicas)
         return total if value.ndim == 1 else total.reshape(value.shape)
@@ -213,7 +214,7 @@ class ReduceScatter(_Reduction):
         c = -(-values[0].shape[0] // k)
         lo = engine.replica_index_offset * c
         hi = lo + len(values) * c  # this instance's chunks: consecutive positions
-        total = self._reduce(self._typed_blocks(blocks, dtype, lo, hi), np.empty(hi - lo, dtype))
+        total = self._reduce(self._typed_blocks(blocks, dtype, lo, hi))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, k)
         if len(values) == 1:
