@@ -1,7 +1,7 @@
 """How a collective operation's call reaches the engine (:mod:`collectives.ops` checks the
 arguments): the call's descriptor and algorithm, made once per signature
 (:func:`descriptor`); the plan of a one-replica instance's common call, found without
-either (:func:`planned`); a nest's fused buffers (:func:`call_nest`).
+either (:func:`common`); a nest's fused buffers (:func:`call_nest`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives._runtime import get_engine
 
-__all__ = ["descriptor", "planned", "call", "is_nest", "call_nest", "sole_plans"]
+__all__ = ["descriptor", "common", "call", "is_nest", "call_nest", "sole_plans"]
 
 #: descriptors (sequence number 0) and algorithm objects by call signature and replica
 #: count: built (and validated) once; the engine keeps what it needs per descriptor
@@ -50,12 +50,19 @@ def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...]
 sole_plans: dict[tuple, tuple] = {}
 
 
-def planned(key: tuple):
-    """The plan of ``key`` in :data:`sole_plans` for the calling replica, or None."""
-    found = sole_plans.get(key)
+def common(x, size, group, name, key: tuple | None) -> tuple:
+    """``(plan, sole_key)`` of a call with input ``x``, a size argument ``size``, ``group``
+    and ``name`` (``key``: the op and its scalar arguments; None when they are not plain):
+    the plan a one-replica instance made at an earlier such call, or None; and the key
+    under which :func:`call` keeps the plan (None: not a common call: ``x`` is not an
+    ndarray, or a size, group or name is given)."""
+    if key is None or type(x) is not np.ndarray or size is not None or group is not None \
+            or name is not None:
+        return None, None
+    found = sole_plans.get((*key, x.dtype, x.shape))
     if found is not None and found[0] is current_replica_context() and found[1].live:
-        return found[1]
-    return None
+        return found[1], key
+    return None, key
 
 
 def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: tuple,

@@ -41,13 +41,18 @@ from collectives._arguments import operator_of as _operator
 from collectives._dispatch import call as _call
 from collectives._dispatch import call_nest as _call_nest
 from collectives._dispatch import is_nest as _is_nest
-from collectives._dispatch import planned as _planned
+from collectives._dispatch import common as _common
 from collectives.errors import CollectiveArgumentError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator
 
 #: the group of a call without a group argument
 _ALL = consecutive(None)
+
+
+def _plain_operator(op) -> bool:
+    """Whether ``op`` can key a common call (an operator or its name: hashable)."""
+    return isinstance(op, (str, CollectiveOperator))
 
 
 def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | None = None,
@@ -76,13 +81,10 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
         CollectiveArgumentError (ValueError): an unknown operator (names the known ones);
             and the common errors (module docstring).
     """
-    sole_key = None
-    if type(x) is np.ndarray and replica_group_size is None and group is None \
-            and name is None and isinstance(op, (str, CollectiveOperator)):
-        sole_key = ("cross_replica_reduce", op)
-        plan = _planned((*sole_key, x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
+    plan, sole_key = _common(x, replica_group_size, group, name,
+                             ("cross_replica_reduce", op) if _plain_operator(op) else None)
+    if plan is not None:
+        return plan(x)
     operator = _operator("cross_replica_reduce", op)
     return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name,
                        sole_key)
@@ -109,13 +111,10 @@ def _sole_all_reduce(what: str, x, operator: CollectiveOperator,
                      name: str | None) -> np.ndarray:
     """cross_replica_sum/_mean: their plan when the call is a common one, else
     :func:`_all_reduce`."""
-    if type(x) is np.ndarray and replica_group_size is None and group is None \
-            and name is None:
-        plan = _planned((what, x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
-        return _all_reduce(what, x, operator, None, None, None, (what,))
-    return _all_reduce(what, x, operator, replica_group_size, group, name)
+    plan, sole_key = _common(x, replica_group_size, group, name, (what,))
+    if plan is not None:
+        return plan(x)
+    return _all_reduce(what, x, operator, replica_group_size, group, name, sole_key)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -170,13 +169,9 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     Raises:
         The common errors (module docstring).
     """
-    sole_key = None
-    if type(x) is np.ndarray and replication_factor is None and group is None \
-            and name is None:
-        plan = _planned(("all_gather", x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
-        sole_key = ("all_gather",)
+    plan, sole_key = _common(x, replication_factor, group, name, ("all_gather",))
+    if plan is not None:
+        return plan(x)
     g = _group("replication_factor", replication_factor, group)
     spec = ("all_gather",)
     if _is_nest(x):
@@ -210,13 +205,10 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     Raises:
         CollectiveArgumentError (ValueError): ``x`` is not rank 1; and the common errors.
     """
-    sole_key = None
-    if type(x) is np.ndarray and replication_factor is None and group is None \
-            and name is None and isinstance(op, (str, CollectiveOperator)):
-        sole_key = ("reduce_scatter", op)
-        plan = _planned((*sole_key, x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
+    plan, sole_key = _common(x, replication_factor, group, name,
+                             ("reduce_scatter", op) if _plain_operator(op) else None)
+    if plan is not None:
+        return plan(x)
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
     spec = ("reduce_scatter", operator)
@@ -261,14 +253,12 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
         CollectiveArgumentError (ValueError): a dimension out of range, or the split
             dimension not divisible by k; and the common errors.
     """
-    sole_key = None
-    if type(x) is np.ndarray and replication_factor is None and group is None \
-            and name is None and type(split_dimension) is int \
-            and type(concat_dimension) is int:
-        sole_key = ("all_to_all", split_dimension, concat_dimension)
-        plan = _planned((*sole_key, x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
+    plan, sole_key = _common(
+        x, replication_factor, group, name,
+        ("all_to_all", split_dimension, concat_dimension)
+        if type(split_dimension) is int and type(concat_dimension) is int else None)
+    if plan is not None:
+        return plan(x)
     g = _group("replication_factor", replication_factor, group)
     ctx = require_replica_context("all_to_all")
     k = len(_members("all_to_all", g, ctx.num_replicas)[0])
@@ -321,13 +311,10 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         CollectiveArgumentError (ValueError): ``root_replica`` not in ``[0, k)``; and the
             common errors.
     """
-    sole_key = None
-    if type(x) is np.ndarray and group is None and name is None \
-            and type(root_replica) is int:
-        sole_key = ("broadcast", root_replica)
-        plan = _planned((*sole_key, x.dtype, x.shape))
-        if plan is not None:
-            return plan(x)
+    plan, sole_key = _common(x, None, group, name, ("broadcast", root_replica)
+                             if type(root_replica) is int else None)
+    if plan is not None:
+        return plan(x)
     g = _group("replica_group_size", None, group)
     ctx = require_replica_context("broadcast")
     k = len(_members("broadcast", g, ctx.num_replicas)[0])
