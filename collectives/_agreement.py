@@ -3,8 +3,8 @@
 :class:`Agreement` agrees on a call's descriptor before any data moves
 (:meth:`Agreement.exchange_descriptors`: a fingerprint round, whole descriptors only when the
 fingerprints differ, compared by :meth:`Agreement.check_descriptors`), names the instances
-that have not arrived (:meth:`Agreement.arrival_patience`), and compares the descriptors of
-the local replicas of one call (:meth:`Agreement.check_local`).
+that have not arrived (:meth:`Agreement.arrival_patience`, :class:`Arrival`), and compares
+the descriptors of the local replicas of one call (:meth:`Agreement.check_local`).
 """
 
 from __future__ import annotations
@@ -43,19 +43,20 @@ def _other_instances() -> str:
     return "the other instances"
 
 
-class _Arrival:
+class Arrival:
     """The text of an agreement's wait, ``"cross_replica_sum #3 on instance 0 (replica
-    0)"``, made when first shown (most waits end without one)."""
+    0)"``, made when first shown (most waits end without one). ``seq``: the call's number
+    (a plan's arrival is reused from call to call: the caller sets it)."""
 
-    __slots__ = ("_agreement", "_desc", "_seq")
+    __slots__ = ("_agreement", "_desc", "seq")
 
     def __init__(self, agreement: "Agreement", desc: Descriptor, seq: int):
-        self._agreement, self._desc, self._seq = agreement, desc, seq
+        self._agreement, self._desc, self.seq = agreement, desc, seq
 
     def __str__(self) -> str:
         desc, agreement = self._desc, self._agreement
-        if desc.seq != self._seq:
-            desc = desc.with_seq(self._seq)
+        if desc.seq != self.seq:
+            desc = desc.with_seq(self.seq)
         return f"{desc.label()} on {agreement.instance_name(agreement.transport.process_index)}"
 
     def __format__(self, spec: str) -> str:
@@ -81,6 +82,7 @@ class Agreement:
         #: every instance of the job, increasing (the members of every agreement)
         self.everyone = tuple(range(transport.process_count))
         self._comm = None  # the communicator of everyone, at the first agreement
+        self._single = transport.process_count == 1
 
     def instance_name(self, i: int) -> str:
         """``"instance 1 (replicas 2..3)"``."""
@@ -127,36 +129,60 @@ class Agreement:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
             return None
-        comm = self._comm
-        if comm is None:
-            comm = self._comm = self.transport.communicator(self.everyone)
         if seq is None:
             seq = desc.seq
         elif seq != desc.seq and fingerprint is None:
             desc = desc.with_seq(seq)
-        patience = self.arrival_patience(desc, seq)
+        patience = self.arrival_patience(Arrival(self, desc, seq))
         # the common case, every instance agrees: one small all-gather or reduction of a
         # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
         # name a difference (every instance sees the same answer, so every one takes the
         # same path)
-        agreed, blocks = comm.agree_gather(
+        agreed, blocks = (self._comm or self._everyone()).agree_gather(
             desc.fingerprint() if fingerprint is None else fingerprint, payload, patience)
         if agreed:
             if desc.error:  # every instance failed alike
                 raise CollectiveMismatchError(desc.error)
             return blocks
-        if seq != desc.seq:
-            desc = desc.with_seq(seq)
-        mine = desc.encode()
-        gathered = comm.allgather(mine, patience)
-        self.check_descriptors(desc, mine, gathered)
+        self._disagree(desc if seq == desc.seq else desc.with_seq(seq), patience)
         return None
 
-    def arrival_patience(self, desc: Descriptor, seq: int | None = None) -> Patience:
-        """The wait for the other instances' descriptors (of call number ``seq``, default
-        ``desc.seq``): names those not arrived."""
-        return Patience(_Arrival(self, desc, desc.seq if seq is None else seq), self.options,
-                        _other_instances, name_absent=self._instance_names)
+    def agree_gather(self, desc: Descriptor, seq: int, fingerprint: int,
+                     payload: np.ndarray | None, patience: Patience
+                     ) -> list[np.ndarray] | None:
+        """:meth:`exchange` of call number ``seq`` of ``desc`` (a descriptor without an
+        error, ``seq`` 0) whose ``fingerprint`` and ``patience`` the caller has (the path
+        of :class:`~collectives._sole.SolePlan`, on every call).
+
+        Raises:
+            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
+        """
+        if self._single:
+            return None
+        agreed, blocks = (self._comm or self._everyone()).agree_gather(fingerprint, payload,
+                                                                        patience)
+        if agreed:
+            return blocks
+        self._disagree(desc.with_seq(seq), patience)
+        return None
+
+    def _everyone(self):
+        """The communicator of every instance (made at the first agreement)."""
+        self._comm = self.transport.communicator(self.everyone)
+        return self._comm
+
+    def _disagree(self, desc: Descriptor, patience: Patience) -> None:
+        """The fingerprints differ: every instance all-gathers its whole descriptor and
+        raises the difference (:meth:`check_descriptors`)."""
+        mine = desc.encode()
+        gathered = self._comm.allgather(mine, patience)
+        self.check_descriptors(desc, mine, gathered)
+
+    def arrival_patience(self, arrival: Arrival) -> Patience:
+        """The wait for the other instances' descriptors (``arrival``: the call waited
+        for): names those not arrived."""
+        return Patience(arrival, self.options, _other_instances,
+                        name_absent=self._instance_names)
 
     def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
                           gathered: np.ndarray) -> None:

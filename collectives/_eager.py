@@ -44,8 +44,7 @@ __all__ = ["Eager", "algorithm"]
 
 def _flat(x: np.ndarray) -> np.ndarray:
     """``x``'s bytes as a 1-D ``uint8`` array (no copy when ``x`` is contiguous)."""
-    x = np.ascontiguousarray(x)
-    return (x if x.ndim == 1 else x.reshape(-1)).view(np.uint8)
+    return x.reshape(-1).view(np.uint8)  # (reshape copies a non-contiguous x)
 
 
 class Eager:
@@ -88,6 +87,14 @@ class Eager:
         in instance order; views of a buffer the next call reuses: never returned)."""
         raise NotImplementedError
 
+    def sole_payload(self, engine, value: np.ndarray) -> np.ndarray:
+        """:meth:`payload` of an instance with one local replica (``value``: its input)."""
+        return self.payload(engine, (value,))
+
+    def sole_result(self, engine, value: np.ndarray, blocks: Sequence[np.ndarray]):
+        """:meth:`results` of an instance with one local replica: its result."""
+        return self.results(engine, (value,), blocks)[0]
+
     @staticmethod
     def _give(engine, value: np.ndarray, values: Sequence[np.ndarray]) -> list:
         """``value`` for every local replica (each its own array)."""
@@ -104,13 +111,25 @@ class _Reduction(Eager):
     """An eager reduction with ``op``: every instance sends its partial (its local
     replicas' tree), and the instances' partials combine in instance order."""
 
-    __slots__ = ("op", "_combine", "_direct")
+    __slots__ = ("op", "_combine", "_direct", "_typed")
 
     def __init__(self, op: CollectiveOperator, group: CommGroup):
         super().__init__(group)
         self.op = op
         self._combine = lambda a, b, out: combine_into(op, a, b, out)
         self._direct: dict = {}  # dtype -> operators.direct_ufunc (False: none)
+        self._typed: tuple = ((), None, 0, 0, [])  # the last _typed_blocks: key, views
+
+    def _typed_blocks(self, blocks: Sequence[np.ndarray], dtype: np.dtype, lo: int,
+                      hi: int) -> list:
+        """Elements ``[lo, hi)`` of ``blocks`` viewed as ``dtype``: made again only when the
+        transport hands other blocks (the MPI agreement hands the same views from call to
+        call, :class:`~collectives.transports.mpi_agreement.Rounds`) or the call differs."""
+        last, last_dtype, last_lo, last_hi, typed = self._typed
+        if last is not blocks or last_dtype is not dtype or last_lo != lo or last_hi != hi:
+            typed = [b.view(dtype)[lo:hi] for b in blocks]
+            self._typed = (blocks, dtype, lo, hi, typed)
+        return typed
 
     def _partial(self, engine, values: Sequence[np.ndarray]) -> np.ndarray:
         """This instance's partial (``prepare`` applied)."""
@@ -120,18 +139,20 @@ class _Reduction(Eager):
                         engine.replica_index_offset + len(values))
         return algorithms.local_partial(engine, values, members, self.op)
 
-    def _reduce(self, partials: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
-        """The tree of the instances' ``partials`` (1-D, in instance order), into ``out``
-        where it can be written (returns the result)."""
+    def _reduce(self, partials: Sequence[np.ndarray]) -> np.ndarray:
+        """The tree of the instances' ``partials`` (1-D, of one dtype and size, in instance
+        order), as a new array."""
+        dtype = partials[0].dtype
         if len(partials) != 2:
-            return tree_reduce(partials, self._combine, out=out)
-        # the tree of two: one combine, by the ufunc itself when it writes into out
-        ufunc = self._direct.get(out.dtype)
+            return tree_reduce(partials, self._combine, out=np.empty(partials[0].size, dtype))
+        # the tree of two: one combine, by the ufunc itself (its new array) when it can
+        ufunc = self._direct.get(dtype)
         if ufunc is None:
-            ufunc = self._direct[out.dtype] = direct_ufunc(self.op, out.dtype) or False
+            ufunc = self._direct[dtype] = direct_ufunc(self.op, dtype) or False
         if ufunc:
-            return ufunc(partials[0], partials[1], out=out)
-        return combine_into(self.op, partials[0], partials[1], out)
+            return ufunc(partials[0], partials[1])
+        return combine_into(self.op, partials[0], partials[1],
+                            np.empty(partials[0].size, dtype))
 
 
 class AllReduce(_Reduction):
@@ -148,15 +169,19 @@ class AllReduce(_Reduction):
     def payload(self, engine, values):
         return _flat(self._partial(engine, values))
 
+    def sole_payload(self, engine, value):
+        return _flat(value if self.op is not CollectiveOperator.SQUARE_ADD
+                     else prepare(self.op, value))
+
     def results(self, engine, values, blocks):
-        value = values[0]
+        return self._give(engine, self.sole_result(engine, values[0], blocks), values)
+
+    def sole_result(self, engine, value, blocks):
         dtype = value.dtype
-        total = self._reduce([b.view(dtype) for b in blocks], np.empty(value.size, dtype))
+        total = self._reduce(self._typed_blocks(blocks, dtype, 0, value.size))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, engine.num_replicas)
-        if value.ndim != 1:
-            total = total.reshape(value.shape)
-        return self._give(engine, total, values)
+        return total if value.ndim == 1 else total.reshape(value.shape)
 
 
 class ReduceScatter(_Reduction):
@@ -189,7 +214,7 @@ class ReduceScatter(_Reduction):
         c = -(-values[0].shape[0] // k)
         lo = engine.replica_index_offset * c
         hi = lo + len(values) * c  # this instance's chunks: consecutive positions
-        total = self._reduce([b.view(dtype)[lo:hi] for b in blocks], np.empty(hi - lo, dtype))
+        total = self._reduce(self._typed_blocks(blocks, dtype, lo, hi))
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, k)
         if len(values) == 1:
@@ -207,13 +232,11 @@ class AllGather(Eager):
         return movement.all_gather(engine, desc, values, self.group)
 
     def results(self, engine, values, blocks):
-        value = values[0]
-        out = np.empty((engine.num_replicas, *value.shape), value.dtype)
-        flat, at = out.reshape(-1).view(np.uint8), 0
-        for b in blocks:
-            flat[at:at + b.size] = b
-            at += b.size
-        return self._give(engine, out, values)
+        return self._give(engine, self.sole_result(engine, values[0], blocks), values)
+
+    def sole_result(self, engine, value, blocks):
+        return np.concatenate(blocks).view(value.dtype).reshape(
+            (engine.num_replicas, *value.shape))
 
 
 class AllToAll(Eager):

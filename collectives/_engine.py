@@ -11,9 +11,9 @@ result. Only the leader touches the transport, one call at a time.
 A small call whose group is every replica moves its data *in* its agreement
 (:mod:`collectives._eager`): one exchange instead of an agreement round and the
 algorithm's rounds, with bit-identical results. An instance with one local replica (the
-common case under MPI) skips the rendezvous and keeps a :class:`_Plan` per call signature,
-so a call does only what its number changes: the agreement's fingerprint, the data, the
-records.
+common case under MPI) skips the rendezvous and keeps a plan per call signature
+(:class:`collectives._sole.SolePlan`), so a call does only what its number changes: the
+agreement's fingerprint, the data, the records.
 
 Divergent control flow is caught three ways:
 
@@ -44,8 +44,9 @@ from collectives._eager import Eager
 from collectives._fusion import FusionLimits
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
+from collectives._sole import SolePlan
 from collectives._accounting import CountingCommunicator, Ledger
-from collectives.descriptor import Descriptor, seq_fingerprint
+from collectives.descriptor import Descriptor
 from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                 TransportError)
 from collectives.gcl_options import GCLOptions
@@ -81,22 +82,6 @@ class _Transfer:
 _MAX_PLANS = 4096
 
 
-class _Plan:
-    """What every call of one signature needs, made at its first call: the descriptor
-    (``seq`` 0) and algorithm it was made for, whether it is eager, the descriptor's
-    fingerprint at ``seq`` 0, and its accounting signature."""
-
-    __slots__ = ("desc", "algorithm", "eager", "fingerprint", "signature")
-
-    def __init__(self, desc: Descriptor, algorithm: Algorithm, eager: bool,
-                 fingerprint: int, signature):
-        self.desc = desc
-        self.algorithm = algorithm
-        self.eager = eager
-        self.fingerprint = fingerprint
-        self.signature = signature
-
-
 class CollectiveEngine:
     """Runs collectives for the replicas of one instance.
 
@@ -113,6 +98,9 @@ class CollectiveEngine:
     Attributes:
         ledger: the records of this engine's calls.
         agreement: the descriptor agreement between instances.
+        rendezvous: the local replicas' rendezvous (call numbers; the failure that made the
+            engine unusable).
+        recorder: puts every call in the ledger.
         routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
         eager_calls: calls whose data moved in their agreement (:mod:`collectives._eager`).
     """
@@ -132,15 +120,15 @@ class CollectiveEngine:
         self.ledger = Ledger()
         self.agreement = Agreement(transport, options, num_local_replicas,
                                    replica_index_offset)
-        self._rendezvous = Rendezvous(num_local_replicas, replica_index_offset, options)
+        self.rendezvous = Rendezvous(num_local_replicas, replica_index_offset, options)
         self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
-        self._recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica,
+        self.recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica,
                                       self._comms)
         self._finished = False
         self._scratch = np.empty(0, np.uint8)
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[int, SolePlan] = {}
         self.eager_calls = 0
         self.routes: dict = {}
 
@@ -157,8 +145,8 @@ class CollectiveEngine:
         ``desc.seq`` is filled in here. Raises the collective's error on every replica.
         """
         if self.num_local_replicas == 1:
-            return self._sole_replica_call(desc, value, algorithm, group)
-        rendezvous = self._rendezvous
+            return self.sole_plan(desc, algorithm, value, group)(value)
+        rendezvous = self.rendezvous
         slot, seq, leader = rendezvous.arrive(local_index, desc, value, algorithm, group)
         if leader:
             self._lead(slot)
@@ -169,89 +157,56 @@ class CollectiveEngine:
             raise slot.error
         return slot.results[local_index]
 
-    def _sole_replica_call(self, desc: Descriptor, value: Any, algorithm: Algorithm,
-                           group: CommGroup | None) -> Any:
-        """:meth:`replica_call` of an instance with one local replica: it leads at once
-        (no rendezvous, nobody to wait for; the replica's thread alone counts its calls,
-        so no lock). What the call's signature fixes comes from its :class:`_Plan`."""
-        rendezvous = self._rendezvous
-        if rendezvous.failure is not None:
-            rendezvous.raise_if_failed()
-        seq = rendezvous.seq[0]
-        rendezvous.seq[0] = seq + 1
+    def sole_plan(self, desc: Descriptor, algorithm: Algorithm, value: Any,
+                  group: CommGroup | None) -> SolePlan:
+        """The :class:`~collectives._sole.SolePlan` that runs the calls of ``desc`` (a
+        descriptor the caller reuses for every call of its signature, ``seq`` 0) with
+        ``algorithm`` on an instance with one local replica; made at the first call."""
         plan = self._plans.get(id(desc))
         if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
-            plan = self._plan(desc, value, algorithm, group)
-        try:
-            return self._run_plan(plan, seq, value)
-        except (CollectiveTimeoutError, TransportError) as exc:
-            self.abort(exc)  # requests may still be pending: the engine is unusable
-            raise
-
-    def _plan(self, desc: Descriptor, value: Any, algorithm: Algorithm,
-              group: CommGroup | None) -> "_Plan":
-        """The :class:`_Plan` of ``desc`` (a descriptor the caller reuses for every call of
-        its signature, ``seq`` 0) with ``algorithm``; kept by the descriptor's id."""
-        value = np.asarray(value)
-        eager = self._is_eager(desc, algorithm, value)
-        signature = self._recorder.signature(desc, value.nbytes, group)
-        plan = _Plan(desc, algorithm, eager, desc.fingerprint(), signature)
-        if len(self._plans) >= _MAX_PLANS:
-            self._plans.clear()
-        self._plans[id(desc)] = plan
+            plan = SolePlan(self, desc, algorithm, value, group)
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[id(desc)] = plan
         return plan
 
-    def _is_eager(self, desc: Descriptor, algorithm: Algorithm, value: np.ndarray) -> bool:
+    def forget_plans(self) -> None:
+        """Make every call's plan anew at its next call (e.g. after a change of
+        ``EAGER_MAX_BYTES``); the plans kept elsewhere stop being used (``live``)."""
+        for plan in self._plans.values():
+            plan.live = False
+        self._plans.clear()
+
+    def is_eager(self, desc: Descriptor, algorithm: Algorithm, value: np.ndarray) -> bool:
         """Whether the call moves its data in its agreement (:mod:`collectives._eager`):
         an eager algorithm, no error to share, a small payload (``value``: one local
         replica's input)."""
         return (isinstance(algorithm, Eager) and not desc.error
                 and algorithm.payload_bytes(self, value) is not None)
 
-    def _run_plan(self, plan: "_Plan", seq: int, value: np.ndarray) -> Any:
-        """Call number ``seq`` of ``plan`` by a sole local replica: its agreement, with its
-        data when it is eager (:mod:`collectives._eager`), else followed by its
-        algorithm."""
-        start = time.perf_counter()
-        algorithm, values, recorder = plan.algorithm, (value,), self._recorder
-        payload = algorithm.payload(self, values) if plan.eager else None
-        blocks = self.agreement.exchange(plan.desc, payload, seq,
-                                         seq_fingerprint(plan.fingerprint, seq))
-        if blocks is None:  # (large, or a transport that does not carry payloads)
-            sent = recorder.bytes_sent()
-            result = algorithm(self, plan.desc.with_seq(seq), values)[0]
-            sent = recorder.bytes_sent() - sent
-        else:
-            result = algorithm.results(self, values, blocks)[0]
-            sent = payload.nbytes * (len(blocks) - 1)
-            self.eager_calls += 1
-        recorder.record_signed(plan.signature, sent, time.perf_counter() - start,
-                               plan.desc.op)
-        return result
-
     def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
         """A collective issued by the instance's host code (outside replica functions), with
         one value per local replica. Host calls have their own sequence numbers."""
-        seq = self._rendezvous.next_host_seq()
+        seq = self.rendezvous.next_host_seq()
         desc = replace(desc, seq=seq, op=f"host {desc.op}")
         return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
 
     def run_started(self) -> None:
         """The local replicas are about to run a function (``strategy.run``); called before
         any of them starts."""
-        self._rendezvous.run_started()
+        self.rendezvous.run_started()
 
     def replica_finished(self, local_index: int) -> None:
         """Local replica ``local_index`` returned from its function: it calls no more
         collectives in this run, so replicas waiting for it are told (divergence)."""
-        self._rendezvous.replica_finished(local_index)
+        self.rendezvous.replica_finished(local_index)
 
     def abort(self, cause: BaseException) -> None:
         """A local replica failed, or a wait timed out: wake every waiting replica with an
         error, and tell the other instances (``Transport.abandon``: they raise instead of
         waiting for this one)."""
-        first = self._rendezvous.failure is None
-        self._rendezvous.abort(cause)
+        first = self.rendezvous.failure is None
+        self.rendezvous.abort(cause)
         if first:
             self.transport.abandon(f"{type(cause).__name__}: {cause}")
 
@@ -262,7 +217,7 @@ class CollectiveEngine:
         Raises:
             CollectiveMismatchError: another instance is still calling collectives.
         """
-        rendezvous = self._rendezvous
+        rendezvous = self.rendezvous
         with rendezvous.cond:
             if self._finished or rendezvous.failure is not None:
                 return
@@ -330,7 +285,7 @@ class CollectiveEngine:
             slot.error = exc
             if isinstance(exc, (CollectiveTimeoutError, TransportError)):
                 self.abort(exc)  # requests may still be pending: the engine is unusable
-        self._rendezvous.done(slot)
+        self.rendezvous.done(slot)
 
     def _lead_error(self, slot: Slot, desc: Descriptor, message: str) -> None:
         """Share ``message`` with the other instances (they raise it too), then raise it
@@ -342,7 +297,7 @@ class CollectiveEngine:
             error = exc
         slot.error = error
         self.abort(error)
-        self._rendezvous.done(slot)
+        self.rendezvous.done(slot)
 
     def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
                  algorithm: Algorithm, group: CommGroup | None) -> list:
@@ -350,8 +305,8 @@ class CollectiveEngine:
         desc = descs[0] if len(descs) == 1 else self.agreement.check_local(descs)
         value = values[0]  # (its size is the call's, on every replica)
         nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
-        recorder = self._recorder
-        payload = algorithm.payload(self, values) if self._is_eager(desc, algorithm, value) \
+        recorder = self.recorder
+        payload = algorithm.payload(self, values) if self.is_eager(desc, algorithm, value) \
             else None
         sent = -recorder.bytes_sent()
         blocks = self.agreement.exchange(desc, payload)

@@ -34,157 +34,25 @@ from __future__ import annotations
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives import _eager
-from collectives import _fusion
-from collectives import _nest
-from collectives.descriptor import Descriptor
-from collectives.errors import CollectiveArgumentError, CollectiveTypeError
+from collectives._arguments import SUPPORTED_DTYPES, as_collective_array  # noqa: F401 (re-exported)
+from collectives._arguments import group_of as _group
+from collectives._arguments import members_of as _members
+from collectives._arguments import operator_of as _operator
+from collectives._dispatch import call as _call
+from collectives._dispatch import call_nest as _call_nest
+from collectives._dispatch import is_nest as _is_nest
+from collectives._dispatch import common as _common
+from collectives.errors import CollectiveArgumentError
 from collectives.groups import CommGroup, consecutive
-from collectives.operators import CollectiveOperator, parse_operator
-from collectives._runtime import get_engine
+from collectives.operators import CollectiveOperator
 
-#: dtypes the collectives accept; bool only with the logical operators (and LOCAL).
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
-                         ("float16", "float32", "float64", "int32", "int64", "bool"))
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # (a hash look-up: runs on every call)
-_BOOL_OK = (CollectiveOperator.LOGICAL_AND, CollectiveOperator.LOGICAL_OR,
-            CollectiveOperator.LOCAL)
-
-
-def as_collective_array(x, what: str, op: CollectiveOperator | None = None) -> np.ndarray:
-    """``x`` as a numpy array of a supported dtype.
-
-    Raises:
-        CollectiveTypeError: the dtype is not supported (names it), or bool with an
-            arithmetic operator.
-    """
-    try:
-        arr = np.asarray(x)
-    except (TypeError, ValueError) as exc:  # e.g. ragged nested sequences
-        raise CollectiveTypeError(f"{what}: cannot make an array of {type(x).__name__}: "
-                                  f"{exc}") from None
-    if arr.dtype not in _SUPPORTED:
-        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise CollectiveTypeError(f"{what}: dtype {arr.dtype} is not supported; "
-                                  f"use one of {names}")
-    if op is not None and arr.dtype.kind == "b" and op not in _BOOL_OK:
-        raise CollectiveTypeError(f"{what}: dtype bool needs COLLECTIVE_OP_LOGICAL_AND or "
-                                  f"_OR, not {op.value}")
-    return arr
-
-
-def _group(size_name: str, size: int | None, group: CommGroup | None) -> CommGroup:
-    if group is not None:
-        if size is not None:
-            raise CollectiveArgumentError(f"give either {size_name} or group, not both")
-        if not isinstance(group, CommGroup):
-            raise CollectiveTypeError(f"group must be a CommGroup, not "
-                                      f"{type(group).__name__} {group!r}")
-        return group
-    try:
-        return consecutive(size)
-    except ValueError as exc:
-        raise CollectiveArgumentError(str(exc).replace("replica_group_size", size_name)) \
-            from None
-
-
-def _operator(what: str, op) -> CollectiveOperator:
-    try:
-        return parse_operator(op)
-    except ValueError as exc:
-        raise CollectiveArgumentError(f"{what}: {exc}") from None
-
-
-def _members(what: str, group: CommGroup, num_replicas: int):
-    try:
-        return group.members(num_replicas)
-    except ValueError as exc:
-        raise CollectiveArgumentError(f"{what}: {exc}") from None
-
-
-#: descriptors (sequence number 0) and algorithm objects by call signature and replica
-#: count: built (and validated) once; the engine keeps what it needs per descriptor
-_descriptors: dict[tuple, tuple[Descriptor, _eager.Eager]] = {}
-
-
-def _descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
-                group: CommGroup, name: str | None, params: tuple[str, ...],
-                num_replicas: int, spec: tuple) -> tuple[Descriptor, _eager.Eager]:
-    """The call's descriptor and its algorithm (``_eager.algorithm(spec[0], group,
-    *spec[1:])``; the key's fields determine the spec)."""
-    key = (what, operator, dtype, shape, group, name, params, num_replicas)
-    found = _descriptors.get(key)
-    if found is None:
-        _members(what, group, num_replicas)  # (a signature seen before has passed)
-        desc = Descriptor(seq=0, op=what, operator=operator, dtype=dtype.name,
-                          shape=tuple(shape), group=str(group), name=name or "",
-                          params=params)
-        if len(_descriptors) >= 4096:
-            _descriptors.clear()
-        found = _descriptors[key] = (desc, _eager.algorithm(spec[0], group, *spec[1:]))
-    return found
-
-
-def _call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: tuple,
-          operator: str = "", params: tuple[str, ...] = ()) -> np.ndarray:
-    ctx = require_replica_context(what)
-    desc, algorithm = _descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
-                                  ctx.num_replicas, spec)
-    return get_engine().replica_call(ctx.local_index, desc, arr, algorithm, group)
-
-
-#: the containers of a nest
-_NESTS = (list, tuple, dict)
 #: the group of a call without a group argument
 _ALL = consecutive(None)
 
 
-def _is_nest(x) -> bool:
-    return isinstance(x, _NESTS)
-
-
-def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
-    """The arrays of nest ``x``, each through ``check(leaf) -> ndarray``, and the function
-    that rebuilds the structure. An error of ``check`` names the array's place in ``x``."""
-    leaves, rebuild = _nest.flatten(x)
-    arrays = []
-    for i, leaf in enumerate(leaves):
-        try:
-            arrays.append(check(leaf))
-        except (TypeError, ValueError) as exc:
-            where = f"{what}: x{_nest.leaf_paths(x)[i]}"
-            message = str(exc)
-            message = (where + message[len(what):] if message.startswith(what)
-                       else f"{where}: {message}")
-            raise type(exc)(message) from None
-    return arrays, rebuild
-
-
-def _call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, layout: str,
-               check, operator: str = "", params: tuple[str, ...] = (),
-               split_dimension: int = 0, concat_dimension: int = 0):
-    """A collective on a nest: every array checked first (nothing is exchanged when one
-    fails), then one engine call per fused buffer (:mod:`collectives._fusion`)."""
-    ctx = require_replica_context(what)
-    arrays, rebuild = _leaves(what, x, check)
-    if not arrays:
-        return rebuild([])
-    k = len(_members(what, group, ctx.num_replicas)[0])
-    engine = get_engine()
-    plan = _fusion.plan(tuple((a.dtype, a.shape) for a in arrays), layout, k,
-                        engine.fusion.for_layout(layout))
-    results: list = [None] * len(arrays)
-    count = len(plan.buckets)
-    for j, bucket in enumerate(plan.buckets):
-        desc, algorithm = _descriptor(
-            what, operator, bucket.dtype, (bucket.length,), group, name,
-            params + (f"nest {plan.fingerprint} {j + 1}/{count}",), ctx.num_replicas, spec)
-        fused = _fusion.pack(bucket, arrays, layout, k, split_dimension)
-        out = engine.replica_call(ctx.local_index, desc, fused, algorithm, group)
-        for i, result in zip(bucket.indices, _fusion.unpack(
-                bucket, out, layout, k, concat_dimension, split_dimension)):
-            results[i] = result
-    return rebuild(results)
+def _plain_operator(op) -> bool:
+    """Whether ``op`` can key a common call (an operator or its name: hashable)."""
+    return isinstance(op, (str, CollectiveOperator))
 
 
 def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | None = None,
@@ -213,22 +81,40 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
         CollectiveArgumentError (ValueError): an unknown operator (names the known ones);
             and the common errors (module docstring).
     """
+    plan, sole_key = _common(x, replica_group_size, group, name,
+                             ("cross_replica_reduce", op) if _plain_operator(op) else None)
+    if plan is not None:
+        return plan(x)
     operator = _operator("cross_replica_reduce", op)
-    return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name)
+    return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name,
+                       sole_key)
 
 
 def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
-                group: CommGroup | None, name: str | None) -> np.ndarray:
+                group: CommGroup | None, name: str | None,
+                sole_key: tuple | None = None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
     g = (_ALL if replica_group_size is None and group is None
          else _group("replica_group_size", replica_group_size, group))
     spec = ("allreduce", operator)
-    if isinstance(x, _NESTS):
+    if _is_nest(x):
         return _call_nest(what, x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)
     arr = as_collective_array(x, what, operator)
-    return _call(what, arr, g, name, spec, operator._value_)  # (.value runs Python)
+    return _call(what, arr, g, name, spec, operator._value_,  # (.value runs Python)
+                 sole_key=sole_key)
+
+
+def _sole_all_reduce(what: str, x, operator: CollectiveOperator,
+                     replica_group_size: int | None, group: CommGroup | None,
+                     name: str | None) -> np.ndarray:
+    """cross_replica_sum/_mean: their plan when the call is a common one, else
+    :func:`_all_reduce`."""
+    plan, sole_key = _common(x, replica_group_size, group, name, (what,))
+    if plan is not None:
+        return plan(x)
+    return _all_reduce(what, x, operator, replica_group_size, group, name, sole_key)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -249,8 +135,8 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     Raises:
         The common errors (module docstring).
     """
-    return _all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
-                       group, name)
+    return _sole_all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
+                            group, name)
 
 
 def cross_replica_mean(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -261,8 +147,8 @@ def cross_replica_mean(x, replica_group_size: int | None = None, name: str | Non
     Same arguments, result and errors as :func:`cross_replica_sum`; integer inputs use floor
     division.
     """
-    return _all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
-                       group, name)
+    return _sole_all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
+                            group, name)
 
 
 def all_gather(x, replication_factor: int | None = None, name: str | None = None, *,
@@ -283,13 +169,16 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     Raises:
         The common errors (module docstring).
     """
+    plan, sole_key = _common(x, replication_factor, group, name, ("all_gather",))
+    if plan is not None:
+        return plan(x)
     g = _group("replication_factor", replication_factor, group)
     spec = ("all_gather",)
     if _is_nest(x):
         return _call_nest("all_gather", x, g, name, spec, "all_gather",
                           lambda leaf: as_collective_array(leaf, "all_gather"))
     arr = as_collective_array(x, "all_gather")
-    return _call("all_gather", arr, g, name, spec)
+    return _call("all_gather", arr, g, name, spec, sole_key=sole_key)
 
 
 def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_ADD",
@@ -316,6 +205,10 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     Raises:
         CollectiveArgumentError (ValueError): ``x`` is not rank 1; and the common errors.
     """
+    plan, sole_key = _common(x, replication_factor, group, name,
+                             ("reduce_scatter", op) if _plain_operator(op) else None)
+    if plan is not None:
+        return plan(x)
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
     spec = ("reduce_scatter", operator)
@@ -330,7 +223,8 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     if _is_nest(x):
         return _call_nest("reduce_scatter", x, g, name, spec, "reduce_scatter", check,
                           operator.value)
-    return _call("reduce_scatter", check(x), g, name, spec, operator._value_)
+    return _call("reduce_scatter", check(x), g, name, spec, operator._value_,
+                 sole_key=sole_key)
 
 
 def all_to_all(x, split_dimension: int, concat_dimension: int,
@@ -359,6 +253,12 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
         CollectiveArgumentError (ValueError): a dimension out of range, or the split
             dimension not divisible by k; and the common errors.
     """
+    plan, sole_key = _common(
+        x, replication_factor, group, name,
+        ("all_to_all", split_dimension, concat_dimension)
+        if type(split_dimension) is int and type(concat_dimension) is int else None)
+    if plan is not None:
+        return plan(x)
     g = _group("replication_factor", replication_factor, group)
     ctx = require_replica_context("all_to_all")
     k = len(_members("all_to_all", g, ctx.num_replicas)[0])
@@ -387,7 +287,8 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
     arr = check(x)
     return _call("all_to_all", arr, g, name,
                  ("all_to_all", int(split_dimension), int(concat_dimension)),
-                 params=(str(int(split_dimension)), str(int(concat_dimension))))
+                 params=(str(int(split_dimension)), str(int(concat_dimension))),
+                 sole_key=sole_key)
 
 
 def broadcast(x, root_replica: int = 0, name: str | None = None, *,
@@ -410,6 +311,10 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         CollectiveArgumentError (ValueError): ``root_replica`` not in ``[0, k)``; and the
             common errors.
     """
+    plan, sole_key = _common(x, None, group, name, ("broadcast", root_replica)
+                             if type(root_replica) is int else None)
+    if plan is not None:
+        return plan(x)
     g = _group("replica_group_size", None, group)
     ctx = require_replica_context("broadcast")
     k = len(_members("broadcast", g, ctx.num_replicas)[0])
@@ -423,7 +328,7 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         return _call_nest("broadcast", x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, "broadcast"), params=params)
     arr = as_collective_array(x, "broadcast")
-    return _call("broadcast", arr, g, name, spec, params=params)
+    return _call("broadcast", arr, g, name, spec, params=params, sole_key=sole_key)
 
 
 def replication_index() -> np.int32:

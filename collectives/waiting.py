@@ -71,6 +71,16 @@ class Patience:
         self._polls = 0
         self._overlap: Callable[[], None] | None = None
 
+    def restart(self) -> None:
+        """Make this a new wait (a plan reuses its patience from call to call: cheaper than
+        a new one)."""
+        self.absent = None
+        self.start = None
+        self._warned = False
+        self._sleep = 0.00005
+        self._polls = 0
+        self._overlap = None
+
     def elapsed(self) -> float:
         """Seconds since the wait first looked at the clock (its first backoff)."""
         now = time.monotonic()

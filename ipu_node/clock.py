@@ -134,7 +134,18 @@ class Timeline:
         self.ipu_id = ipu_id
         self.now_s = 0.0
         self._events: list[Event] = []
+        # the one-IPU collective charges not yet made Events, (start_s, duration_s, label),
+        # after every event of _events (charge_collective: a plain tuple is cheaper to make
+        # on every collective call; readers make the Events, _fold)
+        self._charged: list[tuple[float, float, str]] = []
         self._lock = threading.Lock()
+
+    def _fold(self) -> None:
+        """Make the pending collective charges Events, in order (under the lock)."""
+        if self._charged:
+            self._events.extend([Event(start, duration, "collective", label)
+                                 for start, duration, label in self._charged])
+            self._charged.clear()
 
     def add(self, kind: str, duration_s: float, label: str, *, start_s: float | None = None,
             stage: int | None = None, micro_batch: int | None = None,
@@ -150,6 +161,7 @@ class Timeline:
         if duration_s < 0:
             raise ValueError(f"duration_s must be >= 0, got {duration_s!r}")
         with self._lock:
+            self._fold()
             start = self.now_s if start_s is None else start_s
             event = Event(start, duration_s, kind, label, stage, micro_batch, peer)
             self._events.append(event)
@@ -161,6 +173,7 @@ class Timeline:
         """Append ready-made events (the caller checked kinds and durations); ``now_s``
         moves to the latest end."""
         with self._lock:
+            self._fold()
             self._events.extend(events)
             end = max(e.start_s + e.duration_s for e in events) if events else self.now_s
             if end > self.now_s:
@@ -175,16 +188,19 @@ class Timeline:
     def events(self) -> list[Event]:
         """A copy of the events, in the order they were added."""
         with self._lock:
+            self._fold()
             return list(self._events)
 
     def busy_s(self, kinds: Iterable[str] = ("compute",)) -> float:
         """Sum of the durations of the events of ``kinds``."""
         kinds = set(kinds)
         with self._lock:
+            self._fold()
             return sum(e.duration_s for e in self._events if e.kind in kinds)
 
     def __repr__(self) -> str:
-        return f"Timeline(ipu {self.ipu_id}, {len(self._events)} events, now {self.now_s:.3e} s)"
+        events = len(self._events) + len(self._charged)
+        return f"Timeline(ipu {self.ipu_id}, {events} events, now {self.now_s:.3e} s)"
 
 
 _lock = threading.Lock()
@@ -247,6 +263,7 @@ def reset_timelines() -> None:
         for t in _timelines.values():
             with t._lock:
                 t._events.clear()
+                t._charged.clear()
                 t.now_s = 0.0
 
 
@@ -267,7 +284,7 @@ def charge_collective(modelled_s: float, label: str) -> None:
     if len(mine) == 1:  # one IPU: nothing to wait for (the common case of one replica)
         t = mine[0]
         with t._lock:
-            t._events.append(Event(t.now_s, modelled_s, "collective", label))
+            t._charged.append((t.now_s, modelled_s, label))  # (an Event when read: _fold)
             t.now_s += modelled_s
         return
     if not mine:
@@ -277,6 +294,7 @@ def charge_collective(modelled_s: float, label: str) -> None:
     end = event.end_s
     for t in mine:
         with t._lock:
+            t._fold()
             if start > t.now_s:
                 t._events.append(Event(t.now_s, start - t.now_s, "sync", "sync"))
             t._events.append(event)

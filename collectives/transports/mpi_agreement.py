@@ -50,6 +50,8 @@ _BLOCK_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
 _NOTICE_POLLS = 3
 #: seconds an agreement waits before its members tell each other who is there
 PRESENCE_AFTER_S = 0.5
+#: the most payload sizes whose agreement layout a communicator keeps (:class:`_Layout`)
+_MAX_LAYOUTS = 64
 
 
 def cancel(request) -> None:
@@ -58,6 +60,37 @@ def cancel(request) -> None:
         request.Cancel()
     except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
         logger.debug("cancelling an MPI request failed", exc_info=True)
+
+
+class _Layout:
+    """The messages of an agreement as learnt from an agreed call in which this member sent
+    ``n`` payload bytes. A later call with ``n`` bytes whose blocks arrive as then (the
+    common case: a program repeats its calls) reuses them: persistent requests on the same
+    buffer regions, and the blocks' views made once.
+
+    Attributes:
+        dest: where this member's payload goes in the send buffer (``uint8[n]``).
+        rounds: per round ``(requests, nbytes, checks, state)``: the persistent receive and
+            send, the bytes the receive got, ``(word, length)`` of every block it got (its
+            header's place in the int64 view, its payload length), and the general loop's
+            state before the round (``starts, lengths, end, dist, tag``), to go on from
+            when a round differs.
+        blocks: every member's payload view, in member order.
+    """
+
+    __slots__ = ("dest", "rounds", "blocks")
+
+    def __init__(self, dest: np.ndarray, rounds: list, blocks: list[np.ndarray]):
+        self.dest, self.rounds, self.blocks = dest, rounds, blocks
+
+    def free(self) -> None:
+        """Free the persistent requests (none may be active)."""
+        for requests, _, _, _ in self.rounds:
+            for request in requests:
+                try:
+                    request.Free()
+                except MPI.Exception:  # the job is ending
+                    logger.debug("freeing a persistent request failed", exc_info=True)
 
 
 class Rounds:
@@ -81,13 +114,14 @@ class Rounds:
         self._presence_request = None
         self._presence_sent: list = []
         self._present: dict[int, int] = {}
+        self._layouts: dict[int, _Layout] = {}  # by this member's payload bytes
 
     def agree_gather(self, comm, fingerprint: int, payload: np.ndarray | None,
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
         """:meth:`Communicator.agree_gather
-        <collectives.transports.base.Communicator.agree_gather>` on the mpi4py ``comm``.
-        Then the notices of peers that gave up are looked at, so a late member never goes
-        on with a call its peer abandoned.
+        <collectives.transports.base.Communicator.agree_gather>` on the mpi4py ``comm``
+        (the same one at every call). Then the notices of peers that gave up are looked at,
+        so a late member never goes on with a call its peer abandoned.
 
         Raises:
             CollectiveTimeoutError: a member did not arrive in time (the others are told).
@@ -97,27 +131,79 @@ class Rounds:
         buf, words = self._buffers or self._allocate()
         n = 0 if payload is None else payload.nbytes
         words[0], words[1] = fingerprint, n
-        if n:
-            buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload
-        starts, lengths = [0], [n]  # of the blocks held
-        end, agreed, waited = agree_block_bytes(n), True, False
-        size, rank, dist, tag = len(self.members), self.rank, 1, _TAG_ROUND
-        statuses = self._statuses
+        layout = self._layouts.get(n)
+        if layout is not None:
+            if n:
+                layout.dest[...] = payload
+            agreed, blocks = self._reuse(comm, layout, fingerprint, patience)
+        else:
+            if n:
+                buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload
+            agreed, blocks = self._rounds(comm, fingerprint, patience, [0], [n],
+                                          agree_block_bytes(n), 1, _TAG_ROUND, False, False)
+        return agreed, (blocks if agreed and payload is not None else None)
+
+    def _reuse(self, comm, layout: _Layout, fingerprint: int, patience: Patience
+               ) -> tuple[bool, list[np.ndarray] | None]:
+        """The rounds of ``layout``; from the first round that differs, the general
+        loop."""
+        waited, statuses, testall = False, self._statuses, MPI.Request.Testall
+        words = self._buffers[1]
+        for requests, nbytes, checks, state in layout.rounds:
+            MPI.Prequest.Startall(requests)
+            if not testall(requests, statuses):
+                waited = True
+                try:
+                    self._await(comm, requests, fingerprint, patience)
+                except BaseException:
+                    self._layouts.pop(len(layout.dest), None)  # (cancelled: never again)
+                    raise
+            if statuses[0].Get_count(MPI.BYTE) == nbytes:
+                for w, length in checks:
+                    if words.item(w) != fingerprint or words.item(w + 1) != length:
+                        break
+                else:
+                    continue  # the round as learnt
+            starts, lengths, end, dist, tag = state
+            return self._rounds(comm, fingerprint, patience, list(starts), list(lengths),
+                                end, dist, tag, waited, True)
+        self._transport.check_notices(1 if waited else _NOTICE_POLLS)
+        return True, layout.blocks
+
+    def _rounds(self, comm, fingerprint: int, patience: Patience, starts: list[int],
+                lengths: list[int], end: int, dist: int, tag: int, waited: bool,
+                received: bool) -> tuple[bool, list[np.ndarray] | None]:
+        """Bruck's rounds from distance ``dist`` on, holding the blocks at ``starts`` with
+        payload ``lengths`` (this member's first) up to byte ``end``; ``received``: this
+        round's blocks are in already (in ``self._statuses``). Learns the layout of an
+        agreed call made from the start."""
+        buf, words = self._buffers
+        size, rank, agreed, statuses = len(self.members), self.rank, True, self._statuses
+        learn = not received and dist == 1 and len(self._layouts) < _MAX_LAYOUTS
+        rounds = []
         while dist < size:
             count = min(dist, size - dist)
-            requests = [comm.Irecv([buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE],
-                                   (rank + dist) % size, tag),
-                        comm.Isend([buf[:starts[count] if count < len(starts) else end],
-                                    MPI.BYTE], (rank - dist) % size, tag)]
-            if not MPI.Request.Testall(requests, statuses):
-                waited = True
-                self._await(comm, requests, fingerprint, patience)
+            if not received:
+                recv = [buf[end:end + count * _BLOCK_CAPACITY], MPI.BYTE]
+                send = [buf[:starts[count] if count < len(starts) else end], MPI.BYTE]
+                source, dest = (rank + dist) % size, (rank - dist) % size
+                if learn:
+                    rounds.append(([comm.Recv_init(recv, source, tag),
+                                    comm.Send_init(send, dest, tag)], 0, [],
+                                   (tuple(starts), tuple(lengths), end, dist, tag)))
+                requests = [comm.Irecv(recv, source, tag), comm.Isend(send, dest, tag)]
+                if not MPI.Request.Testall(requests, statuses):
+                    waited = True
+                    self._await(comm, requests, fingerprint, patience)
+            received = False
             limit, at = end + statuses[0].Get_count(MPI.BYTE), end
             for _ in range(count):
                 w = at >> 3
                 if words[w] != fingerprint:
                     agreed = False
                 length = int(words[w + 1])
+                if learn:
+                    rounds[-1][2].append((w, length))
                 starts.append(at)
                 lengths.append(length)
                 at += agree_block_bytes(length)
@@ -125,16 +211,23 @@ class Rounds:
                 raise TransportError(f"a malformed agreement message from instance "
                                      f"{self.members[(rank + dist) % size]}: "
                                      f"{limit - end} bytes for {count} blocks")
+            if learn:
+                requests, _, checks, state = rounds[-1]
+                rounds[-1] = (requests, limit - end, tuple(checks), state)
             end, dist, tag = at, dist << 1, tag + 1
         self._transport.check_notices(1 if waited else _NOTICE_POLLS)
-        if not agreed or payload is None:
-            return agreed, None
         blocks = []
         for j in range(size):  # block i holds member (rank + i) % size
             i = (j - rank) % size
             at = starts[i] + AGREE_HEADER_BYTES
             blocks.append(buf[at:at + lengths[i]])
-        return True, blocks
+        if learn:
+            if agreed:
+                self._layouts[lengths[0]] = _Layout(
+                    buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + lengths[0]], rounds, blocks)
+            else:
+                _Layout(buf[:0], rounds, []).free()
+        return agreed, blocks
 
     def _allocate(self) -> tuple[np.ndarray, np.ndarray]:
         """The receive buffer (room for every member's block at its largest) and its int64
@@ -189,4 +282,7 @@ class Rounds:
         """The pending receive of presence messages, if any, for the caller to withdraw
         (at exit: MPI_Finalize would report it as leaked); this object forgets it."""
         request, self._presence_request = self._presence_request, None
+        for layout in self._layouts.values():  # (inactive: freed at once)
+            layout.free()
+        self._layouts.clear()
         return request

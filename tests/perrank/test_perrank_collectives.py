@@ -134,7 +134,7 @@ def _ordinary_path(engine, on: bool) -> None:
     from collectives import _eager
     from collectives.transports.base import EAGER_MAX_BYTES
     _eager.EAGER_MAX_BYTES = -1 if on else EAGER_MAX_BYTES
-    engine._plans.clear()
+    engine.forget_plans()
 
 
 def test_eager_results_are_the_ordinary_paths_bit_for_bit(strategy):
