@@ -86,6 +86,8 @@ def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: t
 
 #: the containers of a nest
 _NESTS = (list, tuple, dict)
+
+
 def is_nest(x) -> bool:
     """Whether ``x`` is a nest (a list, tuple or dict) rather than one array."""
     return isinstance(x, _NESTS)
