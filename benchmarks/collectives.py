@@ -28,8 +28,10 @@
    op the same way, since every op of ours pays for one (allocation and first writes into
    memory that is not in cache). The in-place raw call on preallocated buffers, with no
    fresh result (the baseline before; main's figures), is timed too: ``raw_inplace_s``,
-   ``ratio_inplace``, column ``in-place``. gloo's calls (``--transport grpc``) are in
-   place.
+   ``ratio_inplace``, column ``in-place``. gloo (``--transport grpc``) the same way:
+   ``raw us`` its call into a fresh result (:meth:`_RawGloo.fresh`: a new output tensor;
+   all_reduce, in place by nature, on a new copy of the input; broadcast as ``Bcast``
+   above), ``in-place`` its call on preallocated tensors (the baseline before).
 
    ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
    raw / data path): each instance calls the op's algorithm (``collectives._algorithms`` /
@@ -203,6 +205,42 @@ class _RawGloo:
             return lambda: dist.all_to_all_single(o, t)
         own = from_numpy(x.copy())
         return lambda: dist.broadcast(own, 0)
+
+    def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
+        """The gloo call that returns a fresh result like ours (module docstring): the
+        output tensor a new ``np.empty`` shaped like ``out``; all_reduce (in place by
+        nature) on a new copy of ``x``; broadcast: the root broadcasts ``x`` and copies it,
+        the others receive into a new array."""
+        dist, from_numpy = self.dist, self.torch.from_numpy
+        shape, dtype, t = out.shape, out.dtype, from_numpy(x)
+        if op == "cross_replica_sum":
+            def reduce_copy():
+                result = x.copy()
+                dist.all_reduce(from_numpy(result))
+                return result
+            return reduce_copy
+        if op == "broadcast":
+            if self.rank == 0:
+                def root():
+                    dist.broadcast(t, 0)
+                    return x.copy()
+                return root
+
+            def receive():
+                result = np.empty(x.shape, x.dtype)
+                dist.broadcast(from_numpy(result), 0)
+                return result
+            return receive
+        call = {"all_gather": getattr(dist, "all_gather_single", dist.all_gather_into_tensor),
+                "reduce_scatter": getattr(dist, "reduce_scatter_single",
+                                          dist.reduce_scatter_tensor),
+                "all_to_all": dist.all_to_all_single}[op]
+
+        def fresh_call():
+            result = np.empty(shape, dtype)
+            call(from_numpy(result), t)
+            return result
+        return fresh_call
 
     def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Sum ``x`` over the instances, in place (gloo's all_reduce); returns ``x``."""
