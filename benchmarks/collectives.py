@@ -101,13 +101,21 @@ def _median_time(fn, reps: int) -> float:
     return _interleaved_medians([fn], reps)[0]
 
 
-def _interleaved_medians(fns, reps: int) -> list[float]:
+def _interleaved_medians(fns, reps: int, sync=None) -> list[float]:
     """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
     turn within every round: a change in the machine's state (this 2-core VM's memory
-    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike."""
+    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike.
+
+    ``sync()`` (untimed; the instances' barrier) runs before each contender, so that none
+    is charged for the previous one's end on the other instances: a collective returns on
+    each instance at a different time (a broadcast's root before or after the others, the
+    last sender of a reduction last), and without it the next contender's first call on
+    instance 0 (the one that reports) waits for the others to finish the previous one."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for fn, acc in zip(fns, times):
+            if sync is not None:
+                sync()
             start = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - start)
@@ -352,7 +360,8 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
                 fn()
             barrier()
             medians = _interleaved_medians(list(fns.values()),
-                                           max(3, repetitions(size, quick) // calls))
+                                           max(3, repetitions(size, quick) // calls),
+                                           raw.barrier if raw is not None else barrier)
             times = {k: t / calls for k, t in zip(fns, medians)}
             t_o = times["ours"]
             t_i = times.get("raw_inplace")
