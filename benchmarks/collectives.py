@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -110,10 +111,16 @@ def _interleaved_medians(fns, reps: int, sync=None) -> list[float]:
     is charged for the previous one's end on the other instances: a collective returns on
     each instance at a different time (a broadcast's root before or after the others, the
     last sender of a reduction last), and without it the next contender's first call on
-    instance 0 (the one that reports) waits for the others to finish the previous one."""
+    instance 0 (the one that reports) waits for the others to finish the previous one.
+    The contenders run in a new order every round (the same on every instance: a seeded
+    shuffle), so that none always follows the same one (what a call leaves behind, in the
+    caches and in MPI's progress state, costs the next call too)."""
     times: list[list[float]] = [[] for _ in fns]
+    order = random.Random(0)
     for _ in range(reps):
-        for fn, acc in zip(fns, times):
+        pairs = list(zip(fns, times))
+        order.shuffle(pairs)
+        for fn, acc in pairs:
             if sync is not None:
                 sync()
             start = time.perf_counter()
