@@ -29,7 +29,7 @@
    memory that is not in cache). The in-place raw call on preallocated buffers, with no
    fresh result (the baseline before; main's figures), is timed too: ``raw_inplace_s``,
    ``ratio_inplace``, column ``in-place``. gloo (``--transport grpc``) the same way:
-   ``raw us`` its call into a fresh result (:meth:`_RawGloo.fresh`: a new output tensor;
+   ``raw us`` its call into a fresh result (:meth:`benchmarks._contenders.RawGloo.fresh`: a new output tensor;
    all_reduce, in place by nature, on a new copy of the input; broadcast as ``Bcast``
    above), ``in-place`` its call on preallocated tensors (the baseline before).
 
@@ -40,8 +40,10 @@
    cost of a call. Ours is timed as a program calls it, inside a replica function: up to 20
    calls in one ``strategy.run`` (:func:`calls_per_run`), against as many raw calls; the
    fixed cost of ``strategy.run`` itself is measured apart (``run_overhead_s``). Each
-   repetition times ours then the raw calls, so all see the same state of the machine;
-   the medians are compared.
+   round times every contender once, in a shuffled order, each after an untimed barrier
+   of the instances, so all see the same state of the machine; a round's time of a
+   contender is the most any instance took (:func:`_interleaved_medians`); the medians
+   over rounds are compared.
 2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
    per tensor, as one nest (when the engine fuses nests), raw per tensor, raw fused
    (:func:`gradient_rows`).
@@ -63,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +73,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._contenders import raw_contender  # noqa: E402
 from benchmarks._shapes import resnet50_gradient_shapes, sizes  # noqa: E402
 
 OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -102,7 +106,7 @@ def _median_time(fn, reps: int) -> float:
     return _interleaved_medians([fn], reps)[0]
 
 
-def _interleaved_medians(fns, reps: int, sync=None) -> list[float]:
+def _interleaved_medians(fns, reps: int, sync=None, slowest=None) -> list[float]:
     """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
     turn within every round: a change in the machine's state (this 2-core VM's memory
     bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike.
@@ -114,7 +118,12 @@ def _interleaved_medians(fns, reps: int, sync=None) -> list[float]:
     instance 0 (the one that reports) waits for the others to finish the previous one.
     The contenders run in a new order every round (the same on every instance: a seeded
     shuffle), so that none always follows the same one (what a call leaves behind, in the
-    caches and in MPI's progress state, costs the next call too)."""
+    caches and in MPI's progress state, costs the next call too).
+
+    ``slowest(times)`` (untimed): ``times`` (float64 ``[len(fns), reps]``, this instance's
+    seconds) -> the most any instance took in each round, so that a round counts until
+    its last instance is done (the collective's completion time: an instance that
+    returns early does not hide the others' work)."""
     times: list[list[float]] = [[] for _ in fns]
     order = random.Random(0)
     for _ in range(reps):
@@ -126,162 +135,16 @@ def _interleaved_medians(fns, reps: int, sync=None) -> list[float]:
             start = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - start)
+    if slowest is not None:
+        times = slowest(np.asarray(times, np.float64)).tolist()
     return [statistics.median(t) for t in times]
 
 
 # -- the multi-instance part (runs in every instance) --------------------------------------
 
-class _RawMPI:
-    """The raw calls of mpi4py on a duplicate of COMM_WORLD (the baseline)."""
-
-    name = "mpi4py"
-
-    def __init__(self):
-        from mpi4py import MPI
-        self.comm = MPI.COMM_WORLD.Dup()
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-
-    def op(self, op: str, x: np.ndarray, out: np.ndarray):
-        comm = self.comm
-        return {
-            "cross_replica_sum": lambda: comm.Allreduce(x, out),
-            "all_gather": lambda: comm.Allgather(x, out),
-            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out),
-            "all_to_all": lambda: comm.Alltoall(x, out),
-            "broadcast": lambda: comm.Bcast(x, 0),
-        }[op]
-
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Sum ``x`` over the instances into ``out``; returns ``out``."""
-        self.comm.Allreduce(x, out)
-        return out
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
-    def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The raw call that returns a fresh result like ours (module docstring): into a
-        new ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and
-        copies it, the others receive into a new array."""
-        comm, shape, dtype = self.comm, out.shape, out.dtype
-        call = {"cross_replica_sum": comm.Allreduce, "all_gather": comm.Allgather,
-                "reduce_scatter": comm.Reduce_scatter_block, "all_to_all": comm.Alltoall,
-                }.get(op)
-        if call is not None:
-            def fresh_call():
-                result = np.empty(shape, dtype)
-                call(x, result)
-                return result
-            return fresh_call
-        if self.rank == 0:
-            def root():
-                comm.Bcast(x, 0)
-                return x.copy()
-            return root
-
-        def receive():
-            result = np.empty(x.shape, x.dtype)
-            comm.Bcast(result, 0)
-            return result
-        return receive
-
-
-class _RawGloo:
-    """torch.distributed's gloo backend (the gRPC transport's contender), when torch is
-    installed; its rendezvous is a TCP store on the port given by the driver."""
-
-    name = "gloo"
-
-    def __init__(self, rank: int, size: int, port: int):
-        import torch
-        import torch.distributed as dist
-        self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=size)
-        self.rank, self.size = rank, size
-
-    def op(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The gloo call doing ``op``'s work on CPU tensors sharing memory with ``x`` and
-        ``out`` (``torch.from_numpy``: no copy). all_reduce and broadcast work in place, on
-        a copy of ``x`` made here (untimed), so that ``x`` keeps its values for ours."""
-        dist, from_numpy = self.dist, self.torch.from_numpy
-        t, o = from_numpy(x), from_numpy(out)
-        # torch 2.13 names the tensor forms *_single (the *_tensor names warn)
-        all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-        if op == "cross_replica_sum":
-            own = from_numpy(x.copy())
-            return lambda: dist.all_reduce(own)
-        if op == "all_gather":
-            return lambda: all_gather(o, t)
-        if op == "reduce_scatter":
-            return lambda: reduce_scatter(o, t)
-        if op == "all_to_all":
-            return lambda: dist.all_to_all_single(o, t)
-        own = from_numpy(x.copy())
-        return lambda: dist.broadcast(own, 0)
-
-    def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The gloo call that returns a fresh result like ours (module docstring): the
-        output tensor a new ``np.empty`` shaped like ``out``; all_reduce (in place by
-        nature) on a new copy of ``x``; broadcast: the root broadcasts ``x`` and copies it,
-        the others receive into a new array."""
-        dist, from_numpy = self.dist, self.torch.from_numpy
-        shape, dtype, t = out.shape, out.dtype, from_numpy(x)
-        if op == "cross_replica_sum":
-            def reduce_copy():
-                result = x.copy()
-                dist.all_reduce(from_numpy(result))
-                return result
-            return reduce_copy
-        if op == "broadcast":
-            if self.rank == 0:
-                def root():
-                    dist.broadcast(t, 0)
-                    return x.copy()
-                return root
-
-            def receive():
-                result = np.empty(x.shape, x.dtype)
-                dist.broadcast(from_numpy(result), 0)
-                return result
-            return receive
-        call = {"all_gather": getattr(dist, "all_gather_single", dist.all_gather_into_tensor),
-                "reduce_scatter": getattr(dist, "reduce_scatter_single",
-                                          dist.reduce_scatter_tensor),
-                "all_to_all": dist.all_to_all_single}[op]
-
-        def fresh_call():
-            result = np.empty(shape, dtype)
-            call(from_numpy(result), t)
-            return result
-        return fresh_call
-
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Sum ``x`` over the instances, in place (gloo's all_reduce); returns ``x``."""
-        self.dist.all_reduce(self.torch.from_numpy(x))
-        return x
-
-    def barrier(self) -> None:
-        self.dist.barrier()
-
-
-def _raw_contender(transport: str, gloo_port: int):
-    if transport == "mpi":
-        return _RawMPI()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    from poprun import popdist
-    return _RawGloo(popdist.getInstanceIndex(), popdist.getNumInstances(), gloo_port)
-
-
 def _data_paths(x: np.ndarray, n: int) -> dict:
     """Per op, ``() -> result``: the op's algorithm alone on ``x`` (module docstring,
     ``--data-path``), as the engine's leader would call it after the agreement."""
-    from functools import partial
-
     from collectives import _algorithms, _movement
     from collectives._runtime import get_engine
     from collectives.descriptor import Descriptor
@@ -318,11 +181,14 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
     popdist.set_ipu_config(cfg)
     cfg.configure_ipu_system()
     strategy = IPUMultiReplicaStrategy()
-    raw = _raw_contender(transport, gloo_port)
+    raw = raw_contender(transport, gloo_port)
     n, rank = popdist.getNumInstances(), popdist.getInstanceIndex()
 
     def barrier():
         strategy.run(lambda: C.cross_replica_sum(np.zeros(1, np.float32)))
+
+    def slowest(times: np.ndarray) -> np.ndarray:  # every instance's times, the most
+        return strategy.run(lambda: C.all_gather(times))[0].max(axis=0)
 
     rows = []
     for size in size_list:
@@ -368,7 +234,8 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
             barrier()
             medians = _interleaved_medians(list(fns.values()),
                                            max(3, repetitions(size, quick) // calls),
-                                           raw.barrier if raw is not None else barrier)
+                                           raw.barrier if raw is not None else barrier,
+                                           slowest)
             times = {k: t / calls for k, t in zip(fns, medians)}
             t_o = times["ours"]
             t_i = times.get("raw_inplace")
