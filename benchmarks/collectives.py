@@ -42,8 +42,9 @@
    fixed cost of ``strategy.run`` itself is measured apart (``run_overhead_s``). Each
    round times every contender once, in a shuffled order, each after an untimed barrier
    of the instances, so all see the same state of the machine; a round's time of a
-   contender is the most any instance took (:func:`_interleaved_medians`); the medians
-   over rounds are compared.
+   contender is the mean over the instances (:func:`_interleaved_medians`; OSU's
+   micro-benchmarks report the same average by default); the medians over rounds are
+   compared.
 2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
    per tensor, as one nest (when the engine fuses nests), raw per tensor, raw fused
    (:func:`gradient_rows`).
@@ -106,7 +107,7 @@ def _median_time(fn, reps: int) -> float:
     return _interleaved_medians([fn], reps)[0]
 
 
-def _interleaved_medians(fns, reps: int, sync=None, slowest=None) -> list[float]:
+def _interleaved_medians(fns, reps: int, sync=None, combine=None) -> list[float]:
     """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
     turn within every round: a change in the machine's state (this 2-core VM's memory
     bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike.
@@ -120,10 +121,12 @@ def _interleaved_medians(fns, reps: int, sync=None, slowest=None) -> list[float]
     shuffle), so that none always follows the same one (what a call leaves behind, in the
     caches and in MPI's progress state, costs the next call too).
 
-    ``slowest(times)`` (untimed): ``times`` (float64 ``[len(fns), reps]``, this instance's
-    seconds) -> the most any instance took in each round, so that a round counts until
-    its last instance is done (the collective's completion time: an instance that
-    returns early does not hide the others' work)."""
+    ``combine(times)`` (untimed): ``times`` (float64 ``[len(fns), reps]``, this instance's
+    seconds) -> the mean over the instances of each round, so that every instance's time
+    counts (a broadcast's root returns as soon as its bytes are taken, before the others
+    have them; only instance 0 reports). The mean rather than the most any instance took:
+    a maximum over instances catches either one's scheduling delays on this loaded
+    2-core VM (4 KiB rounds varied tenfold from run to run)."""
     times: list[list[float]] = [[] for _ in fns]
     order = random.Random(0)
     for _ in range(reps):
@@ -135,8 +138,8 @@ def _interleaved_medians(fns, reps: int, sync=None, slowest=None) -> list[float]
             start = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - start)
-    if slowest is not None:
-        times = slowest(np.asarray(times, np.float64)).tolist()
+    if combine is not None:
+        times = combine(np.asarray(times, np.float64)).tolist()
     return [statistics.median(t) for t in times]
 
 
@@ -187,8 +190,8 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
     def barrier():
         strategy.run(lambda: C.cross_replica_sum(np.zeros(1, np.float32)))
 
-    def slowest(times: np.ndarray) -> np.ndarray:  # every instance's times, the most
-        return strategy.run(lambda: C.all_gather(times))[0].max(axis=0)
+    def mean_over_instances(times: np.ndarray) -> np.ndarray:
+        return strategy.run(lambda: C.all_gather(times))[0].mean(axis=0)
 
     rows = []
     for size in size_list:
@@ -235,7 +238,7 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
             medians = _interleaved_medians(list(fns.values()),
                                            max(3, repetitions(size, quick) // calls),
                                            raw.barrier if raw is not None else barrier,
-                                           slowest)
+                                           mean_over_instances)
             times = {k: t / calls for k, t in zip(fns, medians)}
             t_o = times["ours"]
             t_i = times.get("raw_inplace")
@@ -349,7 +352,8 @@ def print_table(rows: list[dict]) -> None:
              else "raw us: the raw call in place")
     data = any(r.get("ours_data_s") for r in rows)
     print(f"# {first['instances']} instances over {first['transport']} (one replica each), "
-          f"float32, against {raw}; GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
+          f"float32, against {raw}; times: medians over rounds of the instances' mean; "
+          f"GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
           f"faster); {fresh}" + ("; data: the op's data path alone (no agreement, "
                                 "accounting), data ratio = raw / data" if data else ""))
     print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'in-place':>10} "
