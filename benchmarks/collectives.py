@@ -29,9 +29,10 @@
    memory that is not in cache). The in-place raw call on preallocated buffers, with no
    fresh result (the baseline before; main's figures), is timed too: ``raw_inplace_s``,
    ``ratio_inplace``, column ``in-place``. gloo (``--transport grpc``) the same way:
-   ``raw us`` its call into a fresh result (:meth:`benchmarks._contenders.RawGloo.fresh`: a new output tensor;
-   all_reduce, in place by nature, on a new copy of the input; broadcast as ``Bcast``
-   above), ``in-place`` its call on preallocated tensors (the baseline before).
+   ``raw us`` its call into a fresh result (``benchmarks/_contenders.py``,
+   ``RawGloo.fresh``: a new output tensor; all_reduce, in place by nature, on a new copy
+   of the input; broadcast as ``Bcast`` above), ``in-place`` its call on preallocated
+   tensors (the baseline before).
 
    ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
    raw / data path): each instance calls the op's algorithm (``collectives._algorithms`` /
