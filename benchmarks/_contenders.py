@@ -1,6 +1,11 @@
 """The raw baselines of ``benchmarks/collectives.py``: mpi4py's buffer calls (MPI) and
-torch.distributed's gloo (gRPC), each timed in place and into a fresh result like ours
-(see that module's docstring)."""
+torch.distributed's gloo (gRPC), each timed in place and into a fresh result like ours.
+
+Every op of ours returns a fresh array (TF-IPU semantics), so the fresh-result form of a
+raw call writes into a new ``np.empty`` (or tensor) too; a raw broadcast overwrites the
+root's buffer in place, so its root broadcasts its input and then copies it. Issue 10 lets
+all_gather and broadcast count that copy; the in-place form is timed as well (see
+``benchmarks/collectives.py``)."""
 
 from __future__ import annotations
 
@@ -40,9 +45,9 @@ class RawMPI:
         self.comm.Barrier()
 
     def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The raw call that returns a fresh result like ours (``benchmarks/collectives.py``'s docstring): into a
-        new ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and
-        copies it, the others receive into a new array."""
+        """The raw call that returns a fresh result like ours (module docstring): into a new
+        ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and copies
+        it, the others receive into a new array."""
         comm, shape, dtype = self.comm, out.shape, out.dtype
         call = {"cross_replica_sum": comm.Allreduce, "all_gather": comm.Allgather,
                 "reduce_scatter": comm.Reduce_scatter_block, "all_to_all": comm.Alltoall,
@@ -59,7 +64,7 @@ class RawMPI:
 
 def _fresh_broadcast(is_root: bool, x: np.ndarray, bcast):
     """``() -> result``: a raw broadcast from instance 0 that returns a fresh array like
-    ours (``benchmarks/collectives.py``'s docstring): the root broadcasts ``x`` then copies it, the others receive
+    ours (module docstring): the root broadcasts ``x`` then copies it, the others receive
     into a new array. ``bcast(array)``: the raw in-place broadcast of ``array``."""
     if is_root:
         def root():
@@ -110,7 +115,7 @@ class RawGloo:
         return lambda: dist.broadcast(own, 0)
 
     def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The gloo call that returns a fresh result like ours (``benchmarks/collectives.py``'s docstring): the
+        """The gloo call that returns a fresh result like ours (module docstring): the
         output tensor a new ``np.empty`` shaped like ``out``; all_reduce (in place by
         nature) on a new copy of ``x``; broadcast: the root broadcasts ``x`` and copies it,
         the others receive into a new array."""
