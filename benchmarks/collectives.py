@@ -28,8 +28,11 @@
    op the same way, since every op of ours pays for one (allocation and first writes into
    memory that is not in cache). The in-place raw call on preallocated buffers, with no
    fresh result (the baseline before; main's figures), is timed too: ``raw_inplace_s``,
-   ``ratio_inplace``, column ``in-place``. gloo's calls (``--transport grpc``) are in
-   place.
+   ``ratio_inplace``, column ``in-place``. gloo (``--transport grpc``) the same way:
+   ``raw us`` its call into a fresh result (``benchmarks/_contenders.py``,
+   ``RawGloo.fresh``: a new output tensor; all_reduce, in place by nature, on a new copy
+   of the input; broadcast as ``Bcast`` above), ``in-place`` its call on preallocated
+   tensors (the baseline before).
 
    ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
    raw / data path): each instance calls the op's algorithm (``collectives._algorithms`` /
@@ -38,8 +41,11 @@
    cost of a call. Ours is timed as a program calls it, inside a replica function: up to 20
    calls in one ``strategy.run`` (:func:`calls_per_run`), against as many raw calls; the
    fixed cost of ``strategy.run`` itself is measured apart (``run_overhead_s``). Each
-   repetition times ours then the raw calls, so all see the same state of the machine;
-   the medians are compared.
+   round times every contender once, in a shuffled order, each after an untimed barrier
+   of the instances, so all see the same state of the machine; a round's time of a
+   contender is the mean over the instances (:func:`_interleaved_medians`; OSU's
+   micro-benchmarks report the same average by default); the medians over rounds are
+   compared.
 2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
    per tensor, as one nest (when the engine fuses nests), raw per tensor, raw fused
    (:func:`gradient_rows`).
@@ -55,11 +61,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +75,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._contenders import raw_contender  # noqa: E402
 from benchmarks._shapes import resnet50_gradient_shapes, sizes  # noqa: E402
 
 OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -99,136 +108,47 @@ def _median_time(fn, reps: int) -> float:
     return _interleaved_medians([fn], reps)[0]
 
 
-def _interleaved_medians(fns, reps: int) -> list[float]:
+def _interleaved_medians(fns, reps: int, sync=None, combine=None) -> list[float]:
     """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
     turn within every round: a change in the machine's state (this 2-core VM's memory
-    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike."""
+    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike.
+
+    ``sync()`` (untimed; the instances' barrier) runs before each contender, so that none
+    is charged for the previous one's end on the other instances: a collective returns on
+    each instance at a different time (a broadcast's root before or after the others, the
+    last sender of a reduction last), and without it the next contender's first call on
+    instance 0 (the one that reports) waits for the others to finish the previous one.
+    The contenders run in a new order every round (the same on every instance: a seeded
+    shuffle), so that none always follows the same one (what a call leaves behind, in the
+    caches and in MPI's progress state, costs the next call too).
+
+    ``combine(times)`` (untimed): ``times`` (float64 ``[len(fns), reps]``, this instance's
+    seconds) -> the mean over the instances of each round, so that every instance's time
+    counts (a broadcast's root returns as soon as its bytes are taken, before the others
+    have them; only instance 0 reports). The mean rather than the most any instance took:
+    a maximum over instances catches either one's scheduling delays on this loaded
+    2-core VM (4 KiB rounds varied tenfold from run to run)."""
     times: list[list[float]] = [[] for _ in fns]
+    order = random.Random(0)
     for _ in range(reps):
-        for fn, acc in zip(fns, times):
+        pairs = list(zip(fns, times))
+        order.shuffle(pairs)
+        for fn, acc in pairs:
+            if sync is not None:
+                sync()
             start = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - start)
+    if combine is not None:
+        times = combine(np.asarray(times, np.float64)).tolist()
     return [statistics.median(t) for t in times]
 
 
 # -- the multi-instance part (runs in every instance) --------------------------------------
 
-class _RawMPI:
-    """The raw calls of mpi4py on a duplicate of COMM_WORLD (the baseline)."""
-
-    name = "mpi4py"
-
-    def __init__(self):
-        from mpi4py import MPI
-        self.comm = MPI.COMM_WORLD.Dup()
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-
-    def op(self, op: str, x: np.ndarray, out: np.ndarray):
-        comm = self.comm
-        return {
-            "cross_replica_sum": lambda: comm.Allreduce(x, out),
-            "all_gather": lambda: comm.Allgather(x, out),
-            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out),
-            "all_to_all": lambda: comm.Alltoall(x, out),
-            "broadcast": lambda: comm.Bcast(x, 0),
-        }[op]
-
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Sum ``x`` over the instances into ``out``; returns ``out``."""
-        self.comm.Allreduce(x, out)
-        return out
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
-    def fresh(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The raw call that returns a fresh result like ours (module docstring): into a
-        new ``np.empty`` shaped like ``out``; ``Bcast``: the root broadcasts ``x`` and
-        copies it, the others receive into a new array."""
-        comm, shape, dtype = self.comm, out.shape, out.dtype
-        call = {"cross_replica_sum": comm.Allreduce, "all_gather": comm.Allgather,
-                "reduce_scatter": comm.Reduce_scatter_block, "all_to_all": comm.Alltoall,
-                }.get(op)
-        if call is not None:
-            def fresh_call():
-                result = np.empty(shape, dtype)
-                call(x, result)
-                return result
-            return fresh_call
-        if self.rank == 0:
-            def root():
-                comm.Bcast(x, 0)
-                return x.copy()
-            return root
-
-        def receive():
-            result = np.empty(x.shape, x.dtype)
-            comm.Bcast(result, 0)
-            return result
-        return receive
-
-
-class _RawGloo:
-    """torch.distributed's gloo backend (the gRPC transport's contender), when torch is
-    installed; its rendezvous is a TCP store on the port given by the driver."""
-
-    name = "gloo"
-
-    def __init__(self, rank: int, size: int, port: int):
-        import torch
-        import torch.distributed as dist
-        self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=size)
-        self.rank, self.size = rank, size
-
-    def op(self, op: str, x: np.ndarray, out: np.ndarray):
-        """The gloo call doing ``op``'s work on CPU tensors sharing memory with ``x`` and
-        ``out`` (``torch.from_numpy``: no copy). all_reduce and broadcast work in place, on
-        a copy of ``x`` made here (untimed), so that ``x`` keeps its values for ours."""
-        dist, from_numpy = self.dist, self.torch.from_numpy
-        t, o = from_numpy(x), from_numpy(out)
-        # torch 2.13 names the tensor forms *_single (the *_tensor names warn)
-        all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-        if op == "cross_replica_sum":
-            own = from_numpy(x.copy())
-            return lambda: dist.all_reduce(own)
-        if op == "all_gather":
-            return lambda: all_gather(o, t)
-        if op == "reduce_scatter":
-            return lambda: reduce_scatter(o, t)
-        if op == "all_to_all":
-            return lambda: dist.all_to_all_single(o, t)
-        own = from_numpy(x.copy())
-        return lambda: dist.broadcast(own, 0)
-
-    def allreduce(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Sum ``x`` over the instances, in place (gloo's all_reduce); returns ``x``."""
-        self.dist.all_reduce(self.torch.from_numpy(x))
-        return x
-
-    def barrier(self) -> None:
-        self.dist.barrier()
-
-
-def _raw_contender(transport: str, gloo_port: int):
-    if transport == "mpi":
-        return _RawMPI()
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    from poprun import popdist
-    return _RawGloo(popdist.getInstanceIndex(), popdist.getNumInstances(), gloo_port)
-
-
 def _data_paths(x: np.ndarray, n: int) -> dict:
     """Per op, ``() -> result``: the op's algorithm alone on ``x`` (module docstring,
     ``--data-path``), as the engine's leader would call it after the agreement."""
-    from functools import partial
-
     from collectives import _algorithms, _movement
     from collectives._runtime import get_engine
     from collectives.descriptor import Descriptor
@@ -265,11 +185,14 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
     popdist.set_ipu_config(cfg)
     cfg.configure_ipu_system()
     strategy = IPUMultiReplicaStrategy()
-    raw = _raw_contender(transport, gloo_port)
+    raw = raw_contender(transport, gloo_port)
     n, rank = popdist.getNumInstances(), popdist.getInstanceIndex()
 
     def barrier():
         strategy.run(lambda: C.cross_replica_sum(np.zeros(1, np.float32)))
+
+    def mean_over_instances(times: np.ndarray) -> np.ndarray:
+        return strategy.run(lambda: C.all_gather(times))[0].mean(axis=0)
 
     rows = []
     for size in size_list:
@@ -314,7 +237,9 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
                 fn()
             barrier()
             medians = _interleaved_medians(list(fns.values()),
-                                           max(3, repetitions(size, quick) // calls))
+                                           max(3, repetitions(size, quick) // calls),
+                                           raw.barrier if raw is not None else barrier,
+                                           mean_over_instances)
             times = {k: t / calls for k, t in zip(fns, medians)}
             t_o = times["ours"]
             t_i = times.get("raw_inplace")
@@ -428,7 +353,8 @@ def print_table(rows: list[dict]) -> None:
              else "raw us: the raw call in place")
     data = any(r.get("ours_data_s") for r in rows)
     print(f"# {first['instances']} instances over {first['transport']} (one replica each), "
-          f"float32, against {raw}; GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
+          f"float32, against {raw}; times: medians over rounds of the instances' mean; "
+          f"GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
           f"faster); {fresh}" + ("; data: the op's data path alone (no agreement, "
                                 "accounting), data ratio = raw / data" if data else ""))
     print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'in-place':>10} "
