@@ -90,8 +90,9 @@ def _mpich_segments() -> set[str]:
         return set()
 
 
-def _mapped_segments() -> set[str]:
-    """Names of MPICH segments some live process still has mapped."""
+def mapped_shm_names(prefix: str = _MPICH_SEGMENT) -> set[str]:
+    """Names in /dev/shm starting with ``prefix`` that some live process has mapped (read
+    from every readable ``/proc/<pid>/maps``)."""
     mapped = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -99,7 +100,7 @@ def _mapped_segments() -> set[str]:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
-                    where = line.find(_SHM_DIR + "/" + _MPICH_SEGMENT)
+                    where = line.find(_SHM_DIR + "/" + prefix)
                     if where >= 0:
                         mapped.add(line[where + len(_SHM_DIR) + 1:].split()[0])
         except OSError:
@@ -120,7 +121,7 @@ def remove_leftover_segments(before: set[str]) -> list[str]:
     """
     removed = []
     new = _mpich_segments() - before
-    for name in sorted(new - _mapped_segments() if new else ()):
+    for name in sorted(new - mapped_shm_names() if new else ()):
         try:
             os.unlink(os.path.join(_SHM_DIR, name))
             removed.append(name)

@@ -130,19 +130,6 @@ def left_in_shm(before: set[str]) -> set[str]:
     """/dev/shm names made since ``before`` that no live process maps: what a job left
     behind. (A segment of another job that still runs on this machine is mapped, so it does
     not count; the suite may share the machine with other ipupod jobs.)"""
+    from launch.mpirun import mapped_shm_names
     new = shm_entries() - before
-    if not new:
-        return new
-    mapped = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    at = line.find("/dev/shm/")
-                    if at >= 0:
-                        mapped.add(line[at + len("/dev/shm/"):].split()[0])
-        except OSError:
-            continue
-    return new - mapped
+    return new - mapped_shm_names("") if new else new
