@@ -445,12 +445,7 @@ class HardwareCostModel:
 
     def split(self, groups: tuple[tuple[int, ...], ...], level: str):
         """:func:`collectives.schedules.split_groups` of ``groups`` by ``level``, cached."""
-        key = (groups, level)
-        if key not in self._splits:
-            parts = split_groups(self.model, groups, level)
-            with self._lock:
-                self._splits[key] = parts
-        return self._splits[key]
+        return self._memo((groups, level), lambda: split_groups(self.model, groups, level))
 
     def gcl_ring(self, ipus) -> list[int]:
         """Ring A over ``ipus`` (a group's IPUs in replica order), as GCL lays it out
@@ -458,24 +453,27 @@ class HardwareCostModel:
         loopback cables) or interleaved (:func:`folded_order`: the even places going out, the
         odd ones coming back, the peripheral ring of a ladder), whichever has the fewer
         IPU-Link hops on its longest step (ties: in order), cached."""
-        key = (tuple(ipus), "gcl ring")
-        if key not in self._splits:
-            best = self._shorter_order(list(ipus), closed=True)
-            with self._lock:
-                self._splits[key] = best
-        return self._splits[key]
+        return self._memo((tuple(ipus), "gcl ring"),
+                          lambda: self._shorter_order(list(ipus), closed=True))
 
     def chain_order(self, ipus) -> list[int]:
         """The members of a chain over ``ipus`` (a group's IPUs in replica order): in order or
         :func:`folded_order` (the ladder's periphery, open between the first two members),
         whichever has the fewer IPU-Link hops on its longest step, without the closing step
         a ring has (ties: in order), cached."""
-        key = (tuple(ipus), "chain")
-        if key not in self._splits:
-            best = self._shorter_order(list(ipus), closed=False)
+        return self._memo((tuple(ipus), "chain"),
+                          lambda: self._shorter_order(list(ipus), closed=False))
+
+    def _memo(self, key, make):
+        """``make()``, kept under ``key`` in this model's cache of splits and orders (pure
+        functions of the key; a race makes it twice, harmlessly)."""
+        try:
+            return self._splits[key]
+        except KeyError:  # (None is a value: a level that does not split the groups)
+            found = make()
             with self._lock:
-                self._splits[key] = best
-        return self._splits[key]
+                self._splits[key] = found
+            return found
 
     def _shorter_order(self, ipus: list[int], *, closed: bool) -> list[int]:
         folded = folded_order(ipus)
