@@ -33,6 +33,7 @@ logger = logging.getLogger("collectives")
 
 _YIELD_S = 0.005       # then yield the CPU between polls for this long
 _MAX_SLEEP_S = 0.001   # then sleep between polls, doubling up to this
+_FIRST_SLEEP_S = 0.00005  # (from this)
 _CHECK_EVERY = 256     # committed waits look at the clock every this many polls
 
 
@@ -64,22 +65,17 @@ class Patience:
         self.missing = missing
         self.name_absent = name_absent
         self.committed = committed
+        self.restart()
+
+    def restart(self) -> None:
+        """Make this a new wait (also a plan's, which reuses its patience from call to call:
+        cheaper than a new one)."""
         self.absent: tuple[int, ...] | None = None
         self.start: float | None = None  # the first look at the clock (most waits never look)
         self._warned = False
-        self._sleep = 0.00005
+        self._sleep = _FIRST_SLEEP_S
         self._polls = 0
         self._overlap: Callable[[], None] | None = None
-
-    def restart(self) -> None:
-        """Make this a new wait (a plan reuses its patience from call to call: cheaper than
-        a new one)."""
-        self.absent = None
-        self.start = None
-        self._warned = False
-        self._sleep = 0.00005
-        self._polls = 0
-        self._overlap = None
 
     def elapsed(self) -> float:
         """Seconds since the wait first looked at the clock (its first backoff)."""
