@@ -5,7 +5,9 @@ that kills its whole process group:
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
   replicas) give bit-identical results for every op, operator, group and dtype;
 * divergence between instances: an instance that ends its program, and one that stalls,
-  make the job fail fast with an error naming the instance.
+  make the job fail fast with an error naming the instance;
+* faults found in audits: late peers, caught divergences, and an agreement message that is
+  not an ipupod peer's (refused, naming its sender).
 """
 
 from __future__ import annotations
@@ -130,6 +132,19 @@ def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():
     out = job.stdout + job.stderr
     assert "[1,0]<stdout>:RESULT caught CollectiveMismatchError" in out, out
     assert "[1,1]<stdout>:RESULT caught CollectiveMismatchError" in out, out
+
+
+@pytest.mark.parametrize("length", [1 << 40, -8])
+def test_a_forged_agreement_message_is_refused_naming_its_sender(length):
+    # instance 2 passes on a valid block in round 1, then sends instance 0 a round-2
+    # message whose first block claims a payload its message does not hold: a bound, not
+    # an IndexError from inside the agreement
+    job = poprun(["-n", "4", PYTHON, "-m", "tests.programs.mpi_faults", "forged-round",
+                  str(length)], timeout_s=30, env=FAST)
+    out = job.stdout + job.stderr
+    assert re.search(r"\[1,0\]<stdout>:RESULT TransportError after [01]\.\d s: a malformed "
+                     r"agreement message from instance 2: 96 bytes for 2 blocks", out), out
+    assert "Traceback" not in out and "IndexError" not in out, out
 
 
 def test_a_stalled_instance_among_three_is_named_alone():

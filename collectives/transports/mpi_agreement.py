@@ -156,7 +156,9 @@ class Rounds:
                 try:
                     self._await(comm, requests, fingerprint, patience)
                 except BaseException:
-                    self._layouts.pop(len(layout.dest), None)  # (cancelled: never again)
+                    # cancelled: never again (MPI_Request_free of a cancelled request)
+                    self._layouts.pop(len(layout.dest), None)
+                    layout.free()
                     raise
             if statuses[0].Get_count(MPI.BYTE) == nbytes:
                 for w, length in checks:
@@ -176,11 +178,43 @@ class Rounds:
         """Bruck's rounds from distance ``dist`` on, holding the blocks at ``starts`` with
         payload ``lengths`` (this member's first) up to byte ``end``; ``received``: this
         round's blocks are in already (in ``self._statuses``). Learns the layout of an
-        agreed call made from the start."""
+        agreed call made from the start; the requests of a layout being learnt are freed
+        when the call fails or disagrees.
+
+        Raises:
+            CollectiveTimeoutError, PeerLostError: as :meth:`agree_gather`.
+            TransportError: a message whose blocks do not parse (it names the sender).
+        """
+        learn = not received and dist == 1 and len(self._layouts) < _MAX_LAYOUTS
+        rounds: list = []  # (the layout being learnt: persistent requests, never started)
+        try:
+            agreed, blocks = self._gather(comm, fingerprint, patience, starts, lengths, end,
+                                          dist, tag, waited, received, rounds if learn else None)
+        except BaseException:
+            _Layout(self._buffers[0][:0], rounds, []).free()
+            raise
+        if learn:
+            if agreed:
+                self._layouts[lengths[0]] = _Layout(
+                    self._buffers[0][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + lengths[0]],
+                    rounds, blocks)
+            else:
+                _Layout(self._buffers[0][:0], rounds, []).free()
+        return agreed, blocks
+
+    def _gather(self, comm, fingerprint: int, patience: Patience, starts: list[int],
+                lengths: list[int], end: int, dist: int, tag: int, waited: bool,
+                received: bool, rounds: list | None) -> tuple[bool, list[np.ndarray]]:
+        """The rounds of :meth:`_rounds` (same arguments); ``rounds``: where the layout of
+        each round is learnt, or None. Every block is bounded by what its message holds,
+        so a message that is not an ipupod peer's cannot index outside it.
+
+        Raises:
+            TransportError: a message whose blocks do not parse (it names the sender).
+        """
         buf, words = self._buffers
         size, rank, agreed, statuses = len(self.members), self.rank, True, self._statuses
-        learn = not received and dist == 1 and len(self._layouts) < _MAX_LAYOUTS
-        rounds = []
+        learn = rounds is not None
         while dist < size:
             count = min(dist, size - dist)
             if not received:
@@ -199,9 +233,13 @@ class Rounds:
             limit, at = end + statuses[0].Get_count(MPI.BYTE), end
             for _ in range(count):
                 w = at >> 3
+                length = int(words[w + 1]) if at + AGREE_HEADER_BYTES <= limit else -1
+                if not 0 <= length <= EAGER_MAX_BYTES \
+                        or at + agree_block_bytes(length) > limit:
+                    at = -1  # (a block that its message does not hold)
+                    break
                 if words[w] != fingerprint:
                     agreed = False
-                length = int(words[w + 1])
                 if learn:
                     rounds[-1][2].append((w, length))
                 starts.append(at)
@@ -221,12 +259,6 @@ class Rounds:
             i = (j - rank) % size
             at = starts[i] + AGREE_HEADER_BYTES
             blocks.append(buf[at:at + lengths[i]])
-        if learn:
-            if agreed:
-                self._layouts[lengths[0]] = _Layout(
-                    buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + lengths[0]], rounds, blocks)
-            else:
-                _Layout(buf[:0], rounds, []).free()
         return agreed, blocks
 
     def _allocate(self) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,11 @@ get a result for the call they gave up on.
 MODE ``caught-divergence``: a replica of the last instance returns from its function without
 the collective the others call; every instance catches the error and ends its program
 normally: the job must end at once, not after the collective timeout.
+MODE ``forged-round`` (4 instances): instance 2 is not an ipupod peer: in the first
+collective's agreement it passes instance 3's block on to instance 1 as its own (round 1),
+then sends instance 0 a round-2 message whose first block claims a payload of ``LENGTH``
+bytes (default 2**40); the others call the collective. Instance 0 must refuse the message,
+naming instance 2, without a traceback from inside the agreement.
 """
 
 from __future__ import annotations
@@ -34,6 +39,35 @@ def _call(strategy, name: str) -> None:
               flush=True)
         return
     print(f"RESULT {name} ok", flush=True)
+
+
+def _forge(length: int) -> None:
+    """Instance 2's part of MODE ``forged-round`` (module docstring)."""
+    from mpi4py import MPI
+
+    from collectives._runtime import get_engine
+    from collectives.transports import mpi_agreement
+
+    engine = get_engine()
+    members = tuple(range(engine.transport.process_count))
+    comm = engine.transport.communicator(members)._ready(
+        engine.data_patience(_Label(), members))
+    tag = mpi_agreement._TAG_ROUND
+    block = np.zeros(mpi_agreement._BLOCK_CAPACITY, np.uint8)
+    status = MPI.Status()
+    comm.Recv([block, MPI.BYTE], 3, tag, status)  # instance 3's own block (round 1)
+    got = status.Get_count(MPI.BYTE)
+    comm.Send([block[:got], MPI.BYTE], 1, tag)  # to instance 1, as this one's
+    forged = np.zeros(2 * got, np.uint8)
+    forged[:got] = block[:got]
+    words = forged.view(np.int64)
+    words[1] = length  # the first block's payload length
+    comm.Send([forged, MPI.BYTE], 0, tag + 1)  # round 2: "two blocks" to instance 0
+    print("RESULT forged", flush=True)
+
+
+class _Label:
+    label = "forged agreement"
 
 
 def main(mode: str) -> int:
@@ -62,6 +96,11 @@ def main(mode: str) -> int:
             strategy.run(step)
         except C.CollectiveError as exc:
             print(f"RESULT caught {type(exc).__name__}", flush=True)
+    elif mode == "forged-round":
+        if popdist.getInstanceIndex() == 2:
+            _forge(int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 40)
+        else:
+            _call(strategy, "first")
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return 0
