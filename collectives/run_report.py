@@ -259,7 +259,9 @@ def summary(report: dict) -> str:
     est = report.get("step_estimate")
     if est:
         lines.append(f"  step estimate: {est['step_s'] * 1e3:.3f} ms, "
-                     f"{est['samples_per_s']:,.0f} samples/s")
+                     f"{est['samples_per_s']:,.0f} samples/s (collectives.step_model of the "
+                     "model card: no BSP sync or on-chip exchange, which the modelled clock "
+                     "above counts)")
     return "\n".join(lines)
 
 
