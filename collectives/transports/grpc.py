@@ -188,11 +188,10 @@ class GrpcTransport(Transport):
         return min(HEARTBEAT_INTERVAL_S, self.options.heartbeat_timeout_s / 10)
 
     def _fail(self, error: PeerLostError) -> None:
-        with self.mailbox.cond:
+        with self.mailbox.lock:
             if self._failure is None:
                 self._failure = error
                 logger.error("instance %d: %s", self.process_index, error)
-            self.mailbox.cond.notify_all()
         self.inbox.wake()
 
     def raise_if_failed(self) -> None:
@@ -262,16 +261,21 @@ class GrpcTransport(Transport):
                 patience.check()
                 patience.settle()   # the caller's overlap work (a result copy) meanwhile
             self.inbox.wait(SPACE_POLL_S)
-        while pieces:   # a piece to every member, then wake them all (see write_record)
+        # a piece to every member, then wake them all (see write_record), unless this
+        # instance is the only sender (a broadcast's root): then a receiver woken at once
+        # copies its piece out on another core while this one writes the next member's
+        at_once = op == "broadcast"
+        while pieces:
             for entry in pieces:
                 ring, member, data, at = entry
                 waiting_on[0] = member
                 stop = min(at + SEND_PIECE_BYTES, data.size)
                 ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait,
-                                  signal=False)
+                                  signal=at_once)
                 entry[3] = stop
-            for entry in pieces:
-                entry[0].signal()
+            if not at_once:
+                for entry in pieces:
+                    entry[0].signal()
             pieces = [entry for entry in pieces if entry[3] < entry[2].size]
 
     def _open_outbox(self, member: int) -> Outbox:
@@ -290,8 +294,6 @@ class GrpcTransport(Transport):
 
     def _wake(self, _call=None) -> None:
         """Wake the waiting call: a tensor arrived over gRPC, or a stream ended."""
-        with self.mailbox.cond:
-            self.mailbox.cond.notify_all()
         inbox = getattr(self, "inbox", None)
         if inbox is not None:
             inbox.wake()

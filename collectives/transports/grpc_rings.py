@@ -137,20 +137,27 @@ class RingInbox:
                             f"instance {source}")
         key = (record.communicator, record.sequence, source)
         partial = self._partial.get(i)
+        n = record.piece.size
         if partial is None:
             if record.offset:
                 raise WireError(f"tensor {key} starts at offset {record.offset}")
             if record.nbytes > EARLY_BYTES and not self.mailbox.wanted(key):
                 self.mailbox.admit(key, 0)   # the window checks: refuse junk at once
                 return False
-            self.mailbox.admit(key, record.nbytes)
-            buffer = self.mailbox.claim(key, record.nbytes)
+            buffer = self.mailbox.admit_claim(key, record.nbytes)
+            if n == record.nbytes:   # the whole tensor (every small one): file it at once
+                if buffer is None:
+                    buffer = record.piece.copy()
+                elif n:
+                    buffer[:] = record.piece
+                self.bytes_received += n
+                self.mailbox.put(key, buffer, wake=False)
+                return True
             partial = [key, np.empty(record.nbytes, np.uint8) if buffer is None else buffer, 0]
         elif partial[0] != key or record.offset != partial[2] \
                 or record.nbytes != partial[1].size:
             raise WireError(f"a piece of tensor {key} at offset {record.offset} arrived in "
                             f"tensor {partial[0]} at offset {partial[2]}")
-        n = record.piece.size
         if n:
             partial[1][record.offset:record.offset + n] = record.piece
         partial[2] += n

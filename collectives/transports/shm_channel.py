@@ -87,6 +87,9 @@ _RECORD = struct.Struct("<IIQQQQQQ")
 _DATA, _SKIP = 0xDA7A, 0x5C1B
 #: longest communicator name in a record, bytes
 MAX_NAME_BYTES = 256
+# communicator names a reader keeps decoded (a job has a few; a peer inventing names gets
+# them decoded anew, not an unbounded table)
+_NAMES_KEPT = 64
 #: largest ring a receiver maps, bytes
 MAX_RING_BYTES = 1 << 30
 #: bytes of the control page before the data area
@@ -274,8 +277,9 @@ class RingWriter:
         receiver later (:meth:`signal`), after its records to other peers are written too
         (a wake-up may hand the CPU to the woken receiver at once)."""
         n = piece.size
-        size = record_bytes(len(name), n)
-        if size > self.capacity or len(name) > MAX_NAME_BYTES:
+        name_len = len(name)
+        size = RECORD_HEADER_BYTES + ((name_len + 7) & ~7) + ((n + 7) & ~7)   # record_bytes
+        if size > self.capacity or name_len > MAX_NAME_BYTES:
             raise ValueError(f"a record of {size} bytes (name of {len(name)} bytes) does not "
                              f"fit a ring of {self.capacity} bytes")
         start = self._position
@@ -295,11 +299,11 @@ class RingWriter:
         base = CONTROL_BYTES + at
         if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
             _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
-        _RECORD.pack_into(self._map, base, _DATA, len(name), source, sequence, nbytes, offset,
+        _RECORD.pack_into(self._map, base, _DATA, name_len, source, sequence, nbytes, offset,
                           n, 0)
-        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + len(name)] = name
+        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + name_len] = name
         if n:
-            at += RECORD_HEADER_BYTES + _pad8(len(name))
+            at += RECORD_HEADER_BYTES + ((name_len + 7) & ~7)
             self._data[at:at + n] = piece
         self._position = end
         self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
@@ -335,6 +339,7 @@ class RingReader:
         self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
         self._data = np.frombuffer(memory, np.uint8, capacity, CONTROL_BYTES)
         self._consumed = 0
+        self._names: dict[bytes, str] = {}   # communicator names seen, decoded
         #: the eventfd the sender writes after each record (readable: records may wait)
         self.event: int | None = event
         self._space: int | None = space   # a release while the sender waits for room
@@ -400,7 +405,7 @@ class RingReader:
             pos, at = pos + self.capacity - at, 0
             kind, name_len, source, sequence, nbytes, offset, n, _ = _RECORD.unpack_from(
                 self._map, CONTROL_BYTES + at)
-        size = record_bytes(name_len, n)
+        size = RECORD_HEADER_BYTES + ((name_len + 7) & ~7) + ((n + 7) & ~7)   # record_bytes
         if kind != _DATA or not 0 < name_len <= MAX_NAME_BYTES or n > PIECE_BYTES \
                 or nbytes > MAX_TENSOR_BYTES or offset + n > nbytes \
                 or at + size > self.capacity or pos + size > written:
@@ -409,12 +414,17 @@ class RingReader:
                             f"{nbytes}-byte tensor) breaks the ring's rules (ring of "
                             f"{self.capacity} bytes, written up to {written})")
         start = CONTROL_BYTES + at + RECORD_HEADER_BYTES
-        try:
-            name = bytes(self._map[start:start + name_len]).decode("ascii")
-        except UnicodeDecodeError:
-            raise WireError(f"ring record at position {pos}: the communicator name is not "
-                            "ASCII") from None
-        at += RECORD_HEADER_BYTES + _pad8(name_len)
+        raw = self._map[start:start + name_len]
+        name = self._names.get(raw)
+        if name is None:
+            try:
+                name = raw.decode("ascii")
+            except UnicodeDecodeError:
+                raise WireError(f"ring record at position {pos}: the communicator name is "
+                                "not ASCII") from None
+            if len(self._names) < _NAMES_KEPT:
+                self._names[raw] = name
+        at += RECORD_HEADER_BYTES + ((name_len + 7) & ~7)
         return Record(source, name, sequence, nbytes, offset, self._data[at:at + n], pos + size)
 
     def release(self, end: int) -> None:
