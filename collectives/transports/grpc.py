@@ -278,6 +278,29 @@ class GrpcTransport(Transport):
                     entry[0].signal()
             pieces = [entry for entry in pieces if entry[3] < entry[2].size]
 
+    def send_small(self, member: int, data: np.ndarray, communicator: str, sequence: int,
+                   op: str, patience: Patience) -> None:
+        """:meth:`send_all` of one small message (uint8, contiguous, at most
+        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES`: an agreement round's):
+        one record straight into the ring to ``member`` when it is mapped (no per-member
+        bookkeeping), else :meth:`send_all`. Raises as :meth:`send_all`."""
+        outbox = self._outboxes[member]
+        ring = None if outbox is None else outbox.ring
+        if ring is None or not ring.attached or data.size > SEND_PIECE_BYTES:
+            self.send_all([(member, data)], communicator, sequence, op, patience)
+            return
+        self.shm_bytes_sent += data.size
+        ring.write_record(self.process_index, communicator.encode("ascii"), sequence,
+                          data.size, 0, data, lambda: self._wait_for_room(member, patience))
+
+    def _wait_for_room(self, member: int, patience: Patience) -> None:
+        """No room in the ring to ``member`` (a small message): progress, checks, sleep."""
+        self.inbox.drain()
+        self.raise_if_failed()
+        self.check_sends((member,))
+        patience.check()
+        self.inbox.wait(SPACE_POLL_S)
+
     def _open_outbox(self, member: int) -> Outbox:
         ring = None
         if (self.options.grpc_shm and self.host_id
