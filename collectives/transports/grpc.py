@@ -43,6 +43,7 @@ from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
 from collectives.transports.shm_channel import SEND_PIECE_BYTES, SPACE_POLL_S, RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
+from collectives.transports.shm_fanout import MAX_FANOUT_INSTANCES, FanoutWriter
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
                     server_options)
@@ -121,6 +122,8 @@ class GrpcTransport(Transport):
             EXCHANGE_METHOD, request_serializer=None,
             response_deserializer=ppb.Ack.FromString) for c in self._channels]
         self._outboxes: list[Outbox | None] = [None] * process_count
+        self._fanout: FanoutWriter | None = None   # made with the first ring (_fanout_fd)
+        self._fanout_tried = False
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="grpc-heartbeat",
                                            daemon=True)
@@ -234,6 +237,9 @@ class GrpcTransport(Transport):
             PeerLostError, CollectiveTimeoutError: while waiting for room in a ring.
             TransportError: a ring into this instance broke the rules meanwhile.
         """
+        if op == "broadcast" and self._fanout is not None \
+                and self._fan_out(items, communicator, sequence, patience):
+            return
         pieces = []   # per ring member: (ring, member, data, next offset)
         for member, data in items:
             outbox = self._outboxes[member] or self._open_outbox(member)
@@ -278,6 +284,48 @@ class GrpcTransport(Transport):
                     entry[0].signal()
             pieces = [entry for entry in pieces if entry[3] < entry[2].size]
 
+    def _fan_out(self, items: Sequence[tuple[int, np.ndarray]], communicator: str,
+                 sequence: int, patience: Patience | None) -> bool:
+        """A broadcast of the same bytes to every other instance through this instance's
+        fan-out ring (``shm_fanout.py``): each piece written once, every receiver woken
+        through its pair ring. False (nothing sent): not every instance, not the same
+        bytes, or a ring not yet mapped (the caller uses the pair rings)."""
+        fanout = self._fanout
+        data = items[0][1] if items else None
+        if len(items) != self.process_count - 1 or not fanout.ready \
+                or any(d is not data for _, d in items):
+            return False
+        rings = []
+        for member, _ in items:
+            outbox = self._outboxes[member]
+            if outbox is None or outbox.ring is None or not outbox.ring.attached:
+                return False
+            rings.append(outbox.ring)
+        data = np.ascontiguousarray(data).reshape(-1)
+        members = [member for member, _ in items]
+
+        def wait():   # no room until the slowest receiver releases: progress, checks, sleep
+            for ring in rings:
+                ring.signal()
+            self.inbox.drain()
+            self.raise_if_failed()
+            self.check_sends(members)
+            if patience is not None:
+                patience.check()
+                patience.settle()   # the caller's overlap work (a result copy) meanwhile
+            self.inbox.wait(SPACE_POLL_S)
+        name, me, at = communicator.encode("ascii"), self.process_index, 0
+        while True:
+            stop = min(at + SEND_PIECE_BYTES, data.size)
+            fanout.write_record(me, name, sequence, data.size, at, data[at:stop], wait)
+            for ring in rings:
+                ring.signal()
+            at = stop
+            if at >= data.size:
+                break
+        self.shm_bytes_sent += data.size * len(rings)
+        return True
+
     def send_small(self, member: int, data: np.ndarray, communicator: str, sequence: int,
                    op: str, patience: Patience) -> None:
         """:meth:`send_all` of one small message (uint8, contiguous, at most
@@ -306,7 +354,7 @@ class GrpcTransport(Transport):
         if (self.options.grpc_shm and self.host_id
                 and self.peer_host_ids[member] == self.host_id):
             try:
-                ring = RingWriter(token=self._metadata[0][1])
+                ring = RingWriter(token=self._metadata[0][1], fanout_fd=self._fanout_fd())
             except OSError as exc:
                 logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
             else:
@@ -314,6 +362,20 @@ class GrpcTransport(Transport):
         outbox = self._outboxes[member] = Outbox(self._exchanges[member], self._metadata,
                                                  self._wake, ring, self.host_id)
         return outbox
+
+    def _fanout_fd(self) -> int | None:
+        """The memfd of this instance's fan-out ring, made at its first ring, when every
+        other instance (at least two) shares this host; else None."""
+        if not self._fanout_tried:
+            self._fanout_tried = True
+            others = [i for i in range(self.process_count) if i != self.process_index]
+            if len(others) >= 2 and len(others) <= MAX_FANOUT_INSTANCES \
+                    and all(self.peer_host_ids[i] == self.host_id for i in others):
+                try:
+                    self._fanout = FanoutWriter(others)
+                except OSError as exc:
+                    logger.info("no fan-out ring (%s): broadcasts use the pair rings", exc)
+        return None if self._fanout is None else self._fanout.fd
 
     def _wake(self, _call=None) -> None:
         """Wake the waiting call: a tensor arrived over gRPC, or a stream ended."""
@@ -400,6 +462,9 @@ class GrpcTransport(Transport):
                 if outbox.ring is not None:
                     self.inbox.unwatch(outbox.ring.space)
                     outbox.ring.close()
+        fanout = getattr(self, "_fanout", None)
+        if fanout is not None:
+            fanout.close()
         for channel in getattr(self, "_channels", ()):
             if channel is not None:
                 channel.close()
