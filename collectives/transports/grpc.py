@@ -41,9 +41,10 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
 from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import SEND_PIECE_BYTES, SPACE_POLL_S, RingWriter
+from collectives.transports.shm_channel import (SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter,
+                                                RingWriter)
 from collectives.transports.shm_channel import host_id as this_host_id
-from collectives.transports.shm_fanout import MAX_FANOUT_INSTANCES, FanoutWriter
+from collectives.transports.shm_fanout import FanoutWriter
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
                     server_options)
@@ -257,16 +258,8 @@ class GrpcTransport(Transport):
         me = self.process_index
         waiting_on = [0]
 
-        def wait():   # no room in the ring to waiting_on[0]: progress, checks, sleep
-            for entry in pieces:   # records written this round must not wait for the wake
-                entry[0].signal()
-            self.inbox.drain()
-            self.raise_if_failed()
-            self.check_sends(waiting_on)
-            if patience is not None:
-                patience.check()
-                patience.settle()   # the caller's overlap work (a result copy) meanwhile
-            self.inbox.wait(SPACE_POLL_S)
+        def wait():   # no room in the ring to waiting_on[0]
+            self._wait_for_room([entry[0] for entry in pieces], waiting_on, patience)
         # a piece to every member, then wake them all (see write_record), unless this
         # instance is the only sender (a broadcast's root): then a receiver woken at once
         # copies its piece out on another core while this one writes the next member's
@@ -301,28 +294,10 @@ class GrpcTransport(Transport):
             if outbox is None or outbox.ring is None or not outbox.ring.attached:
                 return False
             rings.append(outbox.ring)
-        data = np.ascontiguousarray(data).reshape(-1)
         members = [member for member, _ in items]
-
-        def wait():   # no room until the slowest receiver releases: progress, checks, sleep
-            for ring in rings:
-                ring.signal()
-            self.inbox.drain()
-            self.raise_if_failed()
-            self.check_sends(members)
-            if patience is not None:
-                patience.check()
-                patience.settle()   # the caller's overlap work (a result copy) meanwhile
-            self.inbox.wait(SPACE_POLL_S)
-        name, me, at = communicator.encode("ascii"), self.process_index, 0
-        while True:
-            stop = min(at + SEND_PIECE_BYTES, data.size)
-            fanout.write_record(me, name, sequence, data.size, at, data[at:stop], wait)
-            for ring in rings:
-                ring.signal()
-            at = stop
-            if at >= data.size:
-                break
+        data = fanout.broadcast(self.process_index, communicator.encode("ascii"), sequence,
+                                data, rings,
+                                lambda: self._wait_for_room(rings, members, patience))
         self.shm_bytes_sent += data.size * len(rings)
         return True
 
@@ -339,14 +314,23 @@ class GrpcTransport(Transport):
             return
         self.shm_bytes_sent += data.size
         ring.write_record(self.process_index, communicator.encode("ascii"), sequence,
-                          data.size, 0, data, lambda: self._wait_for_room(member, patience))
+                          data.size, 0, data, lambda: self._wait_for_room((), (member,),
+                                                                          patience))
 
-    def _wait_for_room(self, member: int, patience: Patience) -> None:
-        """No room in the ring to ``member`` (a small message): progress, checks, sleep."""
+    def _wait_for_room(self, rings: Sequence[RecordWriter], members: Sequence[int],
+                       patience: Patience | None) -> None:
+        """No room in a ring to ``members``: wake the receivers of ``rings`` (records
+        written before this wait must not wait for a later wake), drain this instance's
+        own rings, check the peers and ``patience`` (running its overlap work, a result
+        copy, meanwhile), then sleep until room may have been freed."""
+        for ring in rings:
+            ring.signal()
         self.inbox.drain()
         self.raise_if_failed()
-        self.check_sends((member,))
-        patience.check()
+        self.check_sends(members)
+        if patience is not None:
+            patience.check()
+            patience.settle()
         self.inbox.wait(SPACE_POLL_S)
 
     def _open_outbox(self, member: int) -> Outbox:
@@ -364,17 +348,12 @@ class GrpcTransport(Transport):
         return outbox
 
     def _fanout_fd(self) -> int | None:
-        """The memfd of this instance's fan-out ring, made at its first ring, when every
-        other instance (at least two) shares this host; else None."""
+        """The memfd of this instance's fan-out ring, made at its first ring
+        (:meth:`FanoutWriter.for_job`); else None."""
         if not self._fanout_tried:
             self._fanout_tried = True
-            others = [i for i in range(self.process_count) if i != self.process_index]
-            if len(others) >= 2 and len(others) <= MAX_FANOUT_INSTANCES \
-                    and all(self.peer_host_ids[i] == self.host_id for i in others):
-                try:
-                    self._fanout = FanoutWriter(others)
-                except OSError as exc:
-                    logger.info("no fan-out ring (%s): broadcasts use the pair rings", exc)
+            self._fanout = FanoutWriter.for_job(self.process_index, self.host_id,
+                                                self.peer_host_ids)
         return None if self._fanout is None else self._fanout.fd
 
     def _wake(self, _call=None) -> None:

@@ -131,12 +131,7 @@ class GrpcCommunicator(Communicator):
         return what member ``source`` sends (at least a byte; a buffer of its own): what
         :meth:`_exchange` does for these two members, without its per-member lists (an
         agreement round is all fixed cost)."""
-        t = self._transport
-        t.raise_if_failed()
-        seq = self._seq
-        self._seq += 1
-        mailbox = t.mailbox
-        mailbox.at(self.name, seq)
+        t, mailbox, seq = self._start_exchange()
         peer = self.members[source]
         key = (self.name, seq, peer)
         mailbox.post(key, None)
@@ -244,6 +239,19 @@ class GrpcCommunicator(Communicator):
 
     # -- the exchange -------------------------------------------------------------------
 
+    def _start_exchange(self):
+        """Number the next exchange and tell the mailbox: (transport, mailbox, number).
+
+        Raises:
+            PeerLostError, TransportClosedError: the job failed, or the transport closed.
+        """
+        t = self._transport
+        t.raise_if_failed()
+        seq = self._seq
+        self._seq += 1
+        t.mailbox.at(self.name, seq)
+        return t, t.mailbox, seq
+
     def _exchange(self, op: str, sends: Sequence[np.ndarray],
                   outs: Sequence[np.ndarray | None], patience: Patience,
                   own_in_place: bool = False) -> dict[int, np.ndarray]:
@@ -251,12 +259,7 @@ class GrpcCommunicator(Communicator):
         ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]`` unless ``own_in_place``:
         they are the same bytes). ``outs[j]`` None: whatever member j sends (at least a
         byte), returned as ``{j: bytes}`` in a buffer of its own."""
-        t = self._transport
-        t.raise_if_failed()
-        seq = self._seq
-        self._seq += 1
-        mailbox = t.mailbox
-        mailbox.at(self.name, seq)
+        t, mailbox, seq = self._start_exchange()
         waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
                    if j != self.rank and (outs[j] is None or outs[j].size)}
         for j, key in waiting.items():

@@ -24,12 +24,17 @@ receiver has marked itself attached, so every receiver sees every record from th
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
 
 from collectives.transports.shm_channel import (_ATTACHED_MARK, CONTROL_BYTES, RING_BYTES,
-                                                RecordWriter, RingReader)
+                                                SEND_PIECE_BYTES, RecordWriter, RingReader)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_FANOUT_INSTANCES", "FanoutReader", "FanoutWriter"]
 
@@ -69,6 +74,39 @@ class FanoutWriter(RecordWriter):
         super().__init__(memory, capacity)
         self._read_words = [_words(r)[1] for r in self.receivers]
         self._ready = False
+
+    @classmethod
+    def for_job(cls, me: int, host: str, host_ids: Sequence[str]) -> "FanoutWriter | None":
+        """Instance ``me``'s fan-out ring when every other instance of the job (at least
+        two, at most :data:`MAX_FANOUT_INSTANCES` in all) registered host id ``host``
+        (``host_ids``: every instance's); else, or when the memfd cannot be made, None."""
+        others = [i for i in range(len(host_ids)) if i != me]
+        if not host or not 2 <= len(others) < MAX_FANOUT_INSTANCES \
+                or any(host_ids[i] != host for i in others):
+            return None
+        try:
+            return cls(others)
+        except OSError as exc:
+            logger.info("no fan-out ring (%s): broadcasts use the pair rings", exc)
+            return None
+
+    def broadcast(self, me: int, name: bytes, sequence: int, data: np.ndarray,
+                  rings: Sequence[RecordWriter], wait: Callable[[], None]) -> np.ndarray:
+        """Write ``data`` (uint8) as exchange ``sequence`` of communicator ``name`` from
+        instance ``me``, in records of up to :data:`~.shm_channel.SEND_PIECE_BYTES`, each
+        written once and announced through every receiver's pair ring (``rings``);
+        ``wait()`` runs while there is no room (see :meth:`RecordWriter.write_record`).
+        Returns ``data`` flattened."""
+        data = np.ascontiguousarray(data).reshape(-1)
+        at = 0
+        while True:
+            stop = min(at + SEND_PIECE_BYTES, data.size)
+            self.write_record(me, name, sequence, data.size, at, data[at:stop], wait)
+            for ring in rings:
+                ring.signal()
+            at = stop
+            if at >= data.size:
+                return data
 
     @property
     def ready(self) -> bool:
