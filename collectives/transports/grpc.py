@@ -10,7 +10,9 @@ its own if it arrives first) and files it under (communicator, call number, sour
 (``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the
 same host every tensor goes through a shared-memory ring instead, written by the sending
 call and read by the receiving call in its own thread, the stream carrying only the ring's
-offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
+offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off). When
+every instance of the job shares the host, a broadcast over all of them is written once,
+into the root's fan-out ring that every receiver reads (``shm_fanout.py``).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);

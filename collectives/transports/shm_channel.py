@@ -19,6 +19,10 @@ Why: a 4 KiB message through a gRPC stream passes four threads (the sender's req
 iterator, gRPC's poller, the server's handler, the waiting caller); through the ring it
 passes none (figures in the commit that made it so).
 
+A broadcast over every instance of a one-host job goes through the sender's *fan-out*
+ring instead, one copy for all receivers (``shm_fanout.py``: the same record format and
+:class:`RecordWriter`; its memfd is handed over with each pair ring).
+
 Why a memfd and not a file in /dev/shm: the ring is ``memfd_create`` memory of the
 sending process. It has no name in any file system, so nothing is left behind whatever
 happens (SIGKILL included), and no unlink is racing with a crash;
