@@ -360,3 +360,84 @@ def test_a_large_tensor_waits_in_the_ring_until_its_call_posts(ring_pair):
         assert mailbox.take(("0,1", 2, 1)).tobytes() == small.tobytes()
     finally:
         inbox.close()
+
+
+# -- the fan-out ring of broadcasts (shm_fanout.py) ----------------------------------------
+
+def test_fanout_records_reach_every_receiver_and_wait_for_the_slowest():
+    """One writer, two readers of the same memory: each reads every record; the writer
+    waits for room until the slower one has released (its wait() lets reader 1 read only
+    when reader 2 has nothing left)."""
+    import mmap
+
+    from collectives.transports.shm_fanout import MAX_FANOUT_INSTANCES, FanoutReader, FanoutWriter
+    writer = FanoutWriter([1, 2], capacity=4 << 20)
+    size = os.fstat(writer.fd).st_size
+    readers = [FanoutReader.make((mmap.mmap(writer.fd, size),
+                                  os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)), i)
+               for i in (1, 2)]
+    assert writer.ready
+    assert FanoutReader.make((mmap.mmap(writer.fd, size), os.eventfd(0)),
+                             MAX_FANOUT_INSTANCES) is None
+    rng = np.random.default_rng(1)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (1 << 20, 3, 2 << 20, 1 << 20,
+                                                                 (1 << 20) + 1)]
+    got = {1: [], 2: []}
+    waits = []
+
+    def wait():   # the slow reader 2 first; reader 1 only when 2 had nothing
+        waits.append(1)
+        before = len(got[2])
+        got[2].extend(_read_all(readers[1]))
+        if len(got[2]) == before:
+            got[1].extend(_read_all(readers[0]))
+    for seq, piece in enumerate(pieces):
+        writer.write_record(0, b"0,1,2", seq, piece.size, 0, piece, wait)
+    for i, reader in zip((1, 2), readers):
+        got[i].extend(_read_all(reader))
+    assert waits   # 5 MiB in a 4 MiB ring
+    for i in (1, 2):
+        assert [r.sequence for r in got[i]] == list(range(len(pieces)))
+        assert [r.piece.tobytes() for r in got[i]] == [p.tobytes() for p in pieces]
+    for reader in readers:
+        reader.close()
+    writer.close()
+
+
+def test_a_broadcast_to_every_instance_is_written_once_into_the_fanout_ring():
+    """4 instances on one host: a broadcast of the job's communicator goes through the
+    root's fan-out ring (its pair rings carry none of it), bit-identical, tensors larger
+    than the ring included; one of a sub-communicator keeps the pair rings; 2 instances
+    have no fan-out ring."""
+    here = host_id()
+    server, ts = _job([here] * 4)
+    try:
+        everyone = [t.communicator((0, 1, 2, 3)) for t in ts]
+        three = [t.communicator((0, 1, 2)) for t in ts[:3]]
+
+        def broadcasts(comms, root, sizes):
+            for nbytes in sizes:
+                src = np.random.default_rng(nbytes + root).integers(0, 256, nbytes,
+                                                                     dtype=np.uint8)
+                got = _parallel([(lambda i=i: comms[i].broadcast(
+                    src.copy() if i == root else np.zeros(nbytes, np.uint8), root,
+                    _patience())) for i in range(len(comms))])
+                assert all(g.tobytes() == src.tobytes() for g in got)
+
+        broadcasts(everyone, 2, [5, 1 << 20])   # the rings are mapped during these
+        pair = [o.ring._position for o in ts[2]._outboxes if o is not None]
+        fanout = ts[2]._fanout._position
+        broadcasts(everyone, 2, [7, (1 << 20) + 3, RING_BYTES + 12345])
+        assert [o.ring._position for o in ts[2]._outboxes if o is not None] == pair
+        assert ts[2]._fanout._position - fanout >= RING_BYTES + (1 << 20)
+        fanout = ts[2]._fanout._position
+        broadcasts(three, 2, [(1 << 20) + 5])
+        assert ts[2]._fanout._position == fanout
+    finally:
+        _close(server, ts)
+    server, ts = _job([here] * 2)
+    try:
+        _allgathers(ts, [1 << 20])
+        assert [t._fanout for t in ts] == [None, None]
+    finally:
+        _close(server, ts)

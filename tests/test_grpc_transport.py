@@ -302,3 +302,27 @@ def test_agree_gather_refuses_malformed_blocks_and_large_payloads(job):
     with pytest.raises(ValueError, match="at most"):
         ts[0].communicator((0, 1, 2)).agree_gather(
             1, np.zeros(EAGER_MAX_BYTES + 1, np.uint8), _patience())
+
+
+def test_agree_refuses_a_message_of_another_size(job):
+    """An agreement round takes whatever its peer sends (GrpcCommunicator._round); agree
+    checks it is its 16 bytes ([min, max])."""
+    _, ts = job
+    ts[1].send_small(0, np.zeros(8, np.uint8), "0,1", 0, "agree", _patience())
+    with pytest.raises(TransportError, match="malformed agreement message from instance 1: "
+                                             "8 bytes, expected 16"):
+        ts[0].communicator((0, 1)).agree(5, _patience())
+
+
+def test_mailbox_admit_claim_checks_then_hands_over_the_posted_buffer():
+    from collectives.transports.grpc_mailbox import Mailbox
+    from collectives.transports.grpc_wire import WireError
+    mailbox = Mailbox()
+    buffer = np.empty(8, np.uint8)
+    mailbox.post(("0,1", 0, 1), buffer)
+    assert mailbox.admit_claim(("0,1", 0, 1), 8) is buffer
+    assert mailbox.admit_claim(("0,1", 1, 1), 8) is None   # nothing posted: its own buffer
+    mailbox.put(("0,1", 0, 1), buffer)
+    assert mailbox.take(("0,1", 0, 1)) is buffer
+    with pytest.raises(WireError, match="has finished"):
+        mailbox.admit_claim(("0,1", 0, 1), 8)

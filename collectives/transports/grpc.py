@@ -10,7 +10,9 @@ its own if it arrives first) and files it under (communicator, call number, sour
 (``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the
 same host every tensor goes through a shared-memory ring instead, written by the sending
 call and read by the receiving call in its own thread, the stream carrying only the ring's
-offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off).
+offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off). When
+every instance of the job shares the host, a broadcast over all of them is written once,
+into the root's fan-out ring that every receiver reads (``shm_fanout.py``).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
@@ -41,8 +43,10 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
 from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import SEND_PIECE_BYTES, SPACE_POLL_S, RingWriter
+from collectives.transports.shm_channel import (SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter,
+                                                RingWriter)
 from collectives.transports.shm_channel import host_id as this_host_id
+from collectives.transports.shm_fanout import FanoutWriter
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
                     server_options)
@@ -121,6 +125,8 @@ class GrpcTransport(Transport):
             EXCHANGE_METHOD, request_serializer=None,
             response_deserializer=ppb.Ack.FromString) for c in self._channels]
         self._outboxes: list[Outbox | None] = [None] * process_count
+        self._fanout: FanoutWriter | None = None   # made with the first ring (_fanout_fd)
+        self._fanout_tried = False
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="grpc-heartbeat",
                                            daemon=True)
@@ -188,11 +194,10 @@ class GrpcTransport(Transport):
         return min(HEARTBEAT_INTERVAL_S, self.options.heartbeat_timeout_s / 10)
 
     def _fail(self, error: PeerLostError) -> None:
-        with self.mailbox.cond:
+        with self.mailbox.lock:
             if self._failure is None:
                 self._failure = error
                 logger.error("instance %d: %s", self.process_index, error)
-            self.mailbox.cond.notify_all()
         self.inbox.wake()
 
     def raise_if_failed(self) -> None:
@@ -235,6 +240,9 @@ class GrpcTransport(Transport):
             PeerLostError, CollectiveTimeoutError: while waiting for room in a ring.
             TransportError: a ring into this instance broke the rules meanwhile.
         """
+        if op == "broadcast" and self._fanout is not None \
+                and self._fan_out(items, communicator, sequence, patience):
+            return
         pieces = []   # per ring member: (ring, member, data, next offset)
         for member, data in items:
             outbox = self._outboxes[member] or self._open_outbox(member)
@@ -252,34 +260,87 @@ class GrpcTransport(Transport):
         me = self.process_index
         waiting_on = [0]
 
-        def wait():   # no room in the ring to waiting_on[0]: progress, checks, sleep
-            for entry in pieces:   # records written this round must not wait for the wake
-                entry[0].signal()
-            self.inbox.drain()
-            self.raise_if_failed()
-            self.check_sends(waiting_on)
-            if patience is not None:
-                patience.check()
-                patience.settle()   # the caller's overlap work (a result copy) meanwhile
-            self.inbox.wait(SPACE_POLL_S)
-        while pieces:   # a piece to every member, then wake them all (see write_record)
+        def wait():   # no room in the ring to waiting_on[0]
+            self._wait_for_room([entry[0] for entry in pieces], waiting_on, patience)
+        # a piece to every member, then wake them all (see write_record), unless this
+        # instance is the only sender (a broadcast's root): then a receiver woken at once
+        # copies its piece out on another core while this one writes the next member's
+        at_once = op == "broadcast"
+        while pieces:
             for entry in pieces:
                 ring, member, data, at = entry
                 waiting_on[0] = member
                 stop = min(at + SEND_PIECE_BYTES, data.size)
                 ring.write_record(me, name, sequence, data.size, at, data[at:stop], wait,
-                                  signal=False)
+                                  signal=at_once)
                 entry[3] = stop
-            for entry in pieces:
-                entry[0].signal()
+            if not at_once:
+                for entry in pieces:
+                    entry[0].signal()
             pieces = [entry for entry in pieces if entry[3] < entry[2].size]
+
+    def _fan_out(self, items: Sequence[tuple[int, np.ndarray]], communicator: str,
+                 sequence: int, patience: Patience | None) -> bool:
+        """A broadcast of the same bytes to every other instance through this instance's
+        fan-out ring (``shm_fanout.py``): each piece written once, every receiver woken
+        through its pair ring. False (nothing sent): not every instance, not the same
+        bytes, or a ring not yet mapped (the caller uses the pair rings)."""
+        fanout = self._fanout
+        data = items[0][1] if items else None
+        if len(items) != self.process_count - 1 or not fanout.ready \
+                or any(d is not data for _, d in items):
+            return False
+        rings = []
+        for member, _ in items:
+            outbox = self._outboxes[member]
+            if outbox is None or outbox.ring is None or not outbox.ring.attached:
+                return False
+            rings.append(outbox.ring)
+        members = [member for member, _ in items]
+        data = fanout.broadcast(self.process_index, communicator.encode("ascii"), sequence,
+                                data, rings,
+                                lambda: self._wait_for_room(rings, members, patience))
+        self.shm_bytes_sent += data.size * len(rings)
+        return True
+
+    def send_small(self, member: int, data: np.ndarray, communicator: str, sequence: int,
+                   op: str, patience: Patience) -> None:
+        """:meth:`send_all` of one small message (uint8, contiguous, at most
+        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES`: an agreement round's):
+        one record straight into the ring to ``member`` when it is mapped (no per-member
+        bookkeeping), else :meth:`send_all`. Raises as :meth:`send_all`."""
+        outbox = self._outboxes[member]
+        ring = None if outbox is None else outbox.ring
+        if ring is None or not ring.attached or data.size > SEND_PIECE_BYTES:
+            self.send_all([(member, data)], communicator, sequence, op, patience)
+            return
+        self.shm_bytes_sent += data.size
+        ring.write_record(self.process_index, communicator.encode("ascii"), sequence,
+                          data.size, 0, data, lambda: self._wait_for_room((), (member,),
+                                                                          patience))
+
+    def _wait_for_room(self, rings: Sequence[RecordWriter], members: Sequence[int],
+                       patience: Patience | None) -> None:
+        """No room in a ring to ``members``: wake the receivers of ``rings`` (records
+        written before this wait must not wait for a later wake), drain this instance's
+        own rings, check the peers and ``patience`` (running its overlap work, a result
+        copy, meanwhile), then sleep until room may have been freed."""
+        for ring in rings:
+            ring.signal()
+        self.inbox.drain()
+        self.raise_if_failed()
+        self.check_sends(members)
+        if patience is not None:
+            patience.check()
+            patience.settle()
+        self.inbox.wait(SPACE_POLL_S)
 
     def _open_outbox(self, member: int) -> Outbox:
         ring = None
         if (self.options.grpc_shm and self.host_id
                 and self.peer_host_ids[member] == self.host_id):
             try:
-                ring = RingWriter(token=self._metadata[0][1])
+                ring = RingWriter(token=self._metadata[0][1], fanout_fd=self._fanout_fd())
             except OSError as exc:
                 logger.info("no shared memory for instance %d (%s): pure gRPC", member, exc)
             else:
@@ -288,10 +349,17 @@ class GrpcTransport(Transport):
                                                  self._wake, ring, self.host_id)
         return outbox
 
+    def _fanout_fd(self) -> int | None:
+        """The memfd of this instance's fan-out ring, made at its first ring
+        (:meth:`FanoutWriter.for_job`); else None."""
+        if not self._fanout_tried:
+            self._fanout_tried = True
+            self._fanout = FanoutWriter.for_job(self.process_index, self.host_id,
+                                                self.peer_host_ids)
+        return None if self._fanout is None else self._fanout.fd
+
     def _wake(self, _call=None) -> None:
         """Wake the waiting call: a tensor arrived over gRPC, or a stream ended."""
-        with self.mailbox.cond:
-            self.mailbox.cond.notify_all()
         inbox = getattr(self, "inbox", None)
         if inbox is not None:
             inbox.wake()
@@ -375,6 +443,9 @@ class GrpcTransport(Transport):
                 if outbox.ring is not None:
                     self.inbox.unwatch(outbox.ring.space)
                     outbox.ring.close()
+        fanout = getattr(self, "_fanout", None)
+        if fanout is not None:
+            fanout.close()
         for channel in getattr(self, "_channels", ()):
             if channel is not None:
                 channel.close()

@@ -11,6 +11,7 @@ exchanges (:meth:`GrpcCommunicator.agree`, :meth:`GrpcCommunicator.agree_gather`
 
 from __future__ import annotations
 
+import struct
 from typing import Sequence
 
 import numpy as np
@@ -26,7 +27,9 @@ __all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator"]
 # EAGER_MAX_BYTES (collectives.transports.base): the most payload bytes per member
 # GrpcCommunicator.agree_gather carries, the one bound every transport and the engine share;
 # its blocks have the base module's format (AGREE_HEADER_BYTES, agree_block_bytes)
-_EMPTY = np.empty(0, np.uint8)
+# an agreement message's two little-endian int64 words ([min, max] of agree; the
+# [fingerprint, length] header of an agree_gather block)
+_TWO_WORDS = struct.Struct("<qq")
 
 
 def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
@@ -59,17 +62,16 @@ class GrpcCommunicator(Communicator):
         rounds for P = 4, no coordinator. A stall names the member this round waits for."""
         n, me = self.size, self.rank
         lo = hi = int(fingerprint)
-        empty = np.empty(0, np.uint8)
         step = 1
         while step < n:
             to, source = (me + step) % n, (me - step) % n
-            got = np.empty(16, np.uint8)
-            sends, outs = [empty] * n, [empty] * n
-            sends[to] = np.array([lo, hi], "<i8").view(np.uint8)
-            outs[source] = got
-            self._exchange("agree", sends, outs, patience)
-            their_lo, their_hi = got.view("<i8")
-            lo, hi = min(lo, int(their_lo)), max(hi, int(their_hi))
+            got = self._round("agree", to, np.array([lo, hi], "<i8").view(np.uint8), source,
+                              patience)
+            if got.size != 16:
+                raise TransportError(f"a malformed agreement message from instance "
+                                     f"{self.members[source]}: {got.size} bytes, expected 16")
+            their_lo, their_hi = _TWO_WORDS.unpack_from(got)
+            lo, hi = min(lo, their_lo), max(hi, their_hi)
             step *= 2
         return lo == hi
 
@@ -98,31 +100,63 @@ class GrpcCommunicator(Communicator):
         if n > EAGER_MAX_BYTES:
             raise ValueError(f"agree_gather: a payload of {n} bytes; at most "
                              f"{EAGER_MAX_BYTES}")
-        mine = np.zeros(agree_block_bytes(n), np.uint8)
-        mine[:AGREE_HEADER_BYTES].view("<i8")[:] = (fingerprint, n)
         if n:
+            mine = np.zeros(agree_block_bytes(n), np.uint8)
+            _TWO_WORDS.pack_into(mine, 0, fingerprint, n)
             mine[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload.reshape(-1).view(np.uint8)
+        else:
+            mine = np.frombuffer(_TWO_WORDS.pack(fingerprint, 0), np.uint8)
         size, rank, dist = self.size, self.rank, 1
         blocks = [mine]   # blocks[i] holds member (rank + i) % size
-        outs: list = [_EMPTY] * size
         while dist < size:
             count = min(dist, size - dist)
             to, source = (rank - dist) % size, (rank + dist) % size
-            sends = [_EMPTY] * size
-            sends[to] = blocks[0] if count == 1 else np.concatenate(blocks[:count])
-            outs[source] = None
-            got = self._exchange("agree_gather", sends, outs, patience)[source]
-            outs[source] = _EMPTY
+            got = self._round("agree_gather", to,
+                              mine if count == 1 else np.concatenate(blocks[:count]), source,
+                              patience)
             blocks.extend(self._blocks(got, count, self.members[source]))
             dist <<= 1
-        words = [block[:AGREE_HEADER_BYTES].view("<i8") for block in blocks]
-        if any(int(w[0]) != fingerprint for w in words):
+        words = [_TWO_WORDS.unpack_from(block) for block in blocks]
+        if any(w[0] != fingerprint for w in words):
             return False, None
         if payload is None:
             return True, None
         order = [(j - rank) % size for j in range(size)]  # member j's block
-        return True, [blocks[i][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + int(words[i][1])]
+        return True, [blocks[i][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + words[i][1]]
                       for i in order]
+
+    def _round(self, op: str, to: int, data: np.ndarray, source: int,
+               patience: Patience) -> np.ndarray:
+        """One exchange of an agreement: send ``data`` (uint8, small) to member ``to`` and
+        return what member ``source`` sends (at least a byte; a buffer of its own): what
+        :meth:`_exchange` does for these two members, without its per-member lists (an
+        agreement round is all fixed cost)."""
+        t, mailbox, seq = self._start_exchange()
+        peer = self.members[source]
+        key = (self.name, seq, peer)
+        mailbox.post(key, None)
+        got = None
+        try:
+            t.send_small(self.members[to], data, self.name, seq, op, patience)
+            inbox = t.inbox
+            while True:
+                inbox.drain()
+                got = mailbox.take(key)
+                if got is not None:
+                    break
+                t.raise_if_failed()
+                t.check_sends(self.members)
+                patience.waiting_for((peer,))
+                patience.check()
+                inbox.wait(0.1)
+        finally:
+            if got is None:
+                mailbox.unpost(key)
+        t.raise_if_failed()
+        if not got.size:
+            raise TransportError(f"{op} #{seq} over instances {self.name}: an empty message "
+                                 f"from instance {peer}")
+        return got
 
     @staticmethod
     def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
@@ -134,7 +168,7 @@ class GrpcCommunicator(Communicator):
         blocks, at = [], 0
         for _ in range(count):
             length = -1 if at + AGREE_HEADER_BYTES > got.size else \
-                int(got[at:at + AGREE_HEADER_BYTES].view("<i8")[1])
+                _TWO_WORDS.unpack_from(got, at)[1]
             end = at + agree_block_bytes(max(length, 0))
             if not 0 <= length <= EAGER_MAX_BYTES or end > got.size:
                 raise TransportError(f"a malformed agreement message from instance {source}: "
@@ -205,6 +239,19 @@ class GrpcCommunicator(Communicator):
 
     # -- the exchange -------------------------------------------------------------------
 
+    def _start_exchange(self):
+        """Number the next exchange and tell the mailbox: (transport, mailbox, number).
+
+        Raises:
+            PeerLostError, TransportClosedError: the job failed, or the transport closed.
+        """
+        t = self._transport
+        t.raise_if_failed()
+        seq = self._seq
+        self._seq += 1
+        t.mailbox.at(self.name, seq)
+        return t, t.mailbox, seq
+
     def _exchange(self, op: str, sends: Sequence[np.ndarray],
                   outs: Sequence[np.ndarray | None], patience: Patience,
                   own_in_place: bool = False) -> dict[int, np.ndarray]:
@@ -212,12 +259,7 @@ class GrpcCommunicator(Communicator):
         ``outs[j]`` (``outs[rank]`` gets a copy of ``sends[rank]`` unless ``own_in_place``:
         they are the same bytes). ``outs[j]`` None: whatever member j sends (at least a
         byte), returned as ``{j: bytes}`` in a buffer of its own."""
-        t = self._transport
-        t.raise_if_failed()
-        seq = self._seq
-        self._seq += 1
-        mailbox = t.mailbox
-        mailbox.at(self.name, seq)
+        t, mailbox, seq = self._start_exchange()
         waiting = {j: (self.name, seq, m) for j, m in enumerate(self.members)
                    if j != self.rank and (outs[j] is None or outs[j].size)}
         for j, key in waiting.items():

@@ -47,7 +47,11 @@ class Mailbox:
 
     def __init__(self, max_buffered_bytes: int = MAX_BUFFERED_BYTES_PER_PEER,
                  wake: Callable[[], None] | None = None):
-        self.cond = threading.Condition()
+        #: guards the tables (the server's threads and the calling thread file and take);
+        #: nobody waits on it: the waiting call sleeps in its inbox's poll, woken by
+        #: ``wake`` (a plain lock: a Condition's Python-level enter/exit and notify cost
+        #: more than the dict operations they guard)
+        self.lock = threading.Lock()
         self._wake = wake
         self._items: dict[tuple[str, int, int], np.ndarray] = {}
         self._posted: dict[tuple[str, int, int], np.ndarray] = {}
@@ -64,16 +68,15 @@ class Mailbox:
         Raises:
             WireError: ``key`` was received already.
         """
-        with self.cond:
+        with self.lock:
             if key in self._items:
                 raise WireError(f"tensor {key} was already received")
             self._items[key] = value
-            self.cond.notify_all()
         if wake and self._wake is not None:
             self._wake()
 
     def take(self, key: tuple[str, int, int]) -> np.ndarray | None:
-        with self.cond:
+        with self.lock:
             value = self._items.pop(key, None)
             if value is not None:
                 communicator, sequence, source = key
@@ -98,37 +101,50 @@ class Mailbox:
         Raises:
             WireError: naming the tensor and the bound.
         """
+        with self.lock:
+            self._admit(key, nbytes)
+
+    def admit_claim(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
+        """:meth:`admit` then :meth:`claim`, under one acquisition of the lock.
+
+        Raises:
+            WireError: as :meth:`admit`.
+        """
+        with self.lock:
+            self._admit(key, nbytes)
+            buffer = self._posted.pop(key, None)
+        return buffer if buffer is not None and buffer.size == nbytes else None
+
+    def _admit(self, key: tuple[str, int, int], nbytes: int) -> None:
         communicator, sequence, source = key
+        if sequence <= self._taken.get((communicator, source), -1):
+            raise WireError(f"tensor {key}: the call of sequence {sequence} on "
+                            f"{communicator!r} from instance {source} has finished")
+        position = self._position.get(communicator, 0)
         window = AHEAD_PER_MEMBER * (communicator.count(",") + 1) + AHEAD_SLACK
-        with self.cond:
-            if sequence <= self._taken.get((communicator, source), -1):
-                raise WireError(f"tensor {key}: the call of sequence {sequence} on "
-                                f"{communicator!r} from instance {source} has finished")
-            position = self._position.get(communicator, 0)
-            if sequence > position + window:
-                raise WireError(f"tensor {key}: exchange {sequence} on {communicator!r} from "
-                                f"instance {source} is far ahead of this instance's "
-                                f"{position} (at most {window} ahead)")
-            if self._posted.get(key) is not None:
-                return
-            buffered = self._buffered.get(source, 0) + nbytes
-            if buffered > self.max_buffered_bytes:
-                raise WireError(f"tensor {key} of {nbytes} bytes: instance {source} would have "
-                                f"{buffered} bytes waiting here (limit "
-                                f"{self.max_buffered_bytes})")
-            self._buffered[source] = buffered
-            self._reserved[key] = nbytes
+        if sequence > position + window:
+            raise WireError(f"tensor {key}: exchange {sequence} on {communicator!r} from "
+                            f"instance {source} is far ahead of this instance's "
+                            f"{position} (at most {window} ahead)")
+        if self._posted.get(key) is not None:
+            return
+        buffered = self._buffered.get(source, 0) + nbytes
+        if buffered > self.max_buffered_bytes:
+            raise WireError(f"tensor {key} of {nbytes} bytes: instance {source} would have "
+                            f"{buffered} bytes waiting here (limit "
+                            f"{self.max_buffered_bytes})")
+        self._buffered[source] = buffered
+        self._reserved[key] = nbytes
 
     def post(self, key: tuple[str, int, int], buffer: np.ndarray | None) -> None:
         """Let the tensor ``key`` land in ``buffer`` (uint8, its expected size; None: a
         buffer of its own, any size): the call waits for it now (:meth:`wanted`)."""
-        with self.cond:
+        with self.lock:
             if key not in self._items:
                 self._posted[key] = buffer
-                self.cond.notify_all()   # a receiver may be waiting for it (claim)
 
     def unpost(self, key: tuple[str, int, int]) -> None:
-        with self.cond:
+        with self.lock:
             self._posted.pop(key, None)
 
     def wanted(self, key: tuple[str, int, int]) -> bool:
@@ -137,6 +153,6 @@ class Mailbox:
 
     def claim(self, key: tuple[str, int, int], nbytes: int) -> np.ndarray | None:
         """The buffer posted for ``key`` if it holds exactly ``nbytes``, else None."""
-        with self.cond:
+        with self.lock:
             buffer = self._posted.pop(key, None)
         return buffer if buffer is not None and buffer.size == nbytes else None

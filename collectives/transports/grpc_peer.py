@@ -52,8 +52,7 @@ class PeerService:
         return grpc.method_handlers_generic_handler("ipupod.peer.Peer", {"Exchange": exchange})
 
     def _claim(self, key: tuple[str, int, int], nbytes: int):
-        self.mailbox.admit(key, nbytes)
-        return self.mailbox.claim(key, nbytes)
+        return self.mailbox.admit_claim(key, nbytes)
 
     def exchange(self, request_iterator, context):
         """One sender's stream: perhaps a ring offer first, then tensors one after another,

@@ -22,6 +22,7 @@ from collectives.errors import TransportError
 from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_wire import WireError
 from collectives.transports.shm_channel import Record, RingReader
+from collectives.transports.shm_fanout import FanoutReader
 
 __all__ = ["EARLY_BYTES", "RingInbox"]
 
@@ -69,12 +70,19 @@ class RingInbox:
                 os.eventfd_write(self._wake, 1)
 
     def add(self, ring: RingReader) -> None:
-        """A ring a server thread mapped; read from the next :meth:`drain` on (any thread)."""
+        """A ring a server thread mapped, and the sender's fan-out ring when one came with
+        it (``shm_fanout.py``); read from the next :meth:`drain` on (any thread)."""
+        taken = ring.take_fanout()
+        fanout = None if taken is None else FanoutReader.make(taken, self.process_index)
         with self._lock:
             if self._closed:
                 ring.close()
+                if fanout is not None:
+                    fanout.close()
                 return
             self._new.append(ring)
+            if fanout is not None:
+                self._new.append(fanout)
             os.eventfd_write(self._wake, 1)
 
     def watch(self, fd: int) -> None:
@@ -109,7 +117,8 @@ class RingInbox:
             for ring in new:
                 self._rings.append(ring)
                 self._sources.append(None)
-                self._poller.register(ring.event, select.POLLIN)
+                if ring.event is not None:   # (a fan-out ring wakes through its pair ring)
+                    self._poller.register(ring.event, select.POLLIN)
         for i, ring in enumerate(self._rings):
             while True:
                 try:
@@ -137,20 +146,27 @@ class RingInbox:
                             f"instance {source}")
         key = (record.communicator, record.sequence, source)
         partial = self._partial.get(i)
+        n = record.piece.size
         if partial is None:
             if record.offset:
                 raise WireError(f"tensor {key} starts at offset {record.offset}")
             if record.nbytes > EARLY_BYTES and not self.mailbox.wanted(key):
                 self.mailbox.admit(key, 0)   # the window checks: refuse junk at once
                 return False
-            self.mailbox.admit(key, record.nbytes)
-            buffer = self.mailbox.claim(key, record.nbytes)
+            buffer = self.mailbox.admit_claim(key, record.nbytes)
+            if n == record.nbytes:   # the whole tensor (every small one): file it at once
+                if buffer is None:
+                    buffer = record.piece.copy()
+                elif n:
+                    buffer[:] = record.piece
+                self.bytes_received += n
+                self.mailbox.put(key, buffer, wake=False)
+                return True
             partial = [key, np.empty(record.nbytes, np.uint8) if buffer is None else buffer, 0]
         elif partial[0] != key or record.offset != partial[2] \
                 or record.nbytes != partial[1].size:
             raise WireError(f"a piece of tensor {key} at offset {record.offset} arrived in "
                             f"tensor {partial[0]} at offset {partial[2]}")
-        n = record.piece.size
         if n:
             partial[1][record.offset:record.offset + n] = record.piece
         partial[2] += n

@@ -19,6 +19,10 @@ Why: a 4 KiB message through a gRPC stream passes four threads (the sender's req
 iterator, gRPC's poller, the server's handler, the waiting caller); through the ring it
 passes none (figures in the commit that made it so).
 
+A broadcast over every instance of a one-host job goes through the sender's *fan-out*
+ring instead, one copy for all receivers (``shm_fanout.py``: the same record format and
+:class:`RecordWriter`; its memfd is handed over with each pair ring).
+
 Why a memfd and not a file in /dev/shm: the ring is ``memfd_create`` memory of the
 sending process. It has no name in any file system, so nothing is left behind whatever
 happens (SIGKILL included), and no unlink is racing with a crash;
@@ -87,6 +91,9 @@ _RECORD = struct.Struct("<IIQQQQQQ")
 _DATA, _SKIP = 0xDA7A, 0x5C1B
 #: longest communicator name in a record, bytes
 MAX_NAME_BYTES = 256
+# communicator names a reader keeps decoded (a job has a few; a peer inventing names gets
+# them decoded anew, not an unbounded table)
+_NAMES_KEPT = 64
 #: largest ring a receiver maps, bytes
 MAX_RING_BYTES = 1 << 30
 #: bytes of the control page before the data area
@@ -168,7 +175,73 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}" if boot else ""
 
 
-class RingWriter:
+class RecordWriter:
+    """Writes records into a ring's memory (``memory``: the control page, then ``capacity``
+    bytes of data area) and publishes them (see the module docstring); the receiver's read
+    position comes from :meth:`_read_position`. Base of :class:`RingWriter` and of the
+    fan-out ring (``shm_fanout.py``)."""
+
+    def __init__(self, memory: mmap.mmap, capacity: int):
+        self.capacity = capacity
+        self._map = memory
+        self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
+        self._data = np.frombuffer(memory, np.uint8, capacity, CONTROL_BYTES)
+        self._position = 0
+
+    def write_record(self, source: int, name: bytes, sequence: int, nbytes: int, offset: int,
+                     piece: np.ndarray, wait: Callable[[], None], signal: bool = True) -> None:
+        """Copy a record (``piece``, uint8, <= :data:`PIECE_BYTES`: bytes ``offset`` on of a
+        tensor of ``nbytes`` for call ``sequence`` of communicator ``name`` from instance
+        ``source``) into the ring once there is room, publish it and wake the receiver.
+        ``wait()`` runs while there is no room (it raises to give up: peer lost, timeout;
+        the transport drains its own incoming rings there and sleeps until :attr:`space`
+        or one of its own rings is readable). ``signal`` False: the caller wakes the
+        receiver later (:meth:`signal`), after its records to other peers are written too
+        (a wake-up may hand the CPU to the woken receiver at once)."""
+        n = piece.size
+        name_len = len(name)
+        size = RECORD_HEADER_BYTES + ((name_len + 7) & ~7) + ((n + 7) & ~7)   # record_bytes
+        if size > self.capacity or name_len > MAX_NAME_BYTES:
+            raise ValueError(f"a record of {size} bytes (name of {len(name)} bytes) does not "
+                             f"fit a ring of {self.capacity} bytes")
+        start = self._position
+        at = start % self.capacity
+        skipped = at if at + size > self.capacity else None   # no wrapping inside a record
+        if skipped is not None:
+            start += self.capacity - at
+            at = 0
+        end = start + size
+        if end - self._read_position() > self.capacity:
+            self._control[_WRITER_WAITING] = 1
+            try:
+                while end - self._read_position() > self.capacity:
+                    wait()
+            finally:
+                self._control[_WRITER_WAITING] = 0
+        base = CONTROL_BYTES + at
+        if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
+            _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
+        _RECORD.pack_into(self._map, base, _DATA, name_len, source, sequence, nbytes, offset,
+                          n, 0)
+        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + name_len] = name
+        if n:
+            at += RECORD_HEADER_BYTES + ((name_len + 7) & ~7)
+            self._data[at:at + n] = piece
+        self._position = end
+        self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
+        if signal:
+            self.signal()
+
+    def _read_position(self) -> int:
+        """The ring position up to which the receiver has consumed."""
+        return int(self._control[_READ_POSITION])
+
+    def signal(self) -> None:
+        """Wake the receiver: records are waiting (here nothing: a ring without an eventfd
+        of its own, whose writer wakes the receivers another way)."""
+
+
+class RingWriter(RecordWriter):
     """The sending end: a memfd ring of ``capacity`` bytes in this process, handed over to
     the one receiver that connects to its socket with ``token`` (see the module docstring).
 
@@ -177,8 +250,9 @@ class RingWriter:
             directory is unsafe (the caller stays on pure gRPC).
     """
 
-    def __init__(self, capacity: int = RING_BYTES, *, token: str):
-        self.capacity = capacity
+    def __init__(self, capacity: int = RING_BYTES, *, token: str,
+                 fanout_fd: int | None = None):
+        self._fanout_fd = fanout_fd   # handed over too (shm_fanout.py); not ours to close
         self.nonce = secrets.token_bytes(_NONCE_BYTES)
         self._token = token.encode()
         self._fd: int | None = os.memfd_create("ipupod-grpc-shm", os.MFD_CLOEXEC)
@@ -198,10 +272,8 @@ class RingWriter:
                 if fd is not None:
                     os.close(fd)
             raise
+        super().__init__(self._map, capacity)
         self._map[:_NONCE_BYTES] = self.nonce
-        self._control = np.frombuffer(self._map, np.uint64, CONTROL_BYTES // 8)
-        self._data = np.frombuffer(self._map, np.uint8, capacity, CONTROL_BYTES)
-        self._position = 0
         self._attached = False
         threading.Thread(target=self._hand_over, name="ipupod-shm-handover",
                          daemon=True).start()
@@ -236,7 +308,10 @@ class RingWriter:
                         logger.warning("refused a shared-memory hand-over to uid %d: wrong "
                                        "user or job token", uid)
                         continue
-                    socket.send_fds(conn, [self.nonce], [fd, self._event, self.space])
+                    fds = [fd, self._event, self.space]
+                    if self._fanout_fd is not None:
+                        fds.append(self._fanout_fd)
+                    socket.send_fds(conn, [self.nonce], fds)
                     return
         except OSError:   # closed, timed out, or the peer went away: stay on gRPC
             pass
@@ -263,49 +338,6 @@ class RingWriter:
             self._fd = None
         return self._attached
 
-    def write_record(self, source: int, name: bytes, sequence: int, nbytes: int, offset: int,
-                     piece: np.ndarray, wait: Callable[[], None], signal: bool = True) -> None:
-        """Copy a record (``piece``, uint8, <= :data:`PIECE_BYTES`: bytes ``offset`` on of a
-        tensor of ``nbytes`` for call ``sequence`` of communicator ``name`` from instance
-        ``source``) into the ring once there is room, publish it and wake the receiver.
-        ``wait()`` runs while there is no room (it raises to give up: peer lost, timeout;
-        the transport drains its own incoming rings there and sleeps until :attr:`space`
-        or one of its own rings is readable). ``signal`` False: the caller wakes the
-        receiver later (:meth:`signal`), after its records to other peers are written too
-        (a wake-up may hand the CPU to the woken receiver at once)."""
-        n = piece.size
-        size = record_bytes(len(name), n)
-        if size > self.capacity or len(name) > MAX_NAME_BYTES:
-            raise ValueError(f"a record of {size} bytes (name of {len(name)} bytes) does not "
-                             f"fit a ring of {self.capacity} bytes")
-        start = self._position
-        at = start % self.capacity
-        skipped = at if at + size > self.capacity else None   # no wrapping inside a record
-        if skipped is not None:
-            start += self.capacity - at
-            at = 0
-        end = start + size
-        if end - int(self._control[_READ_POSITION]) > self.capacity:
-            self._control[_WRITER_WAITING] = 1
-            try:
-                while end - int(self._control[_READ_POSITION]) > self.capacity:
-                    wait()
-            finally:
-                self._control[_WRITER_WAITING] = 0
-        base = CONTROL_BYTES + at
-        if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
-            _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
-        _RECORD.pack_into(self._map, base, _DATA, len(name), source, sequence, nbytes, offset,
-                          n, 0)
-        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + len(name)] = name
-        if n:
-            at += RECORD_HEADER_BYTES + _pad8(len(name))
-            self._data[at:at + n] = piece
-        self._position = end
-        self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
-        if signal:
-            os.eventfd_write(self._event, 1)
-
     def signal(self) -> None:
         """Wake the receiver: records are waiting."""
         os.eventfd_write(self._event, 1)
@@ -329,16 +361,22 @@ class RingWriter:
 class RingReader:
     """The receiving end of a peer's ring, mapped from its offer (see :meth:`attach`)."""
 
-    def __init__(self, memory: mmap.mmap, capacity: int, event: int, space: int):
+    def __init__(self, memory: mmap.mmap, capacity: int, event: int | None, space: int,
+                 words: tuple[int, int] = (_ATTACHED, _READ_POSITION)):
         self.capacity = capacity
         self._map = memory
+        self._attached_word, self._read_word = words
+        #: the sender's fan-out ring (``shm_fanout.py``) handed over with this one, mapped,
+        #: or None; the inbox takes it (:meth:`take_fanout`)
+        self.fanout_memory: mmap.mmap | None = None
         self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
         self._data = np.frombuffer(memory, np.uint8, capacity, CONTROL_BYTES)
         self._consumed = 0
+        self._names: dict[bytes, str] = {}   # communicator names seen, decoded
         #: the eventfd the sender writes after each record (readable: records may wait)
         self.event: int | None = event
         self._space: int | None = space   # a release while the sender waits for room
-        self._control[_ATTACHED] = _ATTACHED_MARK
+        self._control[self._attached_word] = _ATTACHED_MARK
 
     @classmethod
     def attach(cls, offer: pb.ShmRing, host: str, token: str) -> "RingReader | None":
@@ -362,7 +400,7 @@ class RingReader:
         fds = _receive_fds(offer, token)
         if fds is None:
             return None
-        fd, event, space = fds
+        fd, event, space, fanout = fds
         size = CONTROL_BYTES + offer.capacity
         memory = None
         try:
@@ -378,8 +416,13 @@ class RingReader:
         if memory is None:
             os.close(event)
             os.close(space)
+            if fanout is not None:
+                os.close(fanout)
             return None
-        return cls(memory, offer.capacity, event, space)
+        ring = cls(memory, offer.capacity, event, space)
+        if fanout is not None:
+            ring.fanout_memory = _map_fanout(fanout)
+        return ring
 
     def next_record(self) -> Record | None:
         """The next complete record, or None; :meth:`release` it after copying its piece.
@@ -400,7 +443,7 @@ class RingReader:
             pos, at = pos + self.capacity - at, 0
             kind, name_len, source, sequence, nbytes, offset, n, _ = _RECORD.unpack_from(
                 self._map, CONTROL_BYTES + at)
-        size = record_bytes(name_len, n)
+        size = RECORD_HEADER_BYTES + ((name_len + 7) & ~7) + ((n + 7) & ~7)   # record_bytes
         if kind != _DATA or not 0 < name_len <= MAX_NAME_BYTES or n > PIECE_BYTES \
                 or nbytes > MAX_TENSOR_BYTES or offset + n > nbytes \
                 or at + size > self.capacity or pos + size > written:
@@ -409,33 +452,65 @@ class RingReader:
                             f"{nbytes}-byte tensor) breaks the ring's rules (ring of "
                             f"{self.capacity} bytes, written up to {written})")
         start = CONTROL_BYTES + at + RECORD_HEADER_BYTES
-        try:
-            name = bytes(self._map[start:start + name_len]).decode("ascii")
-        except UnicodeDecodeError:
-            raise WireError(f"ring record at position {pos}: the communicator name is not "
-                            "ASCII") from None
-        at += RECORD_HEADER_BYTES + _pad8(name_len)
+        raw = self._map[start:start + name_len]
+        name = self._names.get(raw)
+        if name is None:
+            try:
+                name = raw.decode("ascii")
+            except UnicodeDecodeError:
+                raise WireError(f"ring record at position {pos}: the communicator name is "
+                                "not ASCII") from None
+            if len(self._names) < _NAMES_KEPT:
+                self._names[raw] = name
+        at += RECORD_HEADER_BYTES + ((name_len + 7) & ~7)
         return Record(source, name, sequence, nbytes, offset, self._data[at:at + n], pos + size)
 
     def release(self, end: int) -> None:
         """The record before ring position ``end`` has been copied out: the sender may
         overwrite it."""
         self._consumed = end
-        self._control[_READ_POSITION] = end
+        self._control[self._read_word] = end
         if self._control[_WRITER_WAITING]:
             os.eventfd_write(self._space, 1)
+
+    def take_fanout(self) -> tuple[mmap.mmap, int] | None:
+        """The mapped fan-out memory handed over with this ring and a duplicate of this
+        ring's space eventfd (a fan-out release wakes the same waiting sender), or None;
+        the caller owns both."""
+        memory, self.fanout_memory = self.fanout_memory, None
+        if memory is None or self._space is None:
+            return None
+        return memory, os.dup(self._space)
 
     def close(self) -> None:
         for fd in (self.event, self._space):
             if fd is not None:
                 os.close(fd)
         self.event = self._space = None
+        if self.fanout_memory is not None:
+            self.fanout_memory.close()
+            self.fanout_memory = None
         _unmap(self)
 
 
-def _receive_fds(offer: pb.ShmRing, token: str) -> tuple[int, int, int] | None:
-    """The memfd and the two eventfds of ``offer``'s ring, from the offering process over its
-    hand-over socket (SO_PEERCRED: that pid, this user), or None."""
+def _map_fanout(fd: int) -> mmap.mmap | None:
+    """Map a fan-out memfd handed over with a ring (closes ``fd``), or None when its size
+    is not a control page and a ring's data area of at most :data:`MAX_RING_BYTES`."""
+    try:
+        size = os.fstat(fd).st_size
+        if not CONTROL_BYTES + PIECE_BYTES <= size <= CONTROL_BYTES + MAX_RING_BYTES:
+            return None
+        return mmap.mmap(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _receive_fds(offer: pb.ShmRing, token: str) -> tuple[int, int, int, int | None] | None:
+    """The memfd and the two eventfds of ``offer``'s ring, and the sender's fan-out memfd
+    when it sent one, from the offering process over its hand-over socket (SO_PEERCRED: that
+    pid, this user), or None."""
     try:
         path = _socket_path(_socket_dir(), offer.pid, offer.nonce)
     except OccupancyDirError as exc:
@@ -451,16 +526,16 @@ def _receive_fds(offer: pb.ShmRing, token: str) -> tuple[int, int, int] | None:
                                "uid %d", offer.pid, pid, uid)
                 return None
             sock.sendall(token.encode())
-            message, fds, _flags, _addr = socket.recv_fds(sock, _NONCE_BYTES, 3)
+            message, fds, _flags, _addr = socket.recv_fds(sock, _NONCE_BYTES, 4)
         except OSError as exc:
             logger.info("cannot receive the ring of process %d (%s): staying on gRPC",
                         offer.pid, exc)
             return None
-    if len(fds) != 3 or message != offer.nonce:
+    if len(fds) not in (3, 4) or message != offer.nonce:
         for fd in fds:
             os.close(fd)
         return None
-    return fds[0], fds[1], fds[2]
+    return fds[0], fds[1], fds[2], fds[3] if len(fds) == 4 else None
 
 
 def _unmap(ring) -> None:
