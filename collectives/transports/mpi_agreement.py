@@ -135,6 +135,8 @@ class Rounds:
         self.rank = rank
         self._others = tuple(m for m in members if m != members[rank])
         self._buffers: tuple[np.ndarray, np.ndarray] | None = None
+        self._words: memoryview | None = None  # (the int64 view as a memoryview: cheaper
+        # to read and write one word of)
         self._statuses = [MPI.Status(), MPI.Status()]
         self._presence = np.zeros(1, np.int64)
         self._presence_request = None
@@ -187,7 +189,10 @@ class Rounds:
             As :meth:`agree_gather`.
         """
         n = sizes[self.rank]
-        words = (self._buffers or self._allocate())[1]
+        words = self._words
+        if words is None:
+            self._allocate()
+            words = self._words
         words[0], words[1] = fingerprint, n
         began, self._began = self._began, _clock()
         layout = self._layouts.get(sizes)
@@ -205,7 +210,7 @@ class Rounds:
         own test (fewer MPI calls than one ``Testall`` of both with statuses: measured on
         the 2-core VM, two ranks exchanging 4 KiB, 3.7 against 4.7 us a round).
         """
-        waited, mine, words = False, self._status, self._buffers[1]
+        waited, mine, words = False, self._status, self._words
         for requests, nbytes, checks, state in layout.rounds:
             recv, send = requests
             recv.Start()
@@ -225,7 +230,7 @@ class Rounds:
                 raise
             if got.Get_count(MPI.BYTE) == nbytes:
                 for w, length in checks:
-                    if words.item(w) != fingerprint or words.item(w + 1) != length:
+                    if words[w] != fingerprint or words[w + 1] != length:
                         break
                 else:
                     continue  # the round as learnt
@@ -317,6 +322,7 @@ class Rounds:
         view; made at the first agreement."""
         buf = np.zeros(len(self.members) * _BLOCK_CAPACITY, np.uint8)
         self._buffers = (buf, buf.view(np.int64))
+        self._words = memoryview(self._buffers[1])
         return self._buffers
 
     def _await(self, comm, requests: list, fingerprint: int, patience: Patience) -> None:
