@@ -31,6 +31,7 @@ import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import CollectiveTimeoutError, TransportError
+from collectives.options import fits_cores
 from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES,
                                          agree_block_bytes)
 from collectives.waiting import Patience
@@ -156,7 +157,8 @@ class Rounds:
         self._status = MPI.Status()  # (the receive of a reused round)
         self._began = -float("inf")  # _clock() at the start of the last agreement
         self._quiet_s = quiet_s(transport.options.timeout_s)
-        self._spin_polls = SPIN_POLLS if transport.options.arrival_spin_s else 0
+        self._spin_polls = SPIN_POLLS if transport.options.arrival_spin_s and fits_cores(
+            len(members)) else 0
 
     def agree_gather(self, comm, fingerprint: int, payload: np.ndarray | None,
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
