@@ -117,9 +117,10 @@ class Communicator(ABC):
         order (known to every member from the call's descriptor). The caller writes its
         payload into ``send`` (``uint8[sizes[rank]]``, the same memory at every call) and
         calls ``agree(fingerprint, patience) -> (agreed, blocks)`` (as
-        :meth:`agree_gather`; its blocks read only when agreed). This default keeps
-        ``send`` here and calls :meth:`agree_gather` with it; MPI hands the send buffer of
-        its agreement itself, which saves a copy and a layer a call."""
+        :meth:`agree_gather`; its blocks read only when agreed; a list of blocks handed
+        again, the same object, holds the same views: callers keep views of them). This
+        default keeps ``send`` here and calls :meth:`agree_gather` with it; MPI hands the
+        send buffer of its agreement itself, which saves a copy and a layer a call."""
         send = np.zeros(sizes[self.rank], np.uint8)
         return send, partial(_agree_gather_of, self, send)
 

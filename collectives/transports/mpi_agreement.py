@@ -82,7 +82,9 @@ def quiet_s(timeout_s: float) -> float:
     of a timeout can be queued behind another message (a notice of a peer that gave up on
     an earlier call leaves this call's block unsent: this member waits, and the wait
     looks for notices). Assumes the instances share the timeout (poprun gives every
-    instance the same environment); halved for margin.
+    instance the same environment); halved for margin. (With two instances the one look
+    holds whatever the peer's timeout: a peer that gives up before it would say it is
+    present sent nothing between its block and its notice.)
     """
     return min(timeout_s, PRESENCE_AFTER_S) / 2
 
