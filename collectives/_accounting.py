@@ -96,6 +96,10 @@ class CallSignature:
 
 #: signatures with unfolded totals a ledger keeps before folding them into per-op totals
 _MAX_SIGNED = 4096
+#: entries of Ledger.add_signed a ledger keeps pending before it folds them in (ipupod
+#: assumption: often enough to keep the pending memory small, rarely enough that the fold,
+#: about 1 us an entry, is one call's cost spread over many)
+_FOLD_EVERY = 1024
 
 
 CostModel = Callable[[CallRecord], float]
@@ -131,6 +135,12 @@ class Ledger:
         self._records: deque = deque(maxlen=keep)
         self._totals: dict[str, OpStats] = {}
         self._signed: list[CallSignature] = []  # signatures whose calls are not folded yet
+        # add_signed's entries not yet in _records and their signatures' totals, oldest
+        # first: a call appends one (deque appends and pops are atomic: no lock a call);
+        # whoever reads the ledger, adds a CallRecord, or finds _FOLD_EVERY of them folds
+        # them in, in order, under the lock (the same sums in the same order as adding
+        # each at once: the figures are identical)
+        self._pending: deque = deque()
 
     def add(self, record: CallRecord) -> CallRecord:
         model = _cost_model if _cost_model is not None else self.cost_model
@@ -152,10 +162,13 @@ class Ledger:
     def add_signed(self, signature: "CallSignature", transport_bytes: int,
                    wall_s: float) -> float | None:
         """:meth:`add` of one call of ``signature``: the engine's path, on every call. It
-        keeps a compact entry (a :class:`CallRecord` is made when :meth:`records` asks) and
-        adds to the signature's own totals; a cost model that reads the signature only
-        (``signature_only = True``) is asked once per signature. Returns the call's modelled
-        seconds (None without a cost model)."""
+        keeps a compact entry (a :class:`CallRecord` is made when :meth:`records` asks),
+        added to the records and the signature's own totals when the ledger is next read
+        (or every ``_FOLD_EVERY`` calls), in call order: the figures are those of adding
+        it at once, for a call's one deque append (about 1 us less a call than taking the
+        lock and adding the totals each time, ``benchmarks/call_overhead.py``); a cost
+        model that reads the signature only (``signature_only = True``) is asked once per
+        signature. Returns the call's modelled seconds (None without a cost model)."""
         model = _cost_model if _cost_model is not None else self.cost_model
         modelled = None
         if model is not None:
@@ -165,19 +178,31 @@ class Ledger:
                 modelled = float(model(_record_of(signature, transport_bytes, wall_s, None)))
                 if getattr(model, "signature_only", False):
                     signature.model, signature.modelled_s = model, modelled
-        with self._lock:
-            self._records.append((signature, transport_bytes, wall_s, modelled))
+        pending = self._pending
+        pending.append((signature, transport_bytes, wall_s, modelled))
+        if len(pending) >= _FOLD_EVERY:
+            with self._lock:
+                self._fold_pending()
+        return modelled
+
+    def _fold_pending(self) -> None:
+        """Move the pending entries of :meth:`add_signed` into the records and their
+        signatures' totals, oldest first (under the lock)."""
+        pending, records = self._pending, self._records
+        while pending:
+            entry = pending.popleft()
+            records.append(entry)
+            signature, transport_bytes, wall_s, modelled = entry
             if not signature.calls:
+                if len(self._signed) >= _MAX_SIGNED:
+                    self._fold_signed()  # (before: it resets the totals it folds)
                 self._signed.append(signature)
-                if len(self._signed) > _MAX_SIGNED:
-                    self._fold_signed()
             signature.calls += 1
             signature.transport_bytes += transport_bytes
             signature.wall_s += wall_s
             if modelled is not None:
                 signature.total_modelled_s += modelled
                 signature.modelled_calls += 1
-        return modelled
 
     def _fold_signed(self) -> None:
         """Move the signatures' totals into the per-op totals (under the lock)."""
@@ -202,6 +227,7 @@ class Ledger:
 
     def _keep_record(self, record: CallRecord) -> CallRecord:
         with self._lock:
+            self._fold_pending()  # (the calls before this one first)
             self._records.append(record)
             totals = self._op_totals(record.op)
             totals.calls += 1
@@ -215,6 +241,7 @@ class Ledger:
 
     def totals(self) -> dict[str, OpStats]:
         with self._lock:
+            self._fold_pending()
             self._fold_signed()
             return {op: OpStats(s.calls, s.payload_bytes, s.transport_bytes, s.wall_s,
                                 s.modelled_s, dict(s.methods))
@@ -222,10 +249,12 @@ class Ledger:
 
     def records(self) -> list[CallRecord]:
         with self._lock:
+            self._fold_pending()
             return [r if isinstance(r, CallRecord) else _record_of(*r) for r in self._records]
 
     def clear(self) -> None:
         with self._lock:
+            self._pending.clear()
             for sig in self._signed:
                 sig.reset_totals()
             self._signed.clear()

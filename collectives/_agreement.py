@@ -144,7 +144,7 @@ class Agreement:
             if desc.error:  # every instance failed alike
                 raise CollectiveMismatchError(desc.error)
             return blocks
-        self._disagree(desc if seq == desc.seq else desc.with_seq(seq), patience)
+        self.disagree(desc if seq == desc.seq else desc.with_seq(seq), patience)
         return None
 
     def agree_gather(self, desc: Descriptor, seq: int, fingerprint: int,
@@ -163,17 +163,30 @@ class Agreement:
                                                                         patience)
         if agreed:
             return blocks
-        self._disagree(desc.with_seq(seq), patience)
+        self.disagree(desc.with_seq(seq), patience)
         return None
+
+    def eager_exchange(self, sizes: Sequence[int]) -> tuple[np.ndarray, Callable]:
+        """``(send, agree)`` of :meth:`agree_gather` among every instance, with ``sizes``
+        (every instance's payload bytes) written in place
+        (:meth:`~collectives.transports.base.Communicator.eager_exchange`): for a caller
+        that makes the same call again and again (:class:`~collectives._sole.SolePlan`),
+        which calls :meth:`disagree` itself when ``agree`` says the fingerprints differ."""
+        return (self._comm or self._everyone()).eager_exchange(sizes)
 
     def _everyone(self):
         """The communicator of every instance (made at the first agreement)."""
         self._comm = self.transport.communicator(self.everyone)
         return self._comm
 
-    def _disagree(self, desc: Descriptor, patience: Patience) -> None:
-        """The fingerprints differ: every instance all-gathers its whole descriptor and
-        raises the difference (:meth:`check_descriptors`)."""
+    def disagree(self, desc: Descriptor, patience: Patience) -> None:
+        """The fingerprints of call ``desc`` (its ``seq`` the call's) differ: every instance
+        all-gathers its whole descriptor and raises the difference
+        (:meth:`check_descriptors`).
+
+        Raises:
+            CollectiveMismatchError: as :meth:`exchange_descriptors`.
+        """
         mine = desc.encode()
         gathered = self._comm.allgather(mine, patience)
         self.check_descriptors(desc, mine, gathered)

@@ -43,8 +43,8 @@ def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...]
 
 
 #: the plans of one-replica instances' calls without a group or name argument (the common
-#: call), by op, its scalar arguments, and the input's dtype and shape: ``(replica context,
-#: plan)`` (:class:`collectives._sole.SolePlan`). A call found here skips the argument
+#: call), by ``((op, its scalar arguments), the input's dtype, its shape)``: ``(replica
+#: context, plan)`` (:class:`collectives._sole.SolePlan`). A call found here skips the argument
 #: checks (its dtype and shape passed them at its first call), the descriptor look-up and
 #: the engine's dispatch; its replica context tells that it runs in the same system.
 sole_plans: dict[tuple, tuple] = {}
@@ -59,7 +59,7 @@ def common(x, size, group, name, key: tuple | None) -> tuple:
     if key is None or type(x) is not np.ndarray or size is not None or group is not None \
             or name is not None:
         return None, None
-    found = sole_plans.get((*key, x.dtype, x.shape))
+    found = sole_plans.get((key, x.dtype, x.shape))
     if found is not None and found[0] is current_replica_context() and found[1].live:
         return found[1], key
     return None, key
@@ -69,7 +69,7 @@ def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: t
           operator: str = "", params: tuple[str, ...] = (), sole_key: tuple | None = None
           ) -> np.ndarray:
     """One call of ``what`` on ``arr``; ``sole_key``: the call's key in
-    :data:`sole_plans` without the dtype and shape (None: not a common call)."""
+    :data:`sole_plans` before the dtype and shape (None: not a common call)."""
     ctx = require_replica_context(what)
     desc, algorithm = descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
                                   ctx.num_replicas, spec)
@@ -80,7 +80,7 @@ def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: t
     if sole_key is not None:
         if len(sole_plans) >= 4096:
             sole_plans.clear()
-        sole_plans[(*sole_key, arr.dtype, arr.shape)] = (ctx, plan)
+        sole_plans[(sole_key, arr.dtype, arr.shape)] = (ctx, plan)
     return plan(arr)
 
 

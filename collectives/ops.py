@@ -106,15 +106,10 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
                  sole_key=sole_key)
 
 
-def _sole_all_reduce(what: str, x, operator: CollectiveOperator,
-                     replica_group_size: int | None, group: CommGroup | None,
-                     name: str | None) -> np.ndarray:
-    """cross_replica_sum/_mean: their plan when the call is a common one, else
-    :func:`_all_reduce`."""
-    plan, sole_key = _common(x, replica_group_size, group, name, (what,))
-    if plan is not None:
-        return plan(x)
-    return _all_reduce(what, x, operator, replica_group_size, group, name, sole_key)
+#: the keys of the common calls of cross_replica_sum, cross_replica_mean and all_gather
+#: (:func:`collectives._dispatch.common`), made once
+_SUM_KEY, _MEAN_KEY, _GATHER_KEY = ("cross_replica_sum",), ("cross_replica_mean",), \
+    ("all_gather",)
 
 
 def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -135,8 +130,11 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     Raises:
         The common errors (module docstring).
     """
-    return _sole_all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
-                            group, name)
+    plan, sole_key = _common(x, replica_group_size, group, name, _SUM_KEY)
+    if plan is not None:
+        return plan(x)
+    return _all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
+                       group, name, sole_key)
 
 
 def cross_replica_mean(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -147,8 +145,11 @@ def cross_replica_mean(x, replica_group_size: int | None = None, name: str | Non
     Same arguments, result and errors as :func:`cross_replica_sum`; integer inputs use floor
     division.
     """
-    return _sole_all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
-                            group, name)
+    plan, sole_key = _common(x, replica_group_size, group, name, _MEAN_KEY)
+    if plan is not None:
+        return plan(x)
+    return _all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
+                       group, name, sole_key)
 
 
 def all_gather(x, replication_factor: int | None = None, name: str | None = None, *,
@@ -169,7 +170,7 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     Raises:
         The common errors (module docstring).
     """
-    plan, sole_key = _common(x, replication_factor, group, name, ("all_gather",))
+    plan, sole_key = _common(x, replication_factor, group, name, _GATHER_KEY)
     if plan is not None:
         return plan(x)
     g = _group("replication_factor", replication_factor, group)

@@ -79,12 +79,16 @@ class CollectiveOptions:
             5 s: ipupod assumption, ten heartbeats of a live process on a loaded machine).
         arrival_spin_s: a wait for peers that may still be computing polls without yielding
             the CPU for this long before it yields between polls
-            (:class:`~collectives.waiting.Patience`). 0.5 ms (ipupod assumption: a small
+            (:class:`~collectives.waiting.Patience`). 50 us (ipupod assumption: a small
             message between running peers arrives within it); the runtime sets 0 when the
             job has more instances than this machine has cores, where a spinning instance
             takes the core its peer needs (measured on the 2-core VM, 4 instances, 4 KiB
             cross_replica_sum: 1009 us with the spin, 456 us without; 2 instances: the same
-            within noise).
+            within noise). It was 0.5 ms: with other jobs on the machine, two instances
+            that came to share a core took turns spinning it away from each other, every
+            call then waiting about a spin (2 instances, 4 KiB broadcast, 20 calls a
+            batch: whole runs at 590-730 us a call, in 6 of 16 runs, against 22-40 us;
+            none in 4 runs with 50 us, whose other calls kept their time).
     """
 
     stall_warning_s: float = 60.0
@@ -93,7 +97,7 @@ class CollectiveOptions:
     keep_freed_memory: bool = True
     grpc_shm: bool = True
     heartbeat_timeout_s: float = 5.0
-    arrival_spin_s: float = 0.0005
+    arrival_spin_s: float = 0.00005
 
     @classmethod
     def for_job(cls, process_count: int) -> "CollectiveOptions":

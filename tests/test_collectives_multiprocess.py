@@ -19,7 +19,7 @@ import pytest
 
 from ipu_node.system import reset_ipu_configuration
 from tests.collective_cases import all_cases, assert_same, nest_cases, oracle, packed
-from tests.procs import PYTHON
+from tests.procs import PYTHON, child_env, run
 from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
@@ -122,6 +122,19 @@ def test_a_late_peer_gets_no_result_for_a_call_the_others_gave_up():
     assert re.search(r"\[1,1\]<stdout>:RESULT PeerLostError after [01]\.\d s: instance 0 gave "
                      r"up on the job's collectives \(timed out", out), out
     assert "second ok" not in out
+
+
+@pytest.mark.parametrize("timeout_s, steps, looks", [
+    ("4", ["0.001", "1.0", "0.1", "0.3", "0.2"], "3 1 3 1 3 1"),  # quiet: 0.25 s
+    ("0.2", ["0.05", "0.15", "0.09"], "3 1 3 1")])               # quiet: 0.1 s
+def test_an_agreement_soon_after_the_last_looks_once_for_a_notice(timeout_s, steps, looks):
+    # a peer that gave up on this call (it waited the timeout) or said it is present (it
+    # waited PRESENCE_AFTER_S) would have sent a message after its block: only an agreement
+    # that starts so long after the previous one looks behind it (mpi_agreement.quiet_s)
+    job = run([PYTHON, "-m", "tests.programs.notice_looks", timeout_s, *steps], timeout_s=30,
+              env=child_env())
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert f"LOOKS {looks}\n" in job.stdout, job.stdout + job.stderr
 
 
 def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():

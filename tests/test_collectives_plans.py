@@ -44,7 +44,7 @@ def test_common_calls_are_recorded_and_charged_like_the_first(local_system):
     C.reset_stats()
     clock.reset_timelines()
     results = strategy.run(lambda: [C.cross_replica_sum(x) for _ in range(5)])[0]
-    assert ("cross_replica_sum", x.dtype, x.shape) in _dispatch.sole_plans  # (calls 2-5)
+    assert (("cross_replica_sum",), x.dtype, x.shape) in _dispatch.sole_plans  # (calls 2-5)
     assert all(r.tobytes() == x.tobytes() and r is not x for r in results)
     totals = C.stats()["cross_replica_sum"]
     assert totals.calls == 5 and totals.payload_bytes == 5 * x.nbytes

@@ -129,6 +129,56 @@ def test_ledger_totals():
     assert totals.wall_s == 1.5 and len(ledger.records()) == 2
 
 
+def _ledger_story(ledger: Ledger) -> list:
+    """Calls of several signatures through add_signed (a priced-once cost model and one
+    priced per call), CallRecords through add between them, reads in the middle, a clear:
+    every figure the ledger shows, in order."""
+    class _PerCall:
+        def __call__(self, record):
+            return record.wall_s * 3.0
+
+    class _Once:
+        signature_only = True
+
+        def __call__(self, record):
+            return 1e-6 * record.nbytes
+
+    rng = np.random.default_rng(7)
+    signatures = [Ledger.signature(op, "", "ring", "float32", (n,), 4 * n, "ALL(0)",
+                                   ((0, 1),), 1)
+                  for op, n in [("cross_replica_sum", 3), ("all_gather", 5),
+                                ("cross_replica_sum", 7), ("broadcast", 1), ("x", 2)]]
+    seen = []
+    for step in range(2600):
+        if step == 1300:
+            ledger.cost_model = _PerCall()
+        sig = signatures[int(rng.integers(len(signatures)))]
+        ledger.add_signed(sig, int(rng.integers(100)), float(rng.random()) * 1e-5)
+        if step % 500 == 7:
+            ledger.add(CallRecord("all_gather", "", "ring", "float32", (2,), 8, "ALL(0)",
+                                  ((0, 1),), 1, 8, float(rng.random())))
+        if step in (900, 2000):
+            seen += [ledger.totals(), ledger.records()[-5:]]
+        if step == 2100:
+            ledger.clear()
+            ledger.cost_model = _Once()
+    return seen + [ledger.totals(), ledger.records()]
+
+
+def test_deferred_ledger_entries_give_the_figures_of_immediate_ones(monkeypatch):
+    # add_signed only appends; the ledger folds its entries in when read (or every
+    # _FOLD_EVERY): the same totals and records, bit for bit, as folding each at once
+    import collectives._accounting as accounting
+    monkeypatch.setattr(accounting, "_MAX_SIGNED", 3)  # (folds signatures on the way too)
+    deferred = _ledger_story(Ledger(keep=700))
+    monkeypatch.setattr(accounting, "_FOLD_EVERY", 1)
+    immediate = _ledger_story(Ledger(keep=700))
+    assert deferred == immediate
+    totals = deferred[-2]
+    assert sum(t.calls for t in totals.values()) == 499 + 1  # after the clear at 2100
+    assert len(deferred[-1]) == 500 and deferred[-1][-1].modelled_s is not None
+
+
 def test_import_collectives_loads_neither_mpi4py_nor_grpc():
     code = ("import sys, collectives, collectives.strategies; "
             "bad = [m for m in ('mpi4py', 'grpc', 'poprun', 'launch') if m in sys.modules]; "

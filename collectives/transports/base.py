@@ -24,12 +24,15 @@ Contract for implementations (local, MPI, gRPC):
   call (at most :data:`EAGER_MAX_BYTES` per member): a transport that carries the payload
   in the agreement's own messages saves the call its data round. The default does not
   carry it (it agrees, and the caller runs its ordinary algorithm); MPI carries it.
+  :meth:`Communicator.eager_exchange` is its form for a caller that makes the same call
+  again and again: it writes its payload in place, into the transport's own send buffer.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -107,6 +110,19 @@ class Communicator(ABC):
             CollectiveTimeoutError: a member did not arrive within the patience's timeout.
         """
         return self.agree(fingerprint, patience), None
+
+    def eager_exchange(self, sizes: Sequence[int]) -> tuple[np.ndarray, Callable]:
+        """:meth:`agree_gather` of the same payload sizes at every call, the payload written
+        in place: ``(send, agree)``. ``sizes``: every member's payload bytes, in member
+        order (known to every member from the call's descriptor). The caller writes its
+        payload into ``send`` (``uint8[sizes[rank]]``, the same memory at every call) and
+        calls ``agree(fingerprint, patience) -> (agreed, blocks)`` (as
+        :meth:`agree_gather`; its blocks read only when agreed; a list of blocks handed
+        again, the same object, holds the same views: callers keep views of them). This
+        default keeps ``send`` here and calls :meth:`agree_gather` with it; MPI hands the
+        send buffer of its agreement itself, which saves a copy and a layer a call."""
+        send = np.zeros(sizes[self.rank], np.uint8)
+        return send, partial(_agree_gather_of, self, send)
 
     @abstractmethod
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
@@ -206,3 +222,10 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release the transport's resources."""
+
+
+def _agree_gather_of(comm: Communicator, send: np.ndarray, fingerprint: int,
+                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
+    """``comm.agree_gather(fingerprint, send, patience)`` (the default
+    :meth:`Communicator.eager_exchange`)."""
+    return comm.agree_gather(fingerprint, send, patience)

@@ -29,8 +29,8 @@ from __future__ import annotations
 import atexit
 import logging
 import time
-from functools import lru_cache
-from typing import Sequence
+from functools import lru_cache, partial
+from typing import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI  # (this module is imported only when the MPI transport is created)
@@ -160,6 +160,19 @@ class MPICommunicator(Communicator):
         ``ceil(log2 P)`` rounds (:class:`~collectives.transports.mpi_agreement.Rounds`)."""
         return self._agreement.agree_gather(self._comm or self._ready(patience), fingerprint,
                                             payload, patience)
+
+    def eager_exchange(self, sizes: tuple[int, ...]) -> tuple[np.ndarray, Callable]:
+        """The send buffer of :meth:`agree_gather`'s own block (the payload is written
+        there, not copied), and its agreement
+        (:meth:`~collectives.transports.mpi_agreement.Rounds.agree_sent`, which reuses the
+        layout of ``sizes``)."""
+        return (self._agreement.send_area(sizes[self.rank]),
+                partial(self._agree_sent, tuple(sizes)))
+
+    def _agree_sent(self, sizes: tuple[int, ...], fingerprint: int, patience: Patience
+                    ) -> tuple[bool, list[np.ndarray]]:
+        return self._agreement.agree_sent(self._comm or self._ready(patience), fingerprint,
+                                          sizes, patience)
 
     # -- data -----------------------------------------------------------------------------
 

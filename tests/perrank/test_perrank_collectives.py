@@ -16,7 +16,7 @@ import pytest
 
 import collectives as C
 from poprun import popdist
-from tests.collective_cases import all_cases, assert_same, oracle, run_case
+from tests.collective_cases import Case, all_cases, assert_same, oracle, run_case
 from tests.collective_cases import check_cases
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
@@ -140,7 +140,19 @@ def _ordinary_path(engine, on: bool) -> None:
 def test_eager_results_are_the_ordinary_paths_bit_for_bit(strategy):
     from collectives._runtime import get_engine
     R = strategy.num_replicas_in_sync
-    cases = [c for c in all_cases(R) if c.group == C.CommGroup()]
+    ALL = C.CommGroup()
+    # and what all_cases lacks: 0-d values, 3-D values, an all_to_all along dimension 0 only
+    extra = [Case("cross_replica_reduce", "float32", ALL, op, ()) for op in ("ADD", "MEAN")]
+    extra += [Case("cross_replica_reduce", "float64", ALL, op, (2, 3, 2))
+              for op in ("ADD", "MEAN", "SQUARE_ADD", "MAX")]
+    extra += [Case("all_gather", "float64", ALL, shape=()),
+              Case("all_gather", "int32", ALL, shape=(2, 1, 3)),
+              Case("broadcast", "int64", ALL, shape=(), params=(R - 1,)),
+              Case("broadcast", "float16", ALL, shape=(3, 2), params=(0,)),
+              Case("all_to_all", "float32", ALL, shape=(2 * R, 3), params=(0, 0)),
+              Case("all_to_all", "int64", ALL, shape=(R,), params=(0, 0)),
+              Case("all_to_all", "bool", ALL, shape=(R, 2, 2), params=(0, 0))]
+    cases = [c for c in all_cases(R) if c.group == ALL] + extra
     engine = get_engine()
 
     def step():
