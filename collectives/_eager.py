@@ -95,6 +95,12 @@ class Eager:
         """:meth:`results` of an instance with one local replica: its result."""
         return self.results(engine, (value,), blocks)[0]
 
+    def sole_early(self, engine, value: np.ndarray, seq: int):
+        """Call number ``seq`` of an instance with one local replica (``value``: its
+        input), started before its agreement (:class:`collectives._algorithms.Early`: its
+        messages posted), or None: the ordinary algorithm runs after the agreement."""
+        return None
+
     @staticmethod
     def _give(engine, value: np.ndarray, values: Sequence[np.ndarray]) -> list:
         """``value`` for every local replica (each its own array)."""
@@ -193,6 +199,11 @@ class ReduceScatter(_Reduction):
     def __call__(self, engine, desc, values):
         return algorithms.reduce_scatter(engine, desc, values, self.op, self.group)
 
+    def sole_early(self, engine, value, seq):
+        if self.op is CollectiveOperator.LOCAL:
+            return None
+        return algorithms.reduce_scatter_early(engine, value, self.op, self.group, seq)
+
     def _payload_bytes(self, engine, value):
         if self.op is CollectiveOperator.LOCAL:
             return None
@@ -231,6 +242,9 @@ class AllGather(Eager):
     def __call__(self, engine, desc, values):
         return movement.all_gather(engine, desc, values, self.group)
 
+    def sole_early(self, engine, value, seq):
+        return movement.all_gather_early(engine, value, self.group, seq)
+
     def results(self, engine, values, blocks):
         return self._give(engine, self.sole_result(engine, values[0], blocks), values)
 
@@ -253,6 +267,11 @@ class AllToAll(Eager):
     def __call__(self, engine, desc, values):
         return movement.all_to_all(engine, desc, values, self.group, self.split_dimension,
                                    self.concat_dimension)
+
+    def sole_early(self, engine, value, seq):
+        if self.split_dimension or self.concat_dimension:
+            return None
+        return movement.all_to_all_early(engine, value, self.group, seq)
 
     def results(self, engine, values, blocks):
         value = values[0]

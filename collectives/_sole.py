@@ -76,6 +76,7 @@ class SolePlan:
             patience = self._patience
             patience.restart()
             algorithm = self.algorithm
+            early = None
             if self.eager:
                 payload = algorithm.sole_payload(engine, value)
                 blocks = engine.agreement.agree_gather(
@@ -88,13 +89,23 @@ class SolePlan:
                     self._record(sent, time.perf_counter() - start)
                     return result
             else:
-                engine.agreement.agree_gather(self.desc, seq,
-                                              seq_fingerprint(self._fingerprint, seq),
-                                              None, patience)
+                # a large call may post its data before its agreement (_algorithms.Early)
+                early = getattr(algorithm, "sole_early", None)
+                early = early(engine, value, seq) if early is not None else None
+                try:
+                    engine.agreement.agree_gather(self.desc, seq,
+                                                  seq_fingerprint(self._fingerprint, seq),
+                                                  None, patience)
+                except BaseException:
+                    if early is not None:
+                        early.withdraw()
+                    raise
             # (large, or a transport that does not carry payloads)
             recorder = engine.recorder
             sent = recorder.bytes_sent()
-            result = algorithm(engine, self.desc.with_seq(seq), (value,))[0]
+            desc = self.desc.with_seq(seq)
+            result = (early.finish(desc) if early is not None
+                      else algorithm(engine, desc, (value,))[0])
             sent = recorder.bytes_sent() - sent
         except (CollectiveTimeoutError, TransportError) as exc:
             engine.abort(exc)

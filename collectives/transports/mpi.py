@@ -17,6 +17,11 @@ missing peer into a timeout instead of a hang:
   one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
   have all announced themselves point-to-point (waited for with the timeout), so it never
   waits for a peer that has not arrived.
+* **data posted early**: on a communicator of three or more members, a large
+  point-to-point call of an instance with one replica posts its receives and sends before
+  its agreement (:meth:`MPICommunicator.early_allgatherv` and siblings), under a tag of
+  its own call, withdrawn when the call does not agree
+  (:mod:`collectives.transports.mpi_early`).
 * **giving up**: an instance that times out or fails (:meth:`MPITransport.abandon`) sends a
   notice to every other instance (on ``COMM_WORLD``, tag ``_TAG_NOTICE``); a peer sees it in its next
   wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
@@ -41,6 +46,8 @@ from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_agreement import cancel as _cancel
+from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
+                                              EarlyCall, early_tag, finished)
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
@@ -68,7 +75,7 @@ _TAG_CREATE_GROUP = 0x1A15
 #: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
 #: seconds a cancelled receive may take to finish cancelling
-_WITHDRAW_S = 0.5
+_WITHDRAW_S = WITHDRAW_S
 #: bytes of a notice: its reason, UTF-8, zero-padded
 NOTICE_BYTES = 256
 #: all-gathers (``allgatherv_to``/``_into``) and all-to-alls (``alltoall_to``) whose result
@@ -161,6 +168,56 @@ class MPICommunicator(Communicator):
         return self._agreement.agree_gather(self._comm or self._ready(patience), fingerprint,
                                             payload, patience)
 
+    # -- data posted before a call's agreement ----------------------------------------------
+    # (each decides from the call's sizes and the members alone, so alike on every member
+    # whose call agrees: a member that posts early and one that does not use other tags)
+
+    def early_allgatherv(self, send: np.ndarray, recv: np.ndarray,
+                         recv_counts: Sequence[int], seq: int) -> EarlyCall | None:
+        """Post now the messages of this member's :meth:`allgatherv_to` of ``send`` into
+        ``recv`` as call number ``seq`` (module docstring, *data posted early*); None where
+        that call would not go point-to-point, for two members (:data:`EARLY_MIN_MEMBERS`),
+        or before this communicator's first call."""
+        if not self._early or sum(recv_counts) < P2P_MIN_BYTES:
+            return None
+        return self._post_early([(j, send) for j in self._others],
+                                _allgatherv_incoming(self, recv, recv_counts), seq, send, recv)
+
+    def early_alltoall(self, send: np.ndarray, recv: np.ndarray, seq: int
+                       ) -> EarlyCall | None:
+        """:meth:`early_allgatherv` of :meth:`alltoall_to`."""
+        if not self._early or recv.nbytes < P2P_MIN_BYTES:
+            return None
+        return self._post_early(_alltoall_pieces(self, send), _alltoall_pieces(self, recv),
+                                seq, send, recv)
+
+    def early_alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                        recv_counts: Sequence[int], seq: int) -> EarlyCall | None:
+        """:meth:`early_allgatherv` of :meth:`alltoallv` (``recv``: at least
+        ``sum(recv_counts)`` bytes)."""
+        if not self._early:
+            return None
+        return self._post_early(_alltoallv_pieces(self._others, send, send_counts),
+                                _alltoallv_pieces(self._others, recv, recv_counts), seq,
+                                send, recv)
+
+    @property
+    def _early(self) -> bool:
+        """Whether this communicator posts calls early (:data:`EARLY_MIN_MEMBERS`; MPI's
+        tags; made already: its first call makes it, alike on every member)."""
+        return (self.size >= EARLY_MIN_MEMBERS and self._comm is not None
+                and self._transport.early_tags)
+
+    def _post_early(self, outgoing: list, incoming: list, seq: int,
+                    *buffers: np.ndarray) -> EarlyCall:
+        transport = self._transport
+        if transport.orphans:
+            transport.sweep_orphans()
+        tag, comm = early_tag(seq), self._comm
+        recvs = [comm.Irecv([part, MPI.BYTE], j, tag) for j, part in incoming if part.nbytes]
+        sends = [comm.Isend([part, MPI.BYTE], j, tag) for j, part in outgoing if part.nbytes]
+        return EarlyCall(transport, recvs, sends, buffers)
+
     # -- data -----------------------------------------------------------------------------
 
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
@@ -201,7 +258,10 @@ class MPICommunicator(Communicator):
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None) -> np.ndarray:
+                  recv: np.ndarray | None = None, early: EarlyCall | None = None
+                  ) -> np.ndarray:
+        """(``early``: this call's messages, posted before its agreement by
+        :meth:`early_alltoallv` into ``recv``.)"""
         # Point-to-point, our own piece copied by numpy while the others move: measured
         # about twice as fast as MPICH's Ialltoallv (whose schedule also does the self-copy).
         comm = self._ready(patience)
@@ -211,11 +271,14 @@ class MPICommunicator(Communicator):
         elif recv.size != total:
             recv = recv[:total]
         sent_at, got_at = _displacements(send_counts), _displacements(recv_counts)
-        others = self._others
-        recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
-                            _TAG_ALLTOALLV) for j in others if recv_counts[j]]
-        sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
-                            _TAG_ALLTOALLV) for j in others if send_counts[j]]
+        if early is not None:
+            recvs, sends = early.take()
+        else:
+            others = self._others
+            recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
+                                _TAG_ALLTOALLV) for j in others if recv_counts[j]]
+            sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
+                                _TAG_ALLTOALLV) for j in others if send_counts[j]]
         me = self.rank
         if recv_counts[me]:  # our own piece, while the others' move
             recv[got_at[me]:got_at[me] + recv_counts[me]] = \
@@ -235,7 +298,9 @@ class MPICommunicator(Communicator):
                  for j in self._others for part in send_parts[j] if part.nbytes]
         self._complete(recvs + sends, patience)
 
-    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience,
+                    early: EarlyCall | None = None) -> np.ndarray:
+        """(``early``: as :meth:`alltoallv`, by :meth:`early_alltoall`.)"""
         # Equal blocks straight into the result: point-to-point when large (P2P_MIN_BYTES),
         # else one MPI_Ialltoall (less Python per call).
         comm = self._ready(patience)
@@ -245,18 +310,24 @@ class MPICommunicator(Communicator):
         block, me = send.nbytes // self.size, self.rank
         here = slice(me * block, (me + 1) * block)
         self._point_to_point(
-            comm, [(j, send[j * block:(j + 1) * block]) for j in self._others],
-            [(j, recv[j * block:(j + 1) * block]) for j in self._others], _TAG_ALLTOALLV,
-            patience, lambda: np.copyto(recv[here], send[here]))
+            comm, early or (_alltoall_pieces(self, send), _alltoall_pieces(self, recv)),
+            _TAG_ALLTOALLV, patience, lambda: np.copyto(recv[here], send[here]))
         return recv
 
-    def _point_to_point(self, comm, outgoing: list, incoming: list, tag: int,
-                        patience: Patience, local=None) -> None:
-        """Send each ``(member, bytes)`` of ``outgoing`` and receive into each of
-        ``incoming``, all posted at once (empty ones skipped); ``local()`` (the copy of our
-        own piece) runs while they move. Cancels all on an error."""
-        recvs = [comm.Irecv([part, MPI.BYTE], j, tag) for j, part in incoming if part.nbytes]
-        sends = [comm.Isend([part, MPI.BYTE], j, tag) for j, part in outgoing if part.nbytes]
+    def _point_to_point(self, comm, messages, tag: int, patience: Patience,
+                        local=None) -> None:
+        """``messages``: ``(outgoing, incoming)``: send each ``(member, bytes)`` of
+        ``outgoing`` and receive into each of ``incoming``, all posted at once (empty ones
+        skipped); or an :class:`EarlyCall` whose messages are posted already. ``local()``
+        (the copy of our own piece) runs while they move. Cancels all on an error."""
+        if isinstance(messages, EarlyCall):
+            recvs, sends = messages.take()
+        else:
+            outgoing, incoming = messages
+            recvs = [comm.Irecv([part, MPI.BYTE], j, tag)
+                     for j, part in incoming if part.nbytes]
+            sends = [comm.Isend([part, MPI.BYTE], j, tag)
+                     for j, part in outgoing if part.nbytes]
         if local is not None:
             try:
                 local()
@@ -292,11 +363,13 @@ class MPICommunicator(Communicator):
         return self._allgatherv(None, recv, recv_counts, patience)
 
     def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
-                      patience: Patience) -> np.ndarray:
-        return self._allgatherv(send, recv, recv_counts, patience)
+                      patience: Patience, early: EarlyCall | None = None) -> np.ndarray:
+        """(``early``: as :meth:`alltoallv`, by :meth:`early_allgatherv`.)"""
+        return self._allgatherv(send, recv, recv_counts, patience, early)
 
     def _allgatherv(self, send: np.ndarray | None, recv: np.ndarray,
-                    recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                    recv_counts: Sequence[int], patience: Patience,
+                    early: EarlyCall | None = None) -> np.ndarray:
         """All-gather straight into ``recv``, this member's bytes from ``send`` (copied to
         their place while the others' move) or, when None, already in place.
         Point-to-point when large (:data:`P2P_MIN_BYTES`), else MPI_Iallgatherv."""
@@ -310,9 +383,9 @@ class MPICommunicator(Communicator):
             return recv
         mine = here if send is None else send
         self._point_to_point(
-            comm, [(j, mine) for j in self._others],
-            [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in self._others], _TAG_ALLGATHERV,
-            patience, None if send is None else lambda: np.copyto(here, send))
+            comm, early or ([(j, mine) for j in self._others],
+                            _allgatherv_incoming(self, recv, recv_counts)),
+            _TAG_ALLGATHERV, patience, None if send is None else lambda: np.copyto(here, send))
         return recv
 
     def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
@@ -330,6 +403,27 @@ class MPICommunicator(Communicator):
             requests = [comm.Irecv([data, MPI.BYTE], root, _TAG_BROADCAST)]
         self._complete(requests, patience, spin=self.rank != root)
         return data
+
+
+def _allgatherv_incoming(comm: MPICommunicator, recv: np.ndarray,
+                         recv_counts: Sequence[int]) -> list:
+    """``(member, bytes)`` of a point-to-point all-gather into ``recv``."""
+    at = _displacements(recv_counts)
+    return [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in comm._others]
+
+
+def _alltoall_pieces(comm: MPICommunicator, buffer: np.ndarray) -> list:
+    """``(member, bytes)`` of the other members' equal blocks of ``buffer``."""
+    block = buffer.nbytes // comm.size
+    return [(j, buffer[j * block:(j + 1) * block]) for j in comm._others]
+
+
+def _alltoallv_pieces(others: Sequence[int], buffer: np.ndarray,
+                      counts: Sequence[int]) -> list:
+    """``(member, bytes)`` of ``buffer`` cut by ``counts`` (in member order), the other
+    members' alone."""
+    at = _displacements(counts)
+    return [(j, buffer[at[j]:at[j] + counts[j]]) for j in others]
 
 
 class MPITransport(Transport):
@@ -372,6 +466,11 @@ class MPITransport(Transport):
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
         atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
+        #: whether this MPI's tags reach early_tag's (MPI_TAG_UB)
+        self.early_tags = world.Get_attr(MPI.TAG_UB) >= EARLY_TAG_MAX
+        #: (requests, buffers) of data posted early for calls that did not agree
+        #: (EarlyCall.withdraw), kept until they finish (sweep_orphans) or the end
+        self.orphans: list = []
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -442,6 +541,11 @@ class MPITransport(Transport):
             self._notices_sent.append((requests, buffer))
         except MPI.Exception:  # the job is ending anyway
             logger.debug("sending a notice failed", exc_info=True)
+
+    def sweep_orphans(self) -> None:
+        """Drop the :attr:`orphans` whose requests have all finished."""
+        self.orphans = [(pending, buffers) for pending, buffers in self.orphans
+                        if not all([finished(r) for r in pending])]
 
     # -- communicators ------------------------------------------------------------------------
 
