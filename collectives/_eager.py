@@ -312,6 +312,9 @@ class Broadcast(Eager):
     def __call__(self, engine, desc, values):
         return movement.broadcast(engine, desc, values, self.group, self.root)
 
+    def sole_early(self, engine, value, seq):
+        return movement.broadcast_early(engine, value, self.group, self.root, seq)
+
     def _payload_bytes(self, engine, value):
         return value.nbytes
 

@@ -6,8 +6,9 @@ Groups whose members span several instances are batched by instance set: one tra
 per distinct set of instances, in the order of the set's first group (the same on every
 instance).
 
-An instance with one replica may start a large all-gather or all-to-all before its
-agreement (:func:`all_gather_early`, :func:`all_to_all_early`): its result is allocated and
+An instance with one replica may start a large all-gather, all-to-all or broadcast before
+its agreement (:func:`all_gather_early`, :func:`all_to_all_early`,
+:func:`broadcast_early`): its result is allocated and
 its messages posted, so that its bytes move while the fingerprints are compared
 (:class:`~collectives._algorithms.Early`, :mod:`collectives.transports.mpi_early`).
 """
@@ -133,6 +134,37 @@ def all_to_all_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> E
         comm.inner.alltoall_to(send, flat, engine.data_patience(desc, instances),
                                early=posted)
         return out
+    return Early(posted, finish)
+
+
+def broadcast_early(engine, value: np.ndarray, group: CommGroup, root: int,
+                    seq: int) -> Early | None:
+    """:func:`all_gather_early` of :func:`broadcast` from position ``root``: the root's
+    sends, or this member's receive into its result; the root copies its value into its
+    result while the others read it (as :func:`_broadcast_sole`)."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_broadcast")
+    if post is None:
+        return None
+    is_root = members[root] == engine.replica_index_offset
+    data = (np.ascontiguousarray(value) if is_root
+            else np.empty(value.shape, value.dtype))
+    flat = data.reshape(-1).view(np.uint8)
+    posted = post(flat, root, seq)
+    if posted is None:
+        return None
+
+    def finish(desc: Descriptor) -> np.ndarray:
+        patience = engine.data_patience(desc, instances)
+        if not is_root:
+            comm.inner.broadcast(flat, root, patience, early=posted)
+            return data
+        result: list = []
+        comm.bytes_sent += flat.nbytes  # (as counting calls do)
+        patience.overlap(lambda: result.append(data.copy()))  # while the peers receive
+        comm.inner.broadcast(flat, root, patience, early=posted)
+        patience.settle()
+        return result[0]
     return Early(posted, finish)
 
 
