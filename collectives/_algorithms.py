@@ -309,6 +309,28 @@ def early_poster(comm, name: str):
     return None if comm is None else getattr(comm.inner, name, None)
 
 
+def allreduce_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,
+                    seq: int) -> Early | None:
+    """:func:`reduce_scatter_early` of :func:`allreduce`: the reduce-scatter exchange of
+    :func:`exchange_reduce` posted early; its all-gather after the agreement, as ever."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_alltoallv")
+    if post is None or op is CollectiveOperator.LOCAL:
+        return None
+    partial = local_partial(engine, (value,), members, op)
+    ex = _exchange(comm, [partial], None)
+    posted = post(ex.outgoing, ex.send_counts, engine.scratch(sum(ex.recv_counts)),
+                  ex.recv_counts, seq)
+    if posted is None:
+        return None
+
+    def finish_call(desc: Descriptor) -> np.ndarray:
+        (total,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
+                                   scratch=engine.scratch, early=(ex, posted))
+        return finish(op, total, len(members))
+    return Early(posted, finish_call)
+
+
 def reduce_scatter_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,
                          seq: int):
     """:func:`reduce_scatter` as call number ``seq`` of an instance with one replica
@@ -324,8 +346,8 @@ def reduce_scatter_early(engine, value: np.ndarray, op: CollectiveOperator, grou
     bounds = [[min(j * c, n) for j in range(k + 1)]]
     partial = prepare(op, value)
     ex = _exchange(comm, [partial], bounds)
-    recv = engine.scratch(sum(ex.recv_counts))
-    posted = post(ex.outgoing, ex.send_counts, recv, ex.recv_counts, seq)
+    posted = post(ex.outgoing, ex.send_counts, engine.scratch(sum(ex.recv_counts)),
+                  ex.recv_counts, seq)
     if posted is None:
         return None
 

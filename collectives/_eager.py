@@ -169,6 +169,9 @@ class AllReduce(_Reduction):
     def __call__(self, engine, desc, values):
         return algorithms.allreduce(engine, desc, values, self.op, self.group)
 
+    def sole_early(self, engine, value, seq):
+        return algorithms.allreduce_early(engine, value, self.op, self.group, seq)
+
     def _payload_bytes(self, engine, value):
         return None if self.op is CollectiveOperator.LOCAL else value.nbytes
 

@@ -2,7 +2,7 @@
 (:class:`~collectives.transports.mpi.MPICommunicator`'s ``early_*`` methods).
 
 A large point-to-point call (all-gather, all-to-all, broadcast, the exchange of a
-reduce-scatter) of an instance with one replica may post its receives and sends *before* its agreement, so that
+reduce-scatter, the reduce-scatter half of an allreduce) of an instance with one replica may post its receives and sends *before* its agreement, so that
 its bytes move while the fingerprints are compared and while the instances wait for the CPU
 (:data:`EARLY_MIN_MEMBERS`). Its messages carry a tag of their own call
 (:func:`early_tag`, from the call's number), never one of another call, so a call that does
@@ -48,7 +48,8 @@ EARLY_TAG_MAX = _TAG_EARLY + _EARLY_TAGS - 1
 #: 1 MiB: all_gather 939 / 971, 892 / 916, 1001 / 1021; all_to_all 1024 / 1087, 953 / 998,
 #: 1034 / 1081; reduce_scatter 1365 / 1383; 16 MiB: all_gather 8872 / 9603, all_to_all
 #: 8171 / 9079, reduce_scatter 13137 / 13762; broadcast (loaded VM) 1 MiB 2292 / 2518,
-#: 2098 / 2376, 16 MiB 12511 / 14310. 2 instances: 1 MiB the same within 1% (all_gather,
+#: 2098 / 2376, 16 MiB 12511 / 14310; cross_replica_sum (loaded) 1 MiB 5656 / 6844,
+#: 3948 / 3797, 7211 / 7389, 5877 / 5949, 16 MiB 28500 / 29636. 2 instances: 1 MiB the same within 1% (all_gather,
 #: all_to_all, reduce_scatter), 16 MiB all_gather 4453 / 4278, all_to_all 4296 / 4183,
 #: broadcast 1 MiB 309 / 293. With more instances than cores, a waiting instance yields its
 #: core and the bytes already posted move meanwhile; two instances on two cores have nothing
