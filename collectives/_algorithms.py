@@ -304,9 +304,11 @@ class Early:
 
 def early_poster(comm, name: str):
     """``comm``'s transport method ``name`` (``early_allgatherv``, ...) that posts a call's
-    messages before its agreement, or None where the transport has none (``comm`` a
-    counting communicator, or None for a group of one)."""
-    return None if comm is None else getattr(comm.inner, name, None)
+    messages before its agreement, or None where the communicator posts nothing early
+    (``posts_early``; ``comm`` a counting communicator, or None for a group of one)."""
+    if comm is None or not getattr(comm.inner, "posts_early", False):
+        return None
+    return getattr(comm.inner, name)
 
 
 def allreduce_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,

@@ -178,7 +178,7 @@ class MPICommunicator(Communicator):
         ``recv`` as call number ``seq`` (module docstring, *data posted early*); None where
         that call would not go point-to-point, for two members (:data:`EARLY_MIN_MEMBERS`),
         or before this communicator's first call."""
-        if not self._early or sum(recv_counts) < P2P_MIN_BYTES:
+        if not self.posts_early or sum(recv_counts) < P2P_MIN_BYTES:
             return None
         return self._post_early([(j, send) for j in self._others],
                                 _allgatherv_incoming(self, recv, recv_counts), seq, send, recv)
@@ -186,7 +186,7 @@ class MPICommunicator(Communicator):
     def early_alltoall(self, send: np.ndarray, recv: np.ndarray, seq: int
                        ) -> EarlyCall | None:
         """:meth:`early_allgatherv` of :meth:`alltoall_to`."""
-        if not self._early or recv.nbytes < P2P_MIN_BYTES:
+        if not self.posts_early or recv.nbytes < P2P_MIN_BYTES:
             return None
         return self._post_early(_alltoall_pieces(self, send), _alltoall_pieces(self, recv),
                                 seq, send, recv)
@@ -195,7 +195,7 @@ class MPICommunicator(Communicator):
                         recv_counts: Sequence[int], seq: int) -> EarlyCall | None:
         """:meth:`early_allgatherv` of :meth:`alltoallv` (``recv``: at least
         ``sum(recv_counts)`` bytes)."""
-        if not self._early:
+        if not self.posts_early:
             return None
         return self._post_early(_alltoallv_pieces(self._others, send, send_counts),
                                 _alltoallv_pieces(self._others, recv, recv_counts), seq,
@@ -204,16 +204,18 @@ class MPICommunicator(Communicator):
     def early_broadcast(self, data: np.ndarray, root: int, seq: int) -> EarlyCall | None:
         """:meth:`early_allgatherv` of :meth:`broadcast` of ``data`` (the root's sends, the
         others' receive)."""
-        if not self._early or data.nbytes < P2P_MIN_BYTES:
+        if not self.posts_early or data.nbytes < P2P_MIN_BYTES:
             return None
         if self.rank == root:
             return self._post_early([(j, data) for j in self._others], [], seq, data)
         return self._post_early([], [(root, data)], seq, data)
 
     @property
-    def _early(self) -> bool:
-        """Whether this communicator posts calls early (:data:`EARLY_MIN_MEMBERS`; MPI's
-        tags; made already: its first call makes it, alike on every member)."""
+    def posts_early(self) -> bool:
+        """Whether this communicator posts its large calls before their agreement
+        (:data:`~collectives.transports.mpi_early.EARLY_MIN_MEMBERS` members or more, MPI's
+        tags reach :func:`early_tag`'s, and made already: its first call makes it, alike on
+        every member)."""
         return (self.size >= EARLY_MIN_MEMBERS and self._comm is not None
                 and self._transport.early_tags)
 
