@@ -315,50 +315,47 @@ def allreduce_early(engine, value: np.ndarray, op: CollectiveOperator, group: Co
                     seq: int) -> Early | None:
     """:func:`reduce_scatter_early` of :func:`allreduce`: the reduce-scatter exchange of
     :func:`exchange_reduce` posted early; its all-gather after the agreement, as ever."""
-    members, instances, comm = sole_route(engine, group)
-    post = early_poster(comm, "early_alltoallv")
-    if post is None or op is CollectiveOperator.LOCAL:
+    if op is CollectiveOperator.LOCAL:
         return None
-    partial = local_partial(engine, (value,), members, op)
-    ex = _exchange(comm, [partial], None)
-    posted = post(ex.outgoing, ex.send_counts, engine.scratch(sum(ex.recv_counts)),
-                  ex.recv_counts, seq)
-    if posted is None:
-        return None
-
-    def finish_call(desc: Descriptor) -> np.ndarray:
-        (total,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
-                                   scratch=engine.scratch, early=(ex, posted))
-        return finish(op, total, len(members))
-    return Early(posted, finish_call)
+    return _reduction_early(engine, group, op, seq,
+                            lambda members: local_partial(engine, (value,), members, op),
+                            lambda k: None, True, lambda total, k: finish(op, total, k))
 
 
 def reduce_scatter_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,
-                         seq: int):
+                         seq: int) -> Early | None:
     """:func:`reduce_scatter` as call number ``seq`` of an instance with one replica
     (``value``: its input), started before its agreement: its partial's pieces sent, the
-    others' receives posted (:class:`Early`); None where the
-    transport posts nothing early (the caller runs the ordinary algorithm)."""
+    others' receives posted (:class:`Early`); None where the transport posts nothing early
+    (the caller runs the ordinary algorithm)."""
+    n = value.shape[0]
+    return _reduction_early(engine, group, op, seq, lambda members: prepare(op, value),
+                            lambda k: [[min(j * -(-n // k), n) for j in range(k + 1)]], False,
+                            lambda region, k: _sole_region(op, region, k, -(-n // k)))
+
+
+def _reduction_early(engine, group: CommGroup, op: CollectiveOperator, seq: int, partial_of,
+                     bounds_of, gather: bool, result) -> Early | None:
+    """The early form of a one-replica reduction through :func:`exchange_reduce`:
+    ``partial_of(members)`` this instance's partial, ``bounds_of(k)`` its bounds in a group
+    of k (None: even), ``result(out, k)`` the call's result from the exchange's output."""
     members, instances, comm = sole_route(engine, group)
     post = early_poster(comm, "early_alltoallv")
     if post is None:
         return None
-    k, n = len(members), value.shape[0]
-    c = -(-n // k)
-    bounds = [[min(j * c, n) for j in range(k + 1)]]
-    partial = prepare(op, value)
-    ex = _exchange(comm, [partial], bounds)
+    k = len(members)
+    partial = partial_of(members)
+    ex = _exchange(comm, [partial], bounds_of(k))
     posted = post(ex.outgoing, ex.send_counts, engine.scratch(sum(ex.recv_counts)),
                   ex.recv_counts, seq)
     if posted is None:
         return None
 
-    def finish(desc: Descriptor) -> np.ndarray:
-        (region,) = exchange_reduce(comm, [partial], op,
-                                    engine.data_patience(desc, instances), gather=False,
-                                    scratch=engine.scratch, early=(ex, posted))
-        return _sole_region(op, region, k, c)
-    return Early(posted, finish)
+    def finish_call(desc: Descriptor):
+        (out,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
+                                 gather=gather, scratch=engine.scratch, early=(ex, posted))
+        return result(out, k)
+    return Early(posted, finish_call)
 
 
 def _pair_allreduce(comm: Communicator, partials: Sequence[np.ndarray],
