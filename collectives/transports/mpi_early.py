@@ -31,6 +31,7 @@ import time
 
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
+from collectives.errors import TransportError
 from collectives.transports.mpi_agreement import cancel
 
 logger = logging.getLogger(__name__)
@@ -105,9 +106,15 @@ class EarlyCall:
 
     def withdraw(self) -> None:
         """The call did not agree (or failed before its data): cancel its receives and poll
-        at most :data:`WITHDRAW_S` for them to finish; what is still pending then, with the
-        sends not finished yet, goes to the transport's ``orphans`` with the buffers (module
-        docstring). Nothing if taken."""
+        at most :data:`WITHDRAW_S` for them to finish; the sends not finished yet go to the
+        transport's ``orphans`` with the buffers (module docstring). Nothing if taken.
+
+        Raises:
+            TransportError: a receive did not finish (MPI completes a cancelled receive,
+                cancelled or filled, in this instance's own polls: never seen); it may still
+                write into a buffer that later calls reuse, so the caller's engine must stop
+                (it does, on a TransportError).
+        """
         recvs, self._recvs = self._recvs, None
         if recvs is None:
             return
@@ -121,3 +128,8 @@ class EarlyCall:
             logger.debug("%d early messages of a call that did not agree stay pending",
                          len(pending))
             self._transport.orphans.append((pending, self._buffers))
+        if recvs:
+            raise TransportError(
+                f"{len(recvs)} receives posted before an agreement that failed could not be "
+                f"cancelled within {WITHDRAW_S:g} s; this instance's collectives stop (a "
+                "later call could read their bytes)")

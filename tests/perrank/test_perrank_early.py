@@ -89,3 +89,64 @@ def _local_replicas(strategy) -> range:
     L = strategy.num_replicas_in_sync // popdist.getNumInstances()
     first = popdist.getInstanceIndex() * L
     return range(first, first + L)
+
+
+class _Request:
+    """A stand-in for an MPI request: finished after ``polls`` tests (None: never);
+    ``fails``: its test raises MPI's error (a receive cut short)."""
+
+    def __init__(self, polls: int | None = 0, fails: bool = False):
+        self.polls, self.fails, self.cancelled = polls, fails, False
+
+    def Cancel(self):
+        self.cancelled = True
+
+    def Test(self):
+        if self.fails:
+            from mpi4py import MPI
+            raise MPI.Exception(MPI.ERR_TRUNCATE)
+        if self.polls is None:
+            return False
+        self.polls -= 1
+        return self.polls < 0
+
+
+class _Transport:
+    def __init__(self):
+        self.orphans = []
+
+
+def test_withdraw_cancels_receives_and_keeps_the_sends_no_one_takes():
+    from collectives.transports import mpi_early
+    transport = _Transport()
+    recvs = [_Request(3), _Request(fails=True)]  # cancelled late; cut short by another call
+    stuck_send, sent = _Request(None), _Request(0)
+    call = mpi_early.EarlyCall(transport, recvs, [stuck_send, sent], (np.zeros(4),))
+    call.withdraw()
+    assert all(r.cancelled for r in recvs)
+    assert len(transport.orphans) == 1 and transport.orphans[0][0] == [stuck_send]
+    call.withdraw()  # once only
+    assert len(transport.orphans) == 1
+    with pytest.raises(RuntimeError, match="withdrawn already"):
+        call.take()
+
+
+def test_withdraw_stops_the_collectives_when_a_receive_cannot_be_cancelled(monkeypatch):
+    from collectives.transports import mpi_early
+    monkeypatch.setattr(mpi_early, "WITHDRAW_S", 0.01)
+    transport = _Transport()
+    stuck = _Request(None)
+    call = mpi_early.EarlyCall(transport, [stuck], [], (np.zeros(4),))
+    with pytest.raises(C.TransportError, match="could not be cancelled"):
+        call.withdraw()
+    assert transport.orphans == [([stuck], call._buffers)]
+
+
+def test_taken_messages_are_not_withdrawn():
+    from collectives.transports import mpi_early
+    transport = _Transport()
+    recv, send = _Request(None), _Request(None)
+    call = mpi_early.EarlyCall(transport, [recv], [send], ())
+    assert call.take() == ([recv], [send])
+    call.withdraw()
+    assert not recv.cancelled and transport.orphans == []
