@@ -46,19 +46,14 @@ from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_agreement import cancel as _cancel
-from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
-                                              EarlyCall, early_tag, finished)
+from collectives.transports.mpi_early import EARLY_TAG_MAX, WITHDRAW_S, EarlyCall, EarlyPosting
+from collectives.transports.mpi_early import allgatherv_incoming as _allgatherv_incoming
+from collectives.transports.mpi_early import alltoall_pieces as _alltoall_pieces
+from collectives.transports.mpi_early import displacements as _displacements
+from collectives.transports.mpi_early import finished
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
-
-
-def _displacements(counts: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
 
 
 #: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
@@ -87,6 +82,12 @@ NOTICE_BYTES = 256
 #: 2 instances 287 / 296 (1365 / 1395); all_to_all 4 instances 980 / 1072 (2.4 / 3.6 ms),
 #: 2 instances 339 / 341; at 4-64 KiB the same within noise.
 P2P_MIN_BYTES = 256 << 10
+#: a broadcast of at least P2P_MIN_BYTES among at most this many members goes point-to-point
+#: from the root (MPICommunicator.broadcast: measured 22-27% faster than MPI_Ibcast at 4
+#: instances); beyond, MPI_Ibcast's tree, since a flat one puts every copy on the root's link
+#: (across hosts, where MPICH cannot read the root's memory). ipupod assumption: 4, the most
+#: measured.
+FLAT_BROADCAST_MAX_MEMBERS = 4
 #: the pieces of a point-to-point data all-gather (allgatherv_to/_into)
 _TAG_ALLGATHERV = 0x1A18
 #: wall seconds a data wait polls without yielding the CPU before it yields between polls,
@@ -107,7 +108,7 @@ def data_spin_s(process_count: int) -> float:
     return DATA_SPIN_S if fits_cores(process_count) else 0.0
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(EarlyPosting, Communicator):
     """A communicator over an mpi4py ``Comm`` whose ranks are ``members`` in order.
 
     Args:
@@ -115,7 +116,13 @@ class MPICommunicator(Communicator):
         members: instance indices, increasing.
         make: returns the mpi4py ``Comm`` when called with the first call's patience (it may
             wait, with that patience, for the members to arrive); called once.
+
+    Its large calls may be posted before their agreement (the ``early_*`` methods of
+    :class:`~collectives.transports.mpi_early.EarlyPosting`).
     """
+
+    #: all-gathers and all-to-alls from this many bytes go point-to-point
+    p2p_min_bytes = P2P_MIN_BYTES
 
     def __init__(self, transport: "MPITransport", members: tuple[int, ...], make):
         self._transport = transport
@@ -168,66 +175,12 @@ class MPICommunicator(Communicator):
         return self._agreement.agree_gather(self._comm or self._ready(patience), fingerprint,
                                             payload, patience)
 
-    # -- data posted before a call's agreement ----------------------------------------------
-    # (each decides from the call's sizes and the members alone, so alike on every member
-    # whose call agrees: a member that posts early and one that does not use other tags)
-
-    def early_allgatherv(self, send: np.ndarray, recv: np.ndarray,
-                         recv_counts: Sequence[int], seq: int) -> EarlyCall | None:
-        """Post now the messages of this member's :meth:`allgatherv_to` of ``send`` into
-        ``recv`` as call number ``seq`` (module docstring, *data posted early*); None where
-        that call would not go point-to-point, for two members (:data:`EARLY_MIN_MEMBERS`),
-        or before this communicator's first call."""
-        if not self.posts_early or sum(recv_counts) < P2P_MIN_BYTES:
-            return None
-        return self._post_early([(j, send) for j in self._others],
-                                _allgatherv_incoming(self, recv, recv_counts), seq, send, recv)
-
-    def early_alltoall(self, send: np.ndarray, recv: np.ndarray, seq: int
-                       ) -> EarlyCall | None:
-        """:meth:`early_allgatherv` of :meth:`alltoall_to`."""
-        if not self.posts_early or recv.nbytes < P2P_MIN_BYTES:
-            return None
-        return self._post_early(_alltoall_pieces(self, send), _alltoall_pieces(self, recv),
-                                seq, send, recv)
-
-    def early_alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
-                        recv_counts: Sequence[int], seq: int) -> EarlyCall | None:
-        """:meth:`early_allgatherv` of :meth:`alltoallv` (``recv``: at least
-        ``sum(recv_counts)`` bytes)."""
-        if not self.posts_early:
-            return None
-        return self._post_early(_alltoallv_pieces(self._others, send, send_counts),
-                                _alltoallv_pieces(self._others, recv, recv_counts), seq,
-                                send, recv)
-
-    def early_broadcast(self, data: np.ndarray, root: int, seq: int) -> EarlyCall | None:
-        """:meth:`early_allgatherv` of :meth:`broadcast` of ``data`` (the root's sends, the
-        others' receive)."""
-        if not self.posts_early or data.nbytes < P2P_MIN_BYTES:
-            return None
-        if self.rank == root:
-            return self._post_early([(j, data) for j in self._others], [], seq, data)
-        return self._post_early([], [(root, data)], seq, data)
-
-    @property
-    def posts_early(self) -> bool:
-        """Whether this communicator posts its large calls before their agreement
-        (:data:`~collectives.transports.mpi_early.EARLY_MIN_MEMBERS` members or more, MPI's
-        tags reach :func:`early_tag`'s, and made already: its first call makes it, alike on
-        every member)."""
-        return (self.size >= EARLY_MIN_MEMBERS and self._comm is not None
-                and self._transport.early_tags)
-
-    def _post_early(self, outgoing: list, incoming: list, seq: int,
-                    *buffers: np.ndarray) -> EarlyCall:
-        transport = self._transport
-        if transport.orphans:
-            transport.sweep_orphans()
-        tag, comm = early_tag(seq), self._comm
-        recvs = [comm.Irecv([part, MPI.BYTE], j, tag) for j, part in incoming if part.nbytes]
-        sends = [comm.Isend([part, MPI.BYTE], j, tag) for j, part in outgoing if part.nbytes]
-        return EarlyCall(transport, recvs, sends, buffers)
+    def _flat_broadcast(self, data: np.ndarray) -> bool:
+        """Whether :meth:`broadcast` of ``data`` goes point-to-point from the root: between
+        two members, or up to :data:`FLAT_BROADCAST_MAX_MEMBERS` from
+        :data:`P2P_MIN_BYTES` (else MPI_Ibcast)."""
+        return self.size == 2 or (self.size <= FLAT_BROADCAST_MAX_MEMBERS
+                                  and data.nbytes >= P2P_MIN_BYTES)
 
     # -- data -----------------------------------------------------------------------------
 
@@ -321,7 +274,8 @@ class MPICommunicator(Communicator):
         block, me = send.nbytes // self.size, self.rank
         here = slice(me * block, (me + 1) * block)
         self._point_to_point(
-            comm, early or (_alltoall_pieces(self, send), _alltoall_pieces(self, recv)),
+            comm, early or (_alltoall_pieces(self._others, self.size, send),
+                            _alltoall_pieces(self._others, self.size, recv)),
             _TAG_ALLTOALLV, patience, lambda: np.copyto(recv[here], send[here]))
         return recv
 
@@ -395,7 +349,7 @@ class MPICommunicator(Communicator):
         mine = here if send is None else send
         self._point_to_point(
             comm, early or ([(j, mine) for j in self._others],
-                            _allgatherv_incoming(self, recv, recv_counts)),
+                            _allgatherv_incoming(self._others, recv, recv_counts)),
             _TAG_ALLGATHERV, patience, None if send is None else lambda: np.copyto(here, send))
         return recv
 
@@ -403,11 +357,11 @@ class MPICommunicator(Communicator):
                   early: EarlyCall | None = None) -> np.ndarray:
         """(``early``: as :meth:`alltoallv`, by :meth:`early_broadcast`.)"""
         comm = self._ready(patience)
-        if self.size > 2 and data.nbytes < P2P_MIN_BYTES:
+        if not self._flat_broadcast(data):
             self._wait(comm.Ibcast([data, MPI.BYTE], root), patience)
             return data
-        # Point-to-point from the root: every other member reads the root's bytes (CMA)
-        # while the root does the caller's overlap work (its own copy of the value).
+        # Point-to-point from the root (_flat_broadcast): every other member reads the
+        # root's bytes (CMA) while the root does the caller's overlap work (its own copy).
         # MPI_Ibcast's schedule waits for the root between its steps, which that copy holds
         # up: two ranks, interleaved medians, 1-16 MiB: 4-12% slower that way; four ranks
         # (2-core VM, loaded, the whole call, point-to-point / Ibcast): 1 MiB 2448 / 3310,
@@ -421,27 +375,6 @@ class MPICommunicator(Communicator):
             requests = [comm.Irecv([data, MPI.BYTE], root, _TAG_BROADCAST)]
         self._complete(requests, patience, spin=self.rank != root)
         return data
-
-
-def _allgatherv_incoming(comm: MPICommunicator, recv: np.ndarray,
-                         recv_counts: Sequence[int]) -> list:
-    """``(member, bytes)`` of a point-to-point all-gather into ``recv``."""
-    at = _displacements(recv_counts)
-    return [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in comm._others]
-
-
-def _alltoall_pieces(comm: MPICommunicator, buffer: np.ndarray) -> list:
-    """``(member, bytes)`` of the other members' equal blocks of ``buffer``."""
-    block = buffer.nbytes // comm.size
-    return [(j, buffer[j * block:(j + 1) * block]) for j in comm._others]
-
-
-def _alltoallv_pieces(others: Sequence[int], buffer: np.ndarray,
-                      counts: Sequence[int]) -> list:
-    """``(member, bytes)`` of ``buffer`` cut by ``counts`` (in member order), the other
-    members' alone."""
-    at = _displacements(counts)
-    return [(j, buffer[at[j]:at[j] + counts[j]]) for j in others]
 
 
 class MPITransport(Transport):
