@@ -7,10 +7,10 @@ per distinct set of instances, in the order of the set's first group (the same o
 instance).
 
 An instance with one replica may start a large all-gather, all-to-all or broadcast before
-its agreement (:func:`all_gather_early`, :func:`all_to_all_early`,
-:func:`broadcast_early`): its result is allocated and
-its messages posted, so that its bytes move while the fingerprints are compared
-(:class:`~collectives._algorithms.Early`, :mod:`collectives.transports.mpi_early`).
+its agreement (:func:`all_gather_early`, :func:`all_to_all_early`, :func:`broadcast_early`):
+its result is allocated and its messages posted, so that its bytes move while the
+fingerprints are compared (:class:`~collectives._algorithms.Early`,
+:mod:`collectives.transports.mpi_early`).
 """
 
 from __future__ import annotations
