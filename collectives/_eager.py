@@ -98,7 +98,13 @@ class Eager:
     def sole_early(self, engine, value: np.ndarray, seq: int):
         """Call number ``seq`` of an instance with one local replica (``value``: its
         input), started before its agreement (:class:`collectives._algorithms.Early`: its
-        messages posted), or None: the ordinary algorithm runs after the agreement."""
+        messages posted), or None: the ordinary algorithm runs after the agreement. None at
+        once where the transport never posts early (its ``posts_early``: false or absent)."""
+        if not getattr(engine.transport, "posts_early", False):
+            return None
+        return self._sole_early(engine, value, seq)
+
+    def _sole_early(self, engine, value: np.ndarray, seq: int):
         return None
 
     @staticmethod
@@ -169,7 +175,7 @@ class AllReduce(_Reduction):
     def __call__(self, engine, desc, values):
         return algorithms.allreduce(engine, desc, values, self.op, self.group)
 
-    def sole_early(self, engine, value, seq):
+    def _sole_early(self, engine, value, seq):
         return algorithms.allreduce_early(engine, value, self.op, self.group, seq)
 
     def _payload_bytes(self, engine, value):
@@ -202,7 +208,7 @@ class ReduceScatter(_Reduction):
     def __call__(self, engine, desc, values):
         return algorithms.reduce_scatter(engine, desc, values, self.op, self.group)
 
-    def sole_early(self, engine, value, seq):
+    def _sole_early(self, engine, value, seq):
         if self.op is CollectiveOperator.LOCAL:
             return None
         return algorithms.reduce_scatter_early(engine, value, self.op, self.group, seq)
@@ -245,7 +251,7 @@ class AllGather(Eager):
     def __call__(self, engine, desc, values):
         return movement.all_gather(engine, desc, values, self.group)
 
-    def sole_early(self, engine, value, seq):
+    def _sole_early(self, engine, value, seq):
         return movement.all_gather_early(engine, value, self.group, seq)
 
     def results(self, engine, values, blocks):
@@ -271,7 +277,7 @@ class AllToAll(Eager):
         return movement.all_to_all(engine, desc, values, self.group, self.split_dimension,
                                    self.concat_dimension)
 
-    def sole_early(self, engine, value, seq):
+    def _sole_early(self, engine, value, seq):
         if self.split_dimension or self.concat_dimension:
             return None
         return movement.all_to_all_early(engine, value, self.group, seq)
@@ -315,7 +321,7 @@ class Broadcast(Eager):
     def __call__(self, engine, desc, values):
         return movement.broadcast(engine, desc, values, self.group, self.root)
 
-    def sole_early(self, engine, value, seq):
+    def _sole_early(self, engine, value, seq):
         return movement.broadcast_early(engine, value, self.group, self.root, seq)
 
     def _payload_bytes(self, engine, value):

@@ -46,7 +46,8 @@ from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_agreement import cancel as _cancel
-from collectives.transports.mpi_early import EARLY_TAG_MAX, WITHDRAW_S, EarlyCall, EarlyPosting
+from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
+                                              EarlyCall, EarlyPosting)
 from collectives.transports.mpi_early import allgatherv_incoming as _allgatherv_incoming
 from collectives.transports.mpi_early import alltoall_pieces as _alltoall_pieces
 from collectives.transports.mpi_early import displacements as _displacements
@@ -417,8 +418,10 @@ class MPITransport(Transport):
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
         atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
-        #: whether this MPI's tags reach early_tag's (MPI_TAG_UB)
-        self.early_tags = world.Get_attr(MPI.TAG_UB) >= EARLY_TAG_MAX
+        #: whether communicators of this job may post large calls before their agreement
+        #: (mpi_early: EARLY_MIN_MEMBERS instances or more, and MPI_TAG_UB reaches its tags)
+        self.posts_early = (process_count >= EARLY_MIN_MEMBERS
+                            and world.Get_attr(MPI.TAG_UB) >= EARLY_TAG_MAX)
         #: (requests, buffers) of data posted early for calls that did not agree
         #: (EarlyCall.withdraw), kept until they finish (sweep_orphans) or the end
         self.orphans: list = []

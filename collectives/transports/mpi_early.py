@@ -182,7 +182,7 @@ class EarlyPosting:
 
     The communicator provides ``size``, ``rank``, ``_others`` (the other members' ranks),
     ``_comm`` (the mpi4py communicator, None before its first call), ``_transport`` (with
-    ``early_tags``, ``orphans``, ``sweep_orphans()``), ``p2p_min_bytes`` (the size from
+    ``posts_early``, ``orphans``, ``sweep_orphans()``), ``p2p_min_bytes`` (the size from
     which its all-gathers and all-to-alls go point-to-point) and ``_flat_broadcast(data)``.
     """
 
@@ -194,7 +194,7 @@ class EarlyPosting:
         (:data:`EARLY_MIN_MEMBERS` members or more, MPI's tags reach :func:`early_tag`'s,
         and made already: its first call makes it, alike on every member)."""
         return (self.size >= EARLY_MIN_MEMBERS and self._comm is not None
-                and self._transport.early_tags)
+                and self._transport.posts_early)
 
     def early_allgatherv(self, send: np.ndarray, recv: np.ndarray,
                          recv_counts: Sequence[int], seq: int) -> "EarlyCall | None":
