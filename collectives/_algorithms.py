@@ -175,10 +175,42 @@ def _exchange_layout(sizes: tuple[int, ...], bounds: tuple[tuple[int, ...], ...]
     return bounds, lengths, per_member, at, tuple(send_counts), tuple(recv_counts)
 
 
+class _Exchange:
+    """What :func:`exchange_reduce` sends and receives (:func:`_exchange`)."""
+
+    __slots__ = ("flats", "bounds", "lengths", "per_member", "at", "send", "outgoing",
+                 "send_counts", "recv_counts", "skip")
+
+    def __init__(self, flats, layout, send, outgoing, skip):
+        self.flats, self.send, self.outgoing, self.skip = flats, send, outgoing, skip
+        (self.bounds, self.lengths, self.per_member, self.at, send_counts,
+         recv_counts) = layout
+        self.send_counts, self.recv_counts = list(send_counts), list(recv_counts)
+
+
+def _exchange(comm: Communicator, partials: Sequence[np.ndarray],
+              bounds: Sequence[Sequence[int]] | None) -> _Exchange:
+    """The layout and the send buffer of :func:`exchange_reduce` (not its pair form)."""
+    m, me = comm.size, comm.rank
+    flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
+    layout = _exchange_layout(tuple(f.size for f in flats),
+                              None if bounds is None else tuple(tuple(b) for b in bounds),
+                              m, me, flats[0].dtype.itemsize)
+    bounds, at = layout[0], layout[3]
+    skip = me in (0, m - 1)
+    if len(flats) == 1:
+        send = flats[0][bounds[0][0]:bounds[0][m]]
+    else:
+        send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
+                               for f, b in zip(flats, bounds)])
+    outgoing = send[at[1]:] if skip and me == 0 else send[:at[me]] if skip else send
+    return _Exchange(flats, layout, send, outgoing.view(np.uint8), skip)
+
+
 def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
                     op: CollectiveOperator, patience: Patience,
                     bounds: Sequence[Sequence[int]] | None = None,
-                    gather: bool = True, scratch=None) -> list[np.ndarray]:
+                    gather: bool = True, scratch=None, early=None) -> list[np.ndarray]:
     """Reduce each of ``partials`` over the members of ``comm``, in member (= tree) order.
 
     Args:
@@ -190,27 +222,30 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
             views of one new array).
         scratch: ``scratch(nbytes) -> uint8 buffer`` for the received pieces, reused from
             call to call.
+        early: ``(exchange, posted)``: the :func:`_exchange` of ``partials`` and its
+            messages, posted before the call's agreement into ``scratch(...)``
+            (:func:`reduce_scatter_early`; ``comm`` a counting communicator).
     """
     dtype, itemsize = partials[0].dtype, partials[0].dtype.itemsize
     m, me = comm.size, comm.rank
-    flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
-    if gather and m == 2 and sum(f.nbytes for f in flats) <= PAIR_ALLREDUCE_MAX_BYTES:
-        return _pair_allreduce(comm, partials, flats, op, patience, scratch)
-    bounds, lengths, per_member, at, send_counts, recv_counts = _exchange_layout(
-        tuple(f.size for f in flats),
-        None if bounds is None else tuple(tuple(b) for b in bounds), m, me, itemsize)
-    send_counts, recv_counts = list(send_counts), list(recv_counts)
-    skip = me in (0, m - 1)
-    single = len(flats) == 1
-    if single:
-        send = flats[0][bounds[0][0]:bounds[0][m]]
+    if early is None:
+        flats = [np.ascontiguousarray(p).reshape(-1) for p in partials]
+        if gather and m == 2 and sum(f.nbytes for f in flats) <= PAIR_ALLREDUCE_MAX_BYTES:
+            return _pair_allreduce(comm, partials, flats, op, patience, scratch)
+        ex = _exchange(comm, partials, bounds)
     else:
-        send = np.concatenate([f[b[j]:b[j + 1]] for j in range(m)
-                               for f, b in zip(flats, bounds)])
-    outgoing = send[at[1]:] if skip and me == 0 else send[:at[me]] if skip else send
+        ex, posted = early
+    flats, bounds, lengths, per_member, at = (ex.flats, ex.bounds, ex.lengths, ex.per_member,
+                                              ex.at)
+    send, skip, single, recv_counts = ex.send, ex.skip, len(flats) == 1, ex.recv_counts
     recv_bytes = sum(recv_counts)
-    received = comm.alltoallv(outgoing.view(np.uint8), send_counts, recv_counts, patience,
-                              scratch(recv_bytes) if scratch else None)
+    recv = scratch(recv_bytes) if scratch else None
+    if early is None:
+        received = comm.alltoallv(ex.outgoing, ex.send_counts, recv_counts, patience, recv)
+    else:
+        comm.bytes_sent += sum(ex.send_counts) - ex.send_counts[me]  # (as counting calls do)
+        received = comm.inner.alltoallv(ex.outgoing, ex.send_counts, recv_counts, patience,
+                                        recv, early=posted)
     pieces = list(received[:recv_bytes].view(dtype).reshape(m - skip, per_member[me]))
     owned = [True] * m
     if skip:
@@ -237,6 +272,90 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
             out[b[j]:b[j + 1]] = gathered[start:start + b[j + 1] - b[j]]
             start += b[j + 1] - b[j]
     return [o.reshape(p.shape) for o, p in zip(outs, partials)]
+
+
+class Early:
+    """A call of an instance with one replica started before its agreement: its messages
+    are posted (:class:`~collectives.transports.mpi_early.EarlyCall`). After the agreement
+    exactly one of :meth:`finish` (the call agreed) or :meth:`withdraw` (it did not, or
+    failed). Made by :func:`reduce_scatter_early` and
+    :func:`collectives._movement.all_gather_early` and siblings.
+
+    Args:
+        posted: the posted messages.
+        finish: ``finish(desc) -> result``: waits for them, returns the call's result.
+    """
+
+    __slots__ = ("_posted", "_finish")
+
+    def __init__(self, posted, finish):
+        self._posted, self._finish = posted, finish
+
+    def finish(self, desc: Descriptor):
+        """The call's result (``desc``: the call's descriptor, with its number, for the
+        data wait's messages). Raises the data call's errors."""
+        return self._finish(desc)
+
+    def withdraw(self) -> None:
+        """The call did not agree: no later call can take its messages (the transport
+        withdraws them)."""
+        self._posted.withdraw()
+
+
+def early_poster(comm, name: str):
+    """``comm``'s transport method ``name`` (``early_allgatherv``, ...) that posts a call's
+    messages before its agreement, or None where the communicator posts nothing early
+    (``posts_early``; ``comm`` a counting communicator, or None for a group of one)."""
+    if comm is None or not getattr(comm.inner, "posts_early", False):
+        return None
+    return getattr(comm.inner, name)
+
+
+def allreduce_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,
+                    seq: int) -> Early | None:
+    """:func:`reduce_scatter_early` of :func:`allreduce`: the reduce-scatter exchange of
+    :func:`exchange_reduce` posted early; its all-gather after the agreement, as ever."""
+    if op is CollectiveOperator.LOCAL:
+        return None
+    return _reduction_early(engine, group, op, seq,
+                            lambda members: local_partial(engine, (value,), members, op),
+                            lambda k: None, True, lambda total, k: finish(op, total, k))
+
+
+def reduce_scatter_early(engine, value: np.ndarray, op: CollectiveOperator, group: CommGroup,
+                         seq: int) -> Early | None:
+    """:func:`reduce_scatter` as call number ``seq`` of an instance with one replica
+    (``value``: its input), started before its agreement: its partial's pieces sent, the
+    others' receives posted (:class:`Early`); None where the transport posts nothing early
+    (the caller runs the ordinary algorithm)."""
+    n = value.shape[0]
+    return _reduction_early(engine, group, op, seq, lambda members: prepare(op, value),
+                            lambda k: [[min(j * -(-n // k), n) for j in range(k + 1)]], False,
+                            lambda region, k: _sole_region(op, region, k, -(-n // k)))
+
+
+def _reduction_early(engine, group: CommGroup, op: CollectiveOperator, seq: int, partial_of,
+                     bounds_of, gather: bool, result) -> Early | None:
+    """The early form of a one-replica reduction through :func:`exchange_reduce`:
+    ``partial_of(members)`` this instance's partial, ``bounds_of(k)`` its bounds in a group
+    of k (None: even), ``result(out, k)`` the call's result from the exchange's output."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_alltoallv")
+    if post is None:
+        return None
+    k = len(members)
+    partial = partial_of(members)
+    ex = _exchange(comm, [partial], bounds_of(k))
+    posted = post(ex.outgoing, ex.send_counts, engine.scratch(sum(ex.recv_counts)),
+                  ex.recv_counts, seq)
+    if posted is None:
+        return None
+
+    def finish_call(desc: Descriptor):
+        (out,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
+                                 gather=gather, scratch=engine.scratch, early=(ex, posted))
+        return result(out, k)
+    return Early(posted, finish_call)
 
 
 def _pair_allreduce(comm: Communicator, partials: Sequence[np.ndarray],
@@ -345,6 +464,12 @@ def _reduce_scatter_sole(engine, desc: Descriptor, value: np.ndarray,
     (region,) = exchange_reduce(comm, [partial], op, engine.data_patience(desc, instances),
                                 bounds=[[min(j * c, n) for j in range(k + 1)]], gather=False,
                                 scratch=engine.scratch)
+    return _sole_region(op, region, k, c)
+
+
+def _sole_region(op: CollectiveOperator, region: np.ndarray, k: int, c: int) -> np.ndarray:
+    """A one-replica member's reduced region as its result: ``finish`` applied, completed
+    with zeros to ``c`` elements."""
     region = finish(op, region, k)
     if region.shape[0] == c:
         return region

@@ -99,6 +99,18 @@ class Eager:
         signature (:class:`SoleEager`)."""
         return SoleEager(self, engine, value, send)
 
+    def sole_early(self, engine, value: np.ndarray, seq: int):
+        """Call number ``seq`` of an instance with one local replica (``value``: its
+        input), started before its agreement (:class:`collectives._algorithms.Early`: its
+        messages posted), or None: the ordinary algorithm runs after the agreement. None at
+        once where the transport never posts early (its ``posts_early``: false or absent)."""
+        if not getattr(engine.transport, "posts_early", False):
+            return None
+        return self._sole_early(engine, value, seq)
+
+    def _sole_early(self, engine, value: np.ndarray, seq: int):
+        return None
+
     @staticmethod
     def _give(engine, value: np.ndarray, values: Sequence[np.ndarray]) -> list:
         """``value`` for every local replica (each its own array)."""
@@ -167,6 +179,9 @@ class AllReduce(_Reduction):
     def __call__(self, engine, desc, values):
         return algorithms.allreduce(engine, desc, values, self.op, self.group)
 
+    def _sole_early(self, engine, value, seq):
+        return algorithms.allreduce_early(engine, value, self.op, self.group, seq)
+
     def _payload_bytes(self, engine, value):
         return None if self.op is CollectiveOperator.LOCAL else value.nbytes
 
@@ -193,6 +208,11 @@ class ReduceScatter(_Reduction):
 
     def __call__(self, engine, desc, values):
         return algorithms.reduce_scatter(engine, desc, values, self.op, self.group)
+
+    def _sole_early(self, engine, value, seq):
+        if self.op is CollectiveOperator.LOCAL:
+            return None
+        return algorithms.reduce_scatter_early(engine, value, self.op, self.group, seq)
 
     def _payload_bytes(self, engine, value):
         if self.op is CollectiveOperator.LOCAL:
@@ -237,6 +257,9 @@ class AllGather(Eager):
     def __call__(self, engine, desc, values):
         return movement.all_gather(engine, desc, values, self.group)
 
+    def _sole_early(self, engine, value, seq):
+        return movement.all_gather_early(engine, value, self.group, seq)
+
     def results(self, engine, values, blocks):
         value = values[0]
         return self._give(engine, np.concatenate(blocks).view(value.dtype).reshape(
@@ -260,6 +283,11 @@ class AllToAll(Eager):
     def __call__(self, engine, desc, values):
         return movement.all_to_all(engine, desc, values, self.group, self.split_dimension,
                                    self.concat_dimension)
+
+    def _sole_early(self, engine, value, seq):
+        if self.split_dimension or self.concat_dimension:
+            return None
+        return movement.all_to_all_early(engine, value, self.group, seq)
 
     def results(self, engine, values, blocks):
         value = values[0]
@@ -304,6 +332,9 @@ class Broadcast(Eager):
 
     def __call__(self, engine, desc, values):
         return movement.broadcast(engine, desc, values, self.group, self.root)
+
+    def _sole_early(self, engine, value, seq):
+        return movement.broadcast_early(engine, value, self.group, self.root, seq)
 
     def _payload_bytes(self, engine, value):
         return value.nbytes

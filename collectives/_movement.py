@@ -5,6 +5,12 @@ local replica in, one result per local replica out.
 Groups whose members span several instances are batched by instance set: one transport call
 per distinct set of instances, in the order of the set's first group (the same on every
 instance).
+
+An instance with one replica may start a large all-gather, all-to-all or broadcast before
+its agreement (:func:`all_gather_early`, :func:`all_to_all_early`, :func:`broadcast_early`):
+its result is allocated and its messages posted, so that its bytes move while the
+fingerprints are compared (:class:`~collectives._algorithms.Early`,
+:mod:`collectives.transports.mpi_early`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._algorithms import (give, instances_of, local_groups, local_members,
-                                    sole_route)
+from collectives._algorithms import (Early, early_poster, give, instances_of, local_groups,
+                                    local_members, sole_route)
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 
@@ -85,6 +91,81 @@ def _all_gather_sole(engine, desc: Descriptor, value: np.ndarray,
     got = comm.allgatherv_to(send, flat, [value.nbytes] * len(members),
                              engine.data_patience(desc, instances))
     return out if got is flat else got.view(value.dtype).reshape(out.shape)
+
+
+def all_gather_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> Early | None:
+    """:func:`all_gather` as call number ``seq`` of an instance with one replica
+    (``value``: its input), started before the agreement (module docstring); None where the
+    transport posts nothing early for it (the caller runs the ordinary algorithm)."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_allgatherv")
+    if post is None:
+        return None
+    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    out = np.empty((len(members), *value.shape), value.dtype)
+    flat, counts = out.reshape(-1).view(np.uint8), [send.nbytes] * len(members)
+    posted = post(send, flat, counts, seq)
+    if posted is None:
+        return None
+
+    def finish(desc: Descriptor) -> np.ndarray:
+        comm.bytes_sent += send.nbytes * (len(members) - 1)  # (as counting calls do)
+        comm.inner.allgatherv_to(send, flat, counts, engine.data_patience(desc, instances),
+                                 early=posted)
+        return out
+    return Early(posted, finish)
+
+
+def all_to_all_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> Early | None:
+    """:func:`all_gather_early` of :func:`all_to_all` along dimension 0."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_alltoall")
+    if post is None:
+        return None
+    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    out = np.empty(value.shape, value.dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    posted = post(send, flat, seq)
+    if posted is None:
+        return None
+
+    def finish(desc: Descriptor) -> np.ndarray:
+        comm.bytes_sent += send.nbytes - send.nbytes // len(members)
+        comm.inner.alltoall_to(send, flat, engine.data_patience(desc, instances),
+                               early=posted)
+        return out
+    return Early(posted, finish)
+
+
+def broadcast_early(engine, value: np.ndarray, group: CommGroup, root: int,
+                    seq: int) -> Early | None:
+    """:func:`all_gather_early` of :func:`broadcast` from position ``root``: the root's
+    sends, or this member's receive into its result; the root copies its value into its
+    result while the others read it (as :func:`_broadcast_sole`)."""
+    members, instances, comm = sole_route(engine, group)
+    post = early_poster(comm, "early_broadcast")
+    if post is None:
+        return None
+    is_root = members[root] == engine.replica_index_offset
+    data = (np.ascontiguousarray(value) if is_root
+            else np.empty(value.shape, value.dtype))
+    flat = data.reshape(-1).view(np.uint8)
+    posted = post(flat, root, seq)
+    if posted is None:
+        return None
+
+    def finish(desc: Descriptor) -> np.ndarray:
+        patience = engine.data_patience(desc, instances)
+        if not is_root:
+            comm.inner.broadcast(flat, root, patience, early=posted)
+            return data
+        result: list = []
+        comm.bytes_sent += flat.nbytes  # (as counting calls do)
+        patience.overlap(lambda: result.append(data.copy()))  # while the peers receive
+        comm.inner.broadcast(flat, root, patience, early=posted)
+        patience.settle()
+        return result[0]
+    return Early(posted, finish)
 
 
 def all_to_all(engine, desc: Descriptor, values: Sequence[np.ndarray], group: CommGroup,

@@ -86,6 +86,7 @@ class SolePlan:
             self._arrival.seq = seq
             patience = self._patience
             patience.restart()
+            early = None
             if self.eager:
                 sole = self._sole
                 sole.fill(value)
@@ -102,13 +103,23 @@ class SolePlan:
                         charge_collective(modelled, self._op)
                     return result
             else:
-                engine.agreement.agree_gather(self.desc, seq,
-                                              seq_fingerprint(self._fingerprint, seq),
-                                              None, patience)
+                # a large call may post its data before its agreement (_algorithms.Early)
+                early = getattr(self.algorithm, "sole_early", None)
+                early = early(engine, value, seq) if early is not None else None
+                try:
+                    engine.agreement.agree_gather(self.desc, seq,
+                                                  seq_fingerprint(self._fingerprint, seq),
+                                                  None, patience)
+                except BaseException:
+                    if early is not None:
+                        early.withdraw()
+                    raise
             # (large, or a transport that does not carry payloads)
             recorder = engine.recorder
             sent = recorder.bytes_sent()
-            result = self.algorithm(engine, self.desc.with_seq(seq), (value,))[0]
+            desc = self.desc.with_seq(seq)
+            result = (early.finish(desc) if early is not None
+                      else self.algorithm(engine, desc, (value,))[0])
             sent = recorder.bytes_sent() - sent
         except (CollectiveTimeoutError, TransportError) as exc:
             engine.abort(exc)

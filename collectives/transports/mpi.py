@@ -17,6 +17,11 @@ missing peer into a timeout instead of a hang:
   one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
   have all announced themselves point-to-point (waited for with the timeout), so it never
   waits for a peer that has not arrived.
+* **data posted early**: on a communicator of three or more members, a large
+  point-to-point call of an instance with one replica posts its receives and sends before
+  its agreement (:meth:`MPICommunicator.early_allgatherv` and siblings), under a tag of
+  its own call, withdrawn when the call does not agree
+  (:mod:`collectives.transports.mpi_early`).
 * **giving up**: an instance that times out or fails (:meth:`MPITransport.abandon`) sends a
   notice to every other instance (on ``COMM_WORLD``, tag ``_TAG_NOTICE``); a peer sees it in its next
   wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
@@ -41,17 +46,15 @@ from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_agreement import cancel as _cancel
+from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
+                                              EarlyCall, EarlyPosting)
+from collectives.transports.mpi_early import allgatherv_incoming as _allgatherv_incoming
+from collectives.transports.mpi_early import alltoall_pieces as _alltoall_pieces
+from collectives.transports.mpi_early import displacements as _displacements
+from collectives.transports.mpi_early import finished
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
-
-
-def _displacements(counts: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
 
 
 #: allgather of at most this many bytes goes point-to-point (the waiting side knows who has
@@ -68,7 +71,7 @@ _TAG_CREATE_GROUP = 0x1A15
 #: with MPI.ANY_TAG while collectives run could take one)
 _TAG_NOTICE = 0x1A16
 #: seconds a cancelled receive may take to finish cancelling
-_WITHDRAW_S = 0.5
+_WITHDRAW_S = WITHDRAW_S
 #: bytes of a notice: its reason, UTF-8, zero-padded
 NOTICE_BYTES = 256
 #: all-gathers (``allgatherv_to``/``_into``) and all-to-alls (``alltoall_to``) whose result
@@ -80,6 +83,12 @@ NOTICE_BYTES = 256
 #: 2 instances 287 / 296 (1365 / 1395); all_to_all 4 instances 980 / 1072 (2.4 / 3.6 ms),
 #: 2 instances 339 / 341; at 4-64 KiB the same within noise.
 P2P_MIN_BYTES = 256 << 10
+#: a broadcast of at least P2P_MIN_BYTES among at most this many members goes point-to-point
+#: from the root (MPICommunicator.broadcast: measured 22-27% faster than MPI_Ibcast at 4
+#: instances); beyond, MPI_Ibcast's tree, since a flat one puts every copy on the root's link
+#: (across hosts, where MPICH cannot read the root's memory). ipupod assumption: 4, the most
+#: measured.
+FLAT_BROADCAST_MAX_MEMBERS = 4
 #: the pieces of a point-to-point data all-gather (allgatherv_to/_into)
 _TAG_ALLGATHERV = 0x1A18
 #: wall seconds a data wait polls without yielding the CPU before it yields between polls,
@@ -100,7 +109,7 @@ def data_spin_s(process_count: int) -> float:
     return DATA_SPIN_S if fits_cores(process_count) else 0.0
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(EarlyPosting, Communicator):
     """A communicator over an mpi4py ``Comm`` whose ranks are ``members`` in order.
 
     Args:
@@ -108,7 +117,13 @@ class MPICommunicator(Communicator):
         members: instance indices, increasing.
         make: returns the mpi4py ``Comm`` when called with the first call's patience (it may
             wait, with that patience, for the members to arrive); called once.
+
+    Its large calls may be posted before their agreement (the ``early_*`` methods of
+    :class:`~collectives.transports.mpi_early.EarlyPosting`).
     """
+
+    #: all-gathers and all-to-alls from this many bytes go point-to-point
+    p2p_min_bytes = P2P_MIN_BYTES
 
     def __init__(self, transport: "MPITransport", members: tuple[int, ...], make):
         self._transport = transport
@@ -174,6 +189,13 @@ class MPICommunicator(Communicator):
         return self._agreement.agree_sent(self._comm or self._ready(patience), fingerprint,
                                           sizes, patience)
 
+    def _flat_broadcast(self, data: np.ndarray) -> bool:
+        """Whether :meth:`broadcast` of ``data`` goes point-to-point from the root: between
+        two members, or up to :data:`FLAT_BROADCAST_MAX_MEMBERS` from
+        :data:`P2P_MIN_BYTES` (else MPI_Ibcast)."""
+        return self.size == 2 or (self.size <= FLAT_BROADCAST_MAX_MEMBERS
+                                  and data.nbytes >= P2P_MIN_BYTES)
+
     # -- data -----------------------------------------------------------------------------
 
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
@@ -214,7 +236,10 @@ class MPICommunicator(Communicator):
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
                   recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None) -> np.ndarray:
+                  recv: np.ndarray | None = None, early: EarlyCall | None = None
+                  ) -> np.ndarray:
+        """(``early``: this call's messages, posted before its agreement by
+        :meth:`early_alltoallv` into ``recv``.)"""
         # Point-to-point, our own piece copied by numpy while the others move: measured
         # about twice as fast as MPICH's Ialltoallv (whose schedule also does the self-copy).
         comm = self._ready(patience)
@@ -224,11 +249,14 @@ class MPICommunicator(Communicator):
         elif recv.size != total:
             recv = recv[:total]
         sent_at, got_at = _displacements(send_counts), _displacements(recv_counts)
-        others = self._others
-        recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
-                            _TAG_ALLTOALLV) for j in others if recv_counts[j]]
-        sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
-                            _TAG_ALLTOALLV) for j in others if send_counts[j]]
+        if early is not None:
+            recvs, sends = early.take()
+        else:
+            others = self._others
+            recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
+                                _TAG_ALLTOALLV) for j in others if recv_counts[j]]
+            sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
+                                _TAG_ALLTOALLV) for j in others if send_counts[j]]
         me = self.rank
         if recv_counts[me]:  # our own piece, while the others' move
             recv[got_at[me]:got_at[me] + recv_counts[me]] = \
@@ -248,7 +276,9 @@ class MPICommunicator(Communicator):
                  for j in self._others for part in send_parts[j] if part.nbytes]
         self._complete(recvs + sends, patience)
 
-    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
+    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience,
+                    early: EarlyCall | None = None) -> np.ndarray:
+        """(``early``: as :meth:`alltoallv`, by :meth:`early_alltoall`.)"""
         # Equal blocks straight into the result: point-to-point when large (P2P_MIN_BYTES),
         # else one MPI_Ialltoall (less Python per call).
         comm = self._ready(patience)
@@ -258,18 +288,25 @@ class MPICommunicator(Communicator):
         block, me = send.nbytes // self.size, self.rank
         here = slice(me * block, (me + 1) * block)
         self._point_to_point(
-            comm, [(j, send[j * block:(j + 1) * block]) for j in self._others],
-            [(j, recv[j * block:(j + 1) * block]) for j in self._others], _TAG_ALLTOALLV,
-            patience, lambda: np.copyto(recv[here], send[here]))
+            comm, early or (_alltoall_pieces(self._others, self.size, send),
+                            _alltoall_pieces(self._others, self.size, recv)),
+            _TAG_ALLTOALLV, patience, lambda: np.copyto(recv[here], send[here]))
         return recv
 
-    def _point_to_point(self, comm, outgoing: list, incoming: list, tag: int,
-                        patience: Patience, local=None) -> None:
-        """Send each ``(member, bytes)`` of ``outgoing`` and receive into each of
-        ``incoming``, all posted at once (empty ones skipped); ``local()`` (the copy of our
-        own piece) runs while they move. Cancels all on an error."""
-        recvs = [comm.Irecv([part, MPI.BYTE], j, tag) for j, part in incoming if part.nbytes]
-        sends = [comm.Isend([part, MPI.BYTE], j, tag) for j, part in outgoing if part.nbytes]
+    def _point_to_point(self, comm, messages, tag: int, patience: Patience,
+                        local=None) -> None:
+        """``messages``: ``(outgoing, incoming)``: send each ``(member, bytes)`` of
+        ``outgoing`` and receive into each of ``incoming``, all posted at once (empty ones
+        skipped); or an :class:`EarlyCall` whose messages are posted already. ``local()``
+        (the copy of our own piece) runs while they move. Cancels all on an error."""
+        if isinstance(messages, EarlyCall):
+            recvs, sends = messages.take()
+        else:
+            outgoing, incoming = messages
+            recvs = [comm.Irecv([part, MPI.BYTE], j, tag)
+                     for j, part in incoming if part.nbytes]
+            sends = [comm.Isend([part, MPI.BYTE], j, tag)
+                     for j, part in outgoing if part.nbytes]
         if local is not None:
             try:
                 local()
@@ -305,11 +342,13 @@ class MPICommunicator(Communicator):
         return self._allgatherv(None, recv, recv_counts, patience)
 
     def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
-                      patience: Patience) -> np.ndarray:
-        return self._allgatherv(send, recv, recv_counts, patience)
+                      patience: Patience, early: EarlyCall | None = None) -> np.ndarray:
+        """(``early``: as :meth:`alltoallv`, by :meth:`early_allgatherv`.)"""
+        return self._allgatherv(send, recv, recv_counts, patience, early)
 
     def _allgatherv(self, send: np.ndarray | None, recv: np.ndarray,
-                    recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
+                    recv_counts: Sequence[int], patience: Patience,
+                    early: EarlyCall | None = None) -> np.ndarray:
         """All-gather straight into ``recv``, this member's bytes from ``send`` (copied to
         their place while the others' move) or, when None, already in place.
         Point-to-point when large (:data:`P2P_MIN_BYTES`), else MPI_Iallgatherv."""
@@ -323,21 +362,28 @@ class MPICommunicator(Communicator):
             return recv
         mine = here if send is None else send
         self._point_to_point(
-            comm, [(j, mine) for j in self._others],
-            [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in self._others], _TAG_ALLGATHERV,
-            patience, None if send is None else lambda: np.copyto(here, send))
+            comm, early or ([(j, mine) for j in self._others],
+                            _allgatherv_incoming(self._others, recv, recv_counts)),
+            _TAG_ALLGATHERV, patience, None if send is None else lambda: np.copyto(here, send))
         return recv
 
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience,
+                  early: EarlyCall | None = None) -> np.ndarray:
+        """(``early``: as :meth:`alltoallv`, by :meth:`early_broadcast`.)"""
         comm = self._ready(patience)
-        if self.size > 2:
+        if not self._flat_broadcast(data):
             self._wait(comm.Ibcast([data, MPI.BYTE], root), patience)
             return data
-        # Point-to-point between two members: the other reads the root's bytes while the
-        # root does the caller's overlap work (its own copy of the value). MPI_Ibcast's
-        # schedule waits for the root between its steps, which that copy holds up: two
-        # ranks, interleaved medians, 1-16 MiB: 4-12% slower that way.
-        if self.rank == root:  # (no spin: the overlap work runs at the first backoff)
+        # Point-to-point from the root (_flat_broadcast): every other member reads the
+        # root's bytes (CMA) while the root does the caller's overlap work (its own copy).
+        # MPI_Ibcast's schedule waits for the root between its steps, which that copy holds
+        # up: two ranks, interleaved medians, 1-16 MiB: 4-12% slower that way; four ranks
+        # (2-core VM, loaded, the whole call, point-to-point / Ibcast): 1 MiB 2448 / 3310,
+        # 2546 / 3282 us, 16 MiB 12.2 / 16.7 ms.
+        if early is not None:
+            recvs, sends = early.take()
+            requests = recvs + sends
+        elif self.rank == root:  # (no spin: the overlap work runs at the first backoff)
             requests = [comm.Isend([data, MPI.BYTE], j, _TAG_BROADCAST) for j in self._others]
         else:
             requests = [comm.Irecv([data, MPI.BYTE], root, _TAG_BROADCAST)]
@@ -385,6 +431,13 @@ class MPITransport(Transport):
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
         atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
+        #: whether communicators of this job may post large calls before their agreement
+        #: (mpi_early: EARLY_MIN_MEMBERS instances or more, and MPI_TAG_UB reaches its tags)
+        self.posts_early = (process_count >= EARLY_MIN_MEMBERS
+                            and world.Get_attr(MPI.TAG_UB) >= EARLY_TAG_MAX)
+        #: (requests, buffers) of data posted early for calls that did not agree
+        #: (EarlyCall.withdraw), kept until they finish (sweep_orphans) or the end
+        self.orphans: list = []
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -455,6 +508,11 @@ class MPITransport(Transport):
             self._notices_sent.append((requests, buffer))
         except MPI.Exception:  # the job is ending anyway
             logger.debug("sending a notice failed", exc_info=True)
+
+    def sweep_orphans(self) -> None:
+        """Drop the :attr:`orphans` whose requests have all finished."""
+        self.orphans = [(pending, buffers) for pending, buffers in self.orphans
+                        if not all([finished(r) for r in pending])]
 
     # -- communicators ------------------------------------------------------------------------
 

@@ -1,0 +1,152 @@
+"""Large calls whose messages are posted before their agreement (one replica per instance,
+at least ``EARLY_MIN_MEMBERS`` instances over MPI: ``collectives.transports.mpi_early``),
+run by every instance like test_perrank_collectives.py: a call that does not agree names
+the difference, hangs nobody, and leaves no message that a later call could take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives._runtime import get_engine
+from poprun import popdist
+
+pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
+                                reason="per-rank suite: run under poprun")
+
+#: float32 elements: 1 MiB, above every threshold of the early path
+_N = 1 << 18
+
+
+def _posts_early() -> bool:
+    """Whether this job posts its large sole calls early (the MPI transport only)."""
+    transport = get_engine().transport
+    if not hasattr(transport, "orphans"):
+        return False
+    from collectives.transports.mpi_early import EARLY_MIN_MEMBERS
+    return (popdist.getNumLocalReplicas() == 1
+            and popdist.getNumInstances() >= EARLY_MIN_MEMBERS)
+
+
+def test_early_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
+    R = strategy.num_replicas_in_sync
+    # (the communicator's first call makes it, so posts nothing early: not this one)
+    strategy.run(lambda: C.cross_replica_sum(np.ones(1, np.float32)))
+
+    def step():  # odd replicas post an all_to_all early, even ones a broadcast
+        r = int(C.replication_index())
+        x = np.full(_N, r, np.float32)
+        return _mismatch(lambda: C.all_to_all(x, 0, 0) if r % 2 else C.broadcast(x))
+
+    for message in strategy.run(step):
+        assert "all_to_all" in message and "broadcast" in message, message
+    if _posts_early() and popdist.getInstanceIndex() % 2:
+        # its sends to the instances that called broadcast are never received
+        assert get_engine().transport.orphans
+    # the same signature again, twice: every block comes from this call's senders
+    block = _N // R
+    for call in range(2):
+        def same(call=call):
+            r = int(C.replication_index())
+            return C.all_to_all(np.arange(_N, dtype=np.float32) + 1000 * r + call, 0, 0)
+
+        for r, result in zip(_local_replicas(strategy), strategy.run(same)):
+            want = np.concatenate([np.arange(r * block, (r + 1) * block, dtype=np.float32)
+                                   + 1000 * s + call for s in range(R)])
+            assert np.array_equal(result, want), (r, call)
+
+
+def test_early_receives_of_a_call_that_did_not_agree_take_nothing_later(strategy):
+    R = strategy.num_replicas_in_sync
+    last = R - 1
+
+    def step():  # the last sends more than the others receive
+        r = int(C.replication_index())
+        n = _N * (2 if r == last else 1)
+        return _mismatch(lambda: C.reduce_scatter(np.full(n, r, np.float32)))
+
+    for message in strategy.run(step):
+        assert "reduce_scatter" in message and "shape" in message, message
+    x = np.arange(_N, dtype=np.float32)
+    c = -(-_N // R)
+    for r, result in zip(_local_replicas(strategy),
+                         strategy.run(lambda: C.reduce_scatter(x * (C.replication_index() + 1)))):
+        total = x * sum(range(1, R + 1))
+        assert np.array_equal(result, total[r * c:(r + 1) * c]), r
+
+
+def _mismatch(call) -> str:
+    """The message of the CollectiveMismatchError that ``call()`` raises."""
+    try:
+        call()
+    except C.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _local_replicas(strategy) -> range:
+    L = strategy.num_replicas_in_sync // popdist.getNumInstances()
+    first = popdist.getInstanceIndex() * L
+    return range(first, first + L)
+
+
+class _Request:
+    """A stand-in for an MPI request: finished after ``polls`` tests (None: never);
+    ``fails``: its test raises MPI's error (a receive cut short)."""
+
+    def __init__(self, polls: int | None = 0, fails: bool = False):
+        self.polls, self.fails, self.cancelled = polls, fails, False
+
+    def Cancel(self):
+        self.cancelled = True
+
+    def Test(self):
+        if self.fails:
+            from mpi4py import MPI
+            raise MPI.Exception(MPI.ERR_TRUNCATE)
+        if self.polls is None:
+            return False
+        self.polls -= 1
+        return self.polls < 0
+
+
+class _Transport:
+    def __init__(self):
+        self.orphans = []
+
+
+def test_withdraw_cancels_receives_and_keeps_the_sends_no_one_takes():
+    from collectives.transports import mpi_early
+    transport = _Transport()
+    recvs = [_Request(3), _Request(fails=True)]  # cancelled late; cut short by another call
+    stuck_send, sent = _Request(None), _Request(0)
+    call = mpi_early.EarlyCall(transport, recvs, [stuck_send, sent], (np.zeros(4),))
+    call.withdraw()
+    assert all(r.cancelled for r in recvs)
+    assert len(transport.orphans) == 1 and transport.orphans[0][0] == [stuck_send]
+    call.withdraw()  # once only
+    assert len(transport.orphans) == 1
+    with pytest.raises(RuntimeError, match="withdrawn already"):
+        call.take()
+
+
+def test_withdraw_stops_the_collectives_when_a_receive_cannot_be_cancelled(monkeypatch):
+    from collectives.transports import mpi_early
+    monkeypatch.setattr(mpi_early, "WITHDRAW_S", 0.01)
+    transport = _Transport()
+    stuck = _Request(None)
+    call = mpi_early.EarlyCall(transport, [stuck], [], (np.zeros(4),))
+    with pytest.raises(C.TransportError, match="could not be cancelled"):
+        call.withdraw()
+    assert transport.orphans == [([stuck], call._buffers)]
+
+
+def test_taken_messages_are_not_withdrawn():
+    from collectives.transports import mpi_early
+    transport = _Transport()
+    recv, send = _Request(None), _Request(None)
+    call = mpi_early.EarlyCall(transport, [recv], [send], ())
+    assert call.take() == ([recv], [send])
+    call.withdraw()
+    assert not recv.cancelled and transport.orphans == []
