@@ -1,6 +1,6 @@
 """Data posted before its call's agreement, for the MPI transport
 (:class:`EarlyPosting`, the ``early_*`` methods of
-:class:`~collectives.transports.mpi.MPICommunicator`), and the point-to-point pieces both
+:class:`~collectives.transports.mpi_communicator.MPICommunicator`), and the point-to-point pieces both
 its ordinary and its early calls post (:func:`displacements`, :func:`alltoall_pieces`, ...).
 
 A large point-to-point call (all-gather, all-to-all, broadcast, the exchange of a
