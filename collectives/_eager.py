@@ -32,6 +32,7 @@ import numpy as np
 
 from collectives import _algorithms as algorithms
 from collectives import _movement as movement
+from collectives import _sole_eager
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
@@ -39,7 +40,7 @@ from collectives.operators import (CollectiveOperator, combine_into, direct_ufun
 from collectives.transports.base import EAGER_MAX_BYTES
 from collectives.tree import tree_reduce
 
-__all__ = ["Eager", "SoleEager", "algorithm"]
+__all__ = ["Eager", "algorithm"]
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -92,12 +93,12 @@ class Eager:
         local replica whose input is like ``value`` (the call is eager)."""
         return (self.payload_bytes(engine, value),) * engine.transport.process_count
 
-    def sole(self, engine, value: np.ndarray, send: np.ndarray) -> "SoleEager":
+    def sole(self, engine, value: np.ndarray, send: np.ndarray) -> _sole_eager.SoleEager:
         """The eager calls of a one-replica instance whose input has ``value``'s dtype and
         shape, their payload written into ``send`` (``uint8``, the transport's send
         buffer, of this instance's :meth:`sole_sizes`): made once per
-        signature (:class:`SoleEager`)."""
-        return SoleEager(self, engine, value, send)
+        signature (:class:`~collectives._sole_eager.SoleEager`)."""
+        return _sole_eager.SoleEager(self, engine, value, send)
 
     def sole_early(self, engine, value: np.ndarray, seq: int):
         """Call number ``seq`` of an instance with one local replica (``value``: its
@@ -197,7 +198,8 @@ class AllReduce(_Reduction):
                           values)
 
     def sole(self, engine, value, send):
-        return _SoleReduction(self, engine, value, send, 0, value.size, value.shape)
+        return _sole_eager.SoleReduction(self, engine, value, send, 0, value.size,
+                                         value.shape)
 
 
 class ReduceScatter(_Reduction):
@@ -245,7 +247,7 @@ class ReduceScatter(_Reduction):
     def sole(self, engine, value, send):
         c = -(-value.shape[0] // engine.num_replicas)
         lo = engine.replica_index_offset * c
-        return _SoleReduction(self, engine, value, send, lo, lo + c, (c,))
+        return _sole_eager.SoleReduction(self, engine, value, send, lo, lo + c, (c,))
 
 
 class AllGather(Eager):
@@ -266,7 +268,7 @@ class AllGather(Eager):
             (engine.num_replicas, *value.shape)), values)
 
     def sole(self, engine, value, send):
-        return _SoleGather(self, engine, value, send)
+        return _sole_eager.SoleGather(self, engine, value, send)
 
 
 class AllToAll(Eager):
@@ -316,8 +318,8 @@ class AllToAll(Eager):
 
     def sole(self, engine, value, send):
         if self.split_dimension == 0 and self.concat_dimension == 0:
-            return _SoleAllToAll(self, engine, value, send)
-        return SoleEager(self, engine, value, send)
+            return _sole_eager.SoleAllToAll(self, engine, value, send)
+        return _sole_eager.SoleEager(self, engine, value, send)
 
 
 class Broadcast(Eager):
@@ -355,158 +357,7 @@ class Broadcast(Eager):
                      for i in range(engine.transport.process_count))
 
     def sole(self, engine, value, send):
-        return _SoleBroadcast(self, engine, value, send)
-
-
-class SoleEager:
-    """The eager calls of one signature on an instance with one local replica (made by
-    :meth:`Eager.sole`, once per signature): :meth:`fill` writes a call's payload into the
-    transport's send buffer, :meth:`result` makes its result from every instance's block.
-    The per-op subclasses make the typed views of the send buffer once, and those of the
-    blocks again only when the transport hands other blocks (the MPI agreement hands the
-    same ones from call to call): a call then costs one numpy copy in and one numpy call
-    out (measured, ``benchmarks/call_overhead.py``). This general form goes through
-    :meth:`Eager.payload` and :meth:`Eager.results`."""
-
-    __slots__ = ("_algorithm", "_engine", "_send", "_blocks", "_views")
-
-    def __init__(self, algorithm: Eager, engine, value: np.ndarray, send: np.ndarray):
-        self._algorithm, self._engine, self._send = algorithm, engine, send
-        self._blocks: Sequence[np.ndarray] | None = None  # the blocks _views are made of
-        self._views: list = []
-
-    def fill(self, value: np.ndarray) -> None:
-        """Write this instance's payload for input ``value`` into the send buffer."""
-        if self._send.nbytes:
-            self._send[...] = self._algorithm.payload(self._engine, (value,))
-
-    def result(self, value: np.ndarray, blocks: Sequence[np.ndarray]):
-        """The call's result (a new array) from ``blocks`` (uint8, in instance order;
-        views of a buffer the next call reuses)."""
-        return self._algorithm.results(self._engine, (value,), blocks)[0]
-
-    def _typed(self, value: np.ndarray) -> np.ndarray:
-        """The send buffer as ``value``'s dtype and shape (for :meth:`fill`)."""
-        return self._send.view(value.dtype).reshape(value.shape)
-
-
-class _SoleReduction(SoleEager):
-    """:class:`AllReduce` and :class:`ReduceScatter`: the payload is the value (squared for
-    SQUARE_ADD; zero-padded to the replicas' chunks for a reduce-scatter); the result
-    reduces elements ``[lo, hi)`` of every block, in instance order, shaped ``shape``."""
-
-    __slots__ = ("_into", "_pad", "_lo", "_hi", "_shape", "_square", "_mean", "_ufunc",
-                 "_pair")
-
-    def __init__(self, algorithm: _Reduction, engine, value, send, lo: int, hi: int,
-                 shape: tuple):
-        super().__init__(algorithm, engine, value, send)
-        whole = send.view(value.dtype)
-        if whole.size == value.size:
-            self._into, self._pad = whole.reshape(value.shape), None
-        else:  # (a reduce-scatter's padding)
-            self._into, self._pad = whole[:value.size], whole[value.size:]
-        self._lo, self._hi, self._shape = lo, hi, shape
-        self._square = algorithm.op is CollectiveOperator.SQUARE_ADD
-        self._mean = algorithm.op is CollectiveOperator.MEAN
-        # two instances: one ufunc call on views shaped as the result (1-D and up)
-        two = engine.transport.process_count == 2 and len(shape) > 0
-        self._ufunc = direct_ufunc(algorithm.op, value.dtype) if two else None
-        self._pair: tuple = ()
-
-    def fill(self, value):
-        self._into[...] = prepare(CollectiveOperator.SQUARE_ADD, value) if self._square \
-            else value
-        if self._pad is not None:
-            self._pad[...] = 0
-
-    def result(self, value, blocks):
-        if blocks is not self._blocks:
-            lo, hi = self._lo, self._hi
-            self._views = [b.view(value.dtype)[lo:hi] for b in blocks]
-            if self._ufunc is not None:
-                self._pair = tuple(v.reshape(self._shape) for v in self._views)
-            self._blocks = blocks
-        algorithm = self._algorithm
-        if self._ufunc is not None:
-            total = self._ufunc(*self._pair)
-        else:
-            total = algorithm._reduce(self._views)
-            if total.shape != self._shape:
-                total = total.reshape(self._shape)
-        if self._mean:
-            total = finish(CollectiveOperator.MEAN, total, self._engine.num_replicas)
-        return total
-
-
-class _SoleGather(SoleEager):
-    """:class:`AllGather`: the payload is the value; the result concatenates every
-    block, each viewed as one row of the result."""
-
-    __slots__ = ("_typed_send", "_row")
-
-    def __init__(self, algorithm, engine, value, send):
-        super().__init__(algorithm, engine, value, send)
-        self._typed_send = self._typed(value)
-        self._row = (1, *value.shape)
-
-    def fill(self, value):
-        self._typed_send[...] = value
-
-    def result(self, value, blocks):
-        if blocks is not self._blocks:
-            self._views = [b.view(value.dtype).reshape(self._row) for b in blocks]
-            self._blocks = blocks
-        return np.concatenate(self._views)
-
-
-class _SoleAllToAll(SoleEager):
-    """:class:`AllToAll` along dimension 0 with one replica per instance: the payload is
-    the value; the result concatenates this instance's piece of every block, in sender
-    order."""
-
-    __slots__ = ("_typed_send", "_piece", "_at", "_count")
-
-    def __init__(self, algorithm, engine, value, send):
-        super().__init__(algorithm, engine, value, send)
-        self._typed_send = self._typed(value)
-        k = engine.num_replicas
-        self._piece = (value.shape[0] // k, *value.shape[1:])
-        self._count = value.size // k
-        self._at = engine.replica_index_offset * self._count
-
-    def fill(self, value):
-        self._typed_send[...] = value
-
-    def result(self, value, blocks):
-        if blocks is not self._blocks:
-            at, count = self._at, self._count
-            self._views = [b.view(value.dtype)[at:at + count].reshape(self._piece)
-                           for b in blocks]
-            self._blocks = blocks
-        return np.concatenate(self._views)
-
-
-class _SoleBroadcast(SoleEager):
-    """:class:`Broadcast`: the root's instance sends its value, the others nothing; the
-    result is a copy of the root's block."""
-
-    __slots__ = ("_typed_send", "_root")
-
-    def __init__(self, algorithm: Broadcast, engine, value, send):
-        super().__init__(algorithm, engine, value, send)
-        self._typed_send = self._typed(value) if send.nbytes else None
-        self._root = algorithm.root // engine.num_local_replicas
-
-    def fill(self, value):
-        if self._typed_send is not None:
-            self._typed_send[...] = value
-
-    def result(self, value, blocks):
-        if blocks is not self._blocks:
-            self._views = [blocks[self._root].view(value.dtype).reshape(value.shape)]
-            self._blocks = blocks
-        return self._views[0].copy()
+        return _sole_eager.SoleBroadcast(self, engine, value, send)
 
 
 @lru_cache(maxsize=1024)

@@ -61,7 +61,7 @@ class SolePlan:
         self._op = desc.op
         if self.eager:
             # the transport's send buffer and agreement, the payload written straight there
-            # (_eager.SoleEager), with the views of both made once
+            # (_sole_eager.SoleEager), with the views of both made once
             sizes = algorithm.sole_sizes(engine, value)
             send, self._agree = engine.agreement.eager_exchange(sizes)
             self._sole = algorithm.sole(engine, value, send)
