@@ -32,7 +32,7 @@ import numpy as np
 
 from collectives import _algorithms as algorithms
 from collectives import _movement as movement
-from collectives import _sole_eager
+from collectives import _routing, _sole_eager
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
@@ -118,7 +118,7 @@ class Eager:
         if len(values) == 1:
             return [value]
         results: list = [None] * len(values)
-        algorithms.give(results, engine, range(engine.replica_index_offset,
+        _routing.give(results, engine, range(engine.replica_index_offset,
                                                engine.replica_index_offset + len(values)),
                         value, values)
         return results

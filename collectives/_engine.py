@@ -101,7 +101,7 @@ class CollectiveEngine:
         rendezvous: the local replicas' rendezvous (call numbers; the failure that made the
             engine unusable).
         recorder: puts every call in the ledger.
-        routes: the algorithms' per-group plans (:func:`collectives._algorithms.sole_route`).
+        routes: the algorithms' per-group plans (:func:`collectives._routing.sole_route`).
         eager_calls: calls whose data moved in their agreement (:mod:`collectives._eager`).
     """
 

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._algorithms import (Early, early_poster, give, instances_of, local_groups,
-                                    local_members, sole_route)
+from collectives._algorithms import Early, early_poster
+from collectives._routing import give, instances_of, local_groups, local_members, sole_route
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 

@@ -1,0 +1,106 @@
+"""Where a group's replicas run, for the algorithms (:mod:`collectives._algorithms`,
+:mod:`collectives._movement`, :mod:`collectives._eager`): which members of a group are on
+this instance, which instances a group spans, the route of a one-replica instance's calls,
+and how results are handed to the local members.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from collectives.groups import CommGroup
+
+__all__ = ["LocalGroups", "give", "instances_of", "local_groups", "local_members",
+           "positions_by_instance", "sole_route"]
+
+
+def local_members(engine, members: Sequence[int]) -> list[int]:
+    """The members of a group (global indices) that run on this instance."""
+    lo = engine.replica_index_offset
+    return [r for r in members if lo <= r < lo + engine.num_local_replicas]
+
+
+#: ``(members, local members)`` of each group an instance takes part in
+LocalGroups = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+
+
+def local_groups(engine, group: CommGroup) -> LocalGroups:
+    """``(members, local members)`` of each group this instance takes part in, in group
+    order (the same order on every instance). Computed once per layout and group."""
+    return _local_groups(engine.num_replicas, engine.num_local_replicas,
+                         engine.replica_index_offset, group)
+
+
+@lru_cache(maxsize=1024)
+def _local_groups(num_replicas: int, num_local_replicas: int, offset: int,
+                  group: CommGroup) -> LocalGroups:
+    found = []
+    for members in group.members(num_replicas):
+        local = tuple(r for r in members if offset <= r < offset + num_local_replicas)
+        if local:
+            found.append((members, local))
+    return tuple(found)
+
+
+def sole_route(engine, group: CommGroup) -> tuple:
+    """On an instance with one replica: ``(members, instances, communicator)`` of its
+    group; the communicator is None for a group of one. Computed once per engine and group
+    (the path of every call of a one-replica instance)."""
+    route = engine.routes.get(group)
+    if route is None:
+        ((members, _),) = local_groups(engine, group)
+        instances = instances_of(engine, members)
+        comm = engine.communicator(instances) if len(members) > 1 else None
+        route = engine.routes[group] = (members, instances, comm)
+    return route
+
+
+def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
+    """The instances that hold members of a group, increasing."""
+    return _instances_of(engine.num_local_replicas, tuple(members))
+
+
+@lru_cache(maxsize=4096)
+def _instances_of(num_local_replicas: int, members: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted({r // num_local_replicas for r in members}))
+
+
+def positions_by_instance(engine, members: Sequence[int],
+                          instances: Sequence[int]) -> list[tuple[int, int]]:
+    """For each instance of ``instances``, its range ``[lo, hi)`` of positions in the group
+    (always consecutive: positions map to increasing replica indices)."""
+    L = engine.num_local_replicas
+    out = []
+    for i in instances:
+        pos = [p for p, r in enumerate(members) if r // L == i]
+        out.append((pos[0], pos[-1] + 1))
+    return out
+
+
+def give(results: list, engine, members: Sequence[int], value: np.ndarray,
+         inputs: Sequence[np.ndarray]) -> None:
+    """Hand ``value`` to the local members of a group: each gets its own array."""
+    local = local_members(engine, members)
+    shared = not any(value is x for x in inputs)  # the first member may take value itself
+    copies = len(local) - shared
+    if not copies:
+        results[local[0] - engine.replica_index_offset] = value
+        return
+    if not value.flags.c_contiguous or value.ndim == 0:
+        outs = [value.copy() for _ in range(copies)]
+    else:
+        outs = [np.empty(value.shape, value.dtype) for _ in range(copies)]
+        src, dsts = value.reshape(-1), [o.reshape(-1) for o in outs]
+
+        def copy(lo: int, hi: int) -> None:
+            for d in dsts:
+                d[lo:hi] = src[lo:hi]
+
+        engine.in_slices(src.size, src.itemsize, copy)
+    if shared:
+        outs.insert(0, value)
+    for r, out in zip(local, outs):
+        results[r - engine.replica_index_offset] = out
