@@ -43,10 +43,10 @@ from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox, PeerService
 from collectives.transports.grpc_rings import RingInbox
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import (SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter,
-                                                RingWriter)
+from collectives.transports.shm_channel import RingWriter
 from collectives.transports.shm_channel import host_id as this_host_id
 from collectives.transports.shm_fanout import FanoutWriter
+from collectives.transports.shm_records import SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter
 from collectives.waiting import Patience
 from protos import (MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, channel_options,
                     server_options)
@@ -230,7 +230,7 @@ class GrpcTransport(Transport):
                  sequence: int, op: str, patience: Patience | None = None) -> None:
         """Send each ``(member, data)`` of ``items`` (uint8) as exchange ``sequence`` of
         ``communicator``: into the ring shared with a same-host peer, in records of up to
-        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES` taken from the members in
+        :data:`~collectives.transports.shm_records.SEND_PIECE_BYTES` taken from the members in
         turn (the receivers copy out in parallel while this instance copies in), else as
         chunks queued on the stream to the peer. Either way the bytes are copied, so
         ``data`` may change once this returns. Waiting for room in a ring drains this
@@ -306,7 +306,7 @@ class GrpcTransport(Transport):
     def send_small(self, member: int, data: np.ndarray, communicator: str, sequence: int,
                    op: str, patience: Patience) -> None:
         """:meth:`send_all` of one small message (uint8, contiguous, at most
-        :data:`~collectives.transports.shm_channel.SEND_PIECE_BYTES`: an agreement round's):
+        :data:`~collectives.transports.shm_records.SEND_PIECE_BYTES`: an agreement round's):
         one record straight into the ring to ``member`` when it is mapped (no per-member
         bookkeeping), else :meth:`send_all`. Raises as :meth:`send_all`."""
         outbox = self._outboxes[member]
