@@ -428,19 +428,19 @@ def test_a_broadcast_to_every_instance_is_written_once_into_the_fanout_ring():
                 assert all(g.tobytes() == src.tobytes() for g in got)
 
         broadcasts(everyone, 2, [5, 1 << 20])   # the rings are mapped during these
-        pair = [o.ring._position for o in ts[2]._outboxes if o is not None]
-        fanout = ts[2]._fanout._position
+        pair = [o.ring._position for o in ts[2].sender._outboxes if o is not None]
+        fanout = ts[2].sender._fanout._position
         broadcasts(everyone, 2, [7, (1 << 20) + 3, RING_BYTES + 12345])
-        assert [o.ring._position for o in ts[2]._outboxes if o is not None] == pair
-        assert ts[2]._fanout._position - fanout >= RING_BYTES + (1 << 20)
-        fanout = ts[2]._fanout._position
+        assert [o.ring._position for o in ts[2].sender._outboxes if o is not None] == pair
+        assert ts[2].sender._fanout._position - fanout >= RING_BYTES + (1 << 20)
+        fanout = ts[2].sender._fanout._position
         broadcasts(three, 2, [(1 << 20) + 5])
-        assert ts[2]._fanout._position == fanout
+        assert ts[2].sender._fanout._position == fanout
     finally:
         _close(server, ts)
     server, ts = _job([here] * 2)
     try:
         _allgathers(ts, [1 << 20])
-        assert [t._fanout for t in ts] == [None, None]
+        assert [t.sender._fanout for t in ts] == [None, None]
     finally:
         _close(server, ts)
