@@ -14,7 +14,8 @@ import pytest
 from collectives.options import CollectiveOptions
 from collectives.transports.grpc import GrpcTransport
 from collectives.transports.grpc_wire import encode_chunk, encode_offer
-from collectives.transports.shm_channel import RING_BYTES, RingWriter, host_id
+from collectives.transports.shm_channel import RingWriter, host_id
+from collectives.transports.shm_records import RING_BYTES
 from launch.coordinator import CoordinatorServer
 from protos import TOKEN_METADATA_KEY
 from protos import peer_pb2 as ppb
@@ -198,7 +199,8 @@ def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
 def test_a_ring_is_handed_over_to_a_receiver_with_the_job_token_only(tmp_path):
     import stat
 
-    from collectives.transports.shm_channel import RingReader, _socket_dir
+    from collectives.transports.shm_channel import RingReader
+    from collectives.transports.shm_handover import _socket_dir
     ring = RingWriter(token=TOKEN)
     try:
         offer = ring.offer(host_id())
@@ -219,7 +221,8 @@ def test_a_ring_is_handed_over_to_a_receiver_with_the_job_token_only(tmp_path):
 def test_an_offer_naming_another_processes_file_is_never_opened(tmp_path):
     """The audit's reproducer: an offer of ``pid`` and ``fd`` of a file some process holds
     open used to be opened read-write as /proc/<pid>/fd/<fd>, mapped and written into."""
-    from collectives.transports.shm_channel import CONTROL_BYTES, PIECE_BYTES, RingReader
+    from collectives.transports.shm_channel import RingReader
+    from collectives.transports.shm_records import CONTROL_BYTES, PIECE_BYTES
     victim = tmp_path / "victim"
     content = b"N" * 16 + bytes(CONTROL_BYTES + PIECE_BYTES - 16)
     victim.write_bytes(content)
@@ -277,7 +280,7 @@ def test_malformed_records_are_refused(ring_pair, field, value, needle):
     import struct
 
     from collectives.transports.grpc_wire import WireError
-    from collectives.transports.shm_channel import CONTROL_BYTES
+    from collectives.transports.shm_records import CONTROL_BYTES
     writer, reader = ring_pair
     writer.write_record(1, b"0,1", 7, 100, 0, np.zeros(100, np.uint8), lambda: None)
     words = list(struct.unpack_from("<IIQQQQQQ", writer._map, CONTROL_BYTES))
@@ -425,19 +428,19 @@ def test_a_broadcast_to_every_instance_is_written_once_into_the_fanout_ring():
                 assert all(g.tobytes() == src.tobytes() for g in got)
 
         broadcasts(everyone, 2, [5, 1 << 20])   # the rings are mapped during these
-        pair = [o.ring._position for o in ts[2]._outboxes if o is not None]
-        fanout = ts[2]._fanout._position
+        pair = [o.ring._position for o in ts[2].sender._outboxes if o is not None]
+        fanout = ts[2].sender._fanout._position
         broadcasts(everyone, 2, [7, (1 << 20) + 3, RING_BYTES + 12345])
-        assert [o.ring._position for o in ts[2]._outboxes if o is not None] == pair
-        assert ts[2]._fanout._position - fanout >= RING_BYTES + (1 << 20)
-        fanout = ts[2]._fanout._position
+        assert [o.ring._position for o in ts[2].sender._outboxes if o is not None] == pair
+        assert ts[2].sender._fanout._position - fanout >= RING_BYTES + (1 << 20)
+        fanout = ts[2].sender._fanout._position
         broadcasts(three, 2, [(1 << 20) + 5])
-        assert ts[2]._fanout._position == fanout
+        assert ts[2].sender._fanout._position == fanout
     finally:
         _close(server, ts)
     server, ts = _job([here] * 2)
     try:
         _allgathers(ts, [1 << 20])
-        assert [t._fanout for t in ts] == [None, None]
+        assert [t.sender._fanout for t in ts] == [None, None]
     finally:
         _close(server, ts)

@@ -308,7 +308,7 @@ def test_agree_refuses_a_message_of_another_size(job):
     """An agreement round takes whatever its peer sends (GrpcCommunicator._round); agree
     checks it is its 16 bytes ([min, max])."""
     _, ts = job
-    ts[1].send_small(0, np.zeros(8, np.uint8), "0,1", 0, "agree", _patience())
+    ts[1].sender.send_small(0, np.zeros(8, np.uint8), "0,1", 0, "agree", _patience())
     with pytest.raises(TransportError, match="malformed agreement message from instance 1: "
                                              "8 bytes, expected 16"):
         ts[0].communicator((0, 1)).agree(5, _patience())

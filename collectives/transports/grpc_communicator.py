@@ -2,8 +2,8 @@
 
 A :class:`GrpcCommunicator` numbers its exchanges; exchange ``seq`` posts a buffer for each
 tensor it expects (the transport's :class:`~collectives.transports.grpc_mailbox.Mailbox`),
-sends its tensors (:meth:`GrpcTransport.send_all
-<collectives.transports.grpc.GrpcTransport.send_all>`: ring records to same-host peers,
+sends its tensors (the transport's :meth:`Sender.send_all
+<collectives.transports.grpc_sender.Sender.send_all>`: ring records to same-host peers,
 stream chunks to the others) and waits, in one poll, until every expected tensor arrived
 (reading the shared-memory rings itself). The agreement is dissemination rounds of such
 exchanges (:meth:`GrpcCommunicator.agree`, :meth:`GrpcCommunicator.agree_gather`).
@@ -137,7 +137,7 @@ class GrpcCommunicator(Communicator):
         mailbox.post(key, None)
         got = None
         try:
-            t.send_small(self.members[to], data, self.name, seq, op, patience)
+            t.sender.send_small(self.members[to], data, self.name, seq, op, patience)
             inbox = t.inbox
             while True:
                 inbox.drain()
@@ -145,7 +145,7 @@ class GrpcCommunicator(Communicator):
                 if got is not None:
                     break
                 t.raise_if_failed()
-                t.check_sends(self.members)
+                t.sender.check_sends(self.members)
                 patience.waiting_for((peer,))
                 patience.check()
                 inbox.wait(0.1)
@@ -266,7 +266,7 @@ class GrpcCommunicator(Communicator):
             mailbox.post(key, outs[j])
         unsized = {}
         try:
-            t.send_all([(member, sends[j]) for j, member in enumerate(self.members)
+            t.sender.send_all([(member, sends[j]) for j, member in enumerate(self.members)
                         if j != self.rank and sends[j].size], self.name, seq, op, patience)
             if outs[self.rank] is not None and outs[self.rank].size and not own_in_place:
                 outs[self.rank][...] = sends[self.rank]
@@ -284,7 +284,7 @@ class GrpcCommunicator(Communicator):
                 if not waiting:
                     break
                 t.raise_if_failed()
-                t.check_sends(self.members)
+                t.sender.check_sends(self.members)
                 patience.waiting_for([self.members[j] for j in waiting])
                 patience.check()
                 inbox.wait(0.1)

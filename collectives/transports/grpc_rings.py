@@ -21,8 +21,9 @@ import numpy as np
 from collectives.errors import TransportError
 from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_wire import WireError
-from collectives.transports.shm_channel import Record, RingReader
+from collectives.transports.shm_channel import RingReader
 from collectives.transports.shm_fanout import FanoutReader
+from collectives.transports.shm_records import Record
 
 __all__ = ["EARLY_BYTES", "RingInbox"]
 

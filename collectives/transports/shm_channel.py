@@ -17,151 +17,49 @@ never writes past the read position (flow control), waiting through the caller's
 meanwhile (which drain its own incoming rings, so two senders never wait on each other).
 Why: a 4 KiB message through a gRPC stream passes four threads (the sender's request
 iterator, gRPC's poller, the server's handler, the waiting caller); through the ring it
-passes none (figures in the commit that made it so).
+passes none (figures in the commit that made it so). The ring's memory (control page and
+records) and the writer of records are ``shm_records.py``'s.
 
 A broadcast over every instance of a one-host job goes through the sender's *fan-out*
 ring instead, one copy for all receivers (``shm_fanout.py``: the same record format and
-:class:`RecordWriter`; its memfd is handed over with each pair ring).
+:class:`~collectives.transports.shm_records.RecordWriter`; its memfd is handed over with
+each pair ring).
 
 Why a memfd and not a file in /dev/shm: the ring is ``memfd_create`` memory of the
 sending process. It has no name in any file system, so nothing is left behind whatever
 happens (SIGKILL included), and no unlink is racing with a crash;
 ``multiprocessing.shared_memory`` would name a /dev/shm file and start a resource tracker.
 
-The hand-over: the memfd and the ring's two eventfds (records written, records released)
-travel over a Unix socket (``SCM_RIGHTS``), never as a ``/proc/<pid>/fd/<fd>`` path that a
-receiver would open for any pid and fd it is told. The
-sender listens at ``ring-<pid>-<nonce>.sock`` in ``<tmp>/ipupod-shm-<uid>`` (0700, owner
-checked: only the user can enter); the receiver connects there, checks with ``SO_PEERCRED``
-that the peer is the offering process of its own user, and sends the job token; the sender
-checks the peer's uid and the token, then sends the fds and the nonce. "Same host" is
-verified, not assumed: equal host ids are the precondition, and the receiver then checks the
-16-byte nonce from the offer, on the socket and at the start of the memory it maps; the
-sender uses the ring only once the receiver has written its "attached" mark into that same
-memory. Anything short of that (another host or container, a wrong token or user) leaves the
-pair on pure gRPC.
-
-Control page (the first :data:`CONTROL_BYTES`), as 64-bit words: bytes 0-15 the nonce; word
-4 the receiver's attached mark; word 8 the read position (absolute ring position up to
-which the receiver has consumed; only the receiver writes it); word 12 the write position
-(absolute ring position up to which records are complete; only the sender writes it, after
-the record's bytes: x86's stores are seen in program order); word 16 the sender's "waiting
-for room" flag (see :data:`SPACE_POLL_S`). A record never wraps: if it
-does not fit before the end of the data area, the sender marks the rest of the lap skipped
-(a skip header, or nothing when fewer than :data:`RECORD_HEADER_BYTES` are left) and the
-record starts at the beginning. The receiver checks every header against the ring's bounds
-and the tensor limits (:class:`~collectives.transports.grpc_wire.WireError` otherwise).
+The hand-over: the memfd and the ring's two eventfds travel over a Unix socket
+(``SCM_RIGHTS``) to the receiver that proves it is the job's, on this host
+(``shm_handover.py``, which explains the checks); anything short of that leaves the pair on
+pure gRPC.
 """
 
 from __future__ import annotations
 
-import hmac
-import logging
 import mmap
 import os
 import secrets
 import socket
-import struct
-import tempfile
-import threading
-from typing import Callable, NamedTuple
 
 import numpy as np
 
 from collectives.transports.grpc_wire import MAX_TENSOR_BYTES, WireError
-from ipu_node.errors import OccupancyDirError
-from ipu_node.occupancy import private_dir
-from protos import MAX_CHUNK_BYTES
+from collectives.transports.shm_handover import HandoverSocket, receive_fds
+from collectives.transports.shm_records import (_ATTACHED, _ATTACHED_MARK, _DATA, _NONCE_BYTES,
+                                                _READ_POSITION, _RECORD, _SKIP,
+                                                _WRITE_POSITION, _WRITER_WAITING,
+                                                CONTROL_BYTES, MAX_NAME_BYTES, MAX_RING_BYTES,
+                                                PIECE_BYTES, RECORD_HEADER_BYTES, RING_BYTES,
+                                                Record, RecordWriter, _unmap)
 from protos import peer_pb2 as pb
 
-logger = logging.getLogger(__name__)
+__all__ = ["RingReader", "RingWriter", "host_id"]
 
-#: bytes of a ring's data area (one per ordered peer pair, in the sender's memory); 8 MiB
-#: measured faster than 16-128 MiB here (the ring stays in cache; pieces overlap anyway)
-RING_BYTES = 8 << 20
-#: largest piece of a tensor in one record, bytes (a chunk's limit)
-PIECE_BYTES = MAX_CHUNK_BYTES
-#: the pieces a sender cuts a tensor into, bytes: the receiver copies one out while the
-#: sender copies the next in (figures in the commit that chose it)
-SEND_PIECE_BYTES = 1 << 20
-#: bytes of a record's header: kind, name length (u32 each), source, call number, tensor
-#: bytes, offset, piece bytes (u64 each) and a u64 reserved
-RECORD_HEADER_BYTES = 48
-_RECORD = struct.Struct("<IIQQQQQQ")
-_DATA, _SKIP = 0xDA7A, 0x5C1B
-#: longest communicator name in a record, bytes
-MAX_NAME_BYTES = 256
 # communicator names a reader keeps decoded (a job has a few; a peer inventing names gets
 # them decoded anew, not an unbounded table)
 _NAMES_KEPT = 64
-#: largest ring a receiver maps, bytes
-MAX_RING_BYTES = 1 << 30
-#: bytes of the control page before the data area
-CONTROL_BYTES = 4096
-_NONCE_BYTES = 16
-# words of the control page
-_ATTACHED, _READ_POSITION, _WRITE_POSITION, _WRITER_WAITING = 4, 8, 12, 16
-#: seconds between the sender's looks at the read position while it waits for room: the
-#: receiver signals a release only while the sender says it waits (a signal per record
-#: would wake a sender that waits for data, not room: two context switches for nothing),
-#: and may read that flag just before the sender sets it (x86 may reorder a store before a
-#: later load), so the sender looks again after at most this long (ipupod assumption: rare,
-#: and short against the copy of a piece)
-SPACE_POLL_S = 0.002
-_ATTACHED_MARK = 0x1A77AC4ED
-#: seconds a sender keeps its hand-over socket open for the receiver, and the longest a
-#: receiver waits on it
-HANDOVER_TIMEOUT_S = 30.0
-_TOKEN_BYTES = 1024
-
-
-def _socket_dir() -> str:
-    """This user's private directory of hand-over sockets (created 0700, owner-checked)."""
-    return private_dir(os.path.join(tempfile.gettempdir(), f"ipupod-shm-{os.getuid()}"),
-                       what="shared-memory socket directory")
-
-
-def _socket_path(directory: str, pid: int, nonce: bytes) -> str:
-    return os.path.join(directory, f"ring-{pid}-{nonce.hex()}.sock")
-
-
-def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                         struct.calcsize("3i")))
-    return pid, uid
-
-
-def _remove_stale_sockets(directory: str) -> None:
-    """Hand-over sockets of senders that are gone (SIGKILLed before they removed them)."""
-    for name in os.listdir(directory):
-        pid = name.split("-")[1] if name.startswith("ring-") else ""
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-def record_bytes(name_bytes: int, nbytes: int) -> int:
-    """Ring bytes of one record: header, name and piece, each padded to 8 bytes."""
-    return RECORD_HEADER_BYTES + _pad8(name_bytes) + _pad8(nbytes)
-
-
-class Record(NamedTuple):
-    """A piece of a tensor read from a ring (:meth:`RingReader.next_record`)."""
-
-    source: int
-    communicator: str
-    sequence: int
-    nbytes: int         # bytes of the whole tensor
-    offset: int         # of this piece in the tensor
-    piece: np.ndarray   # a view of the ring: copy it out, then release(end)
-    end: int            # ring position after the record
 
 
 def host_id() -> str:
@@ -175,75 +73,9 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}" if boot else ""
 
 
-class RecordWriter:
-    """Writes records into a ring's memory (``memory``: the control page, then ``capacity``
-    bytes of data area) and publishes them (see the module docstring); the receiver's read
-    position comes from :meth:`_read_position`. Base of :class:`RingWriter` and of the
-    fan-out ring (``shm_fanout.py``)."""
-
-    def __init__(self, memory: mmap.mmap, capacity: int):
-        self.capacity = capacity
-        self._map = memory
-        self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
-        self._data = np.frombuffer(memory, np.uint8, capacity, CONTROL_BYTES)
-        self._position = 0
-
-    def write_record(self, source: int, name: bytes, sequence: int, nbytes: int, offset: int,
-                     piece: np.ndarray, wait: Callable[[], None], signal: bool = True) -> None:
-        """Copy a record (``piece``, uint8, <= :data:`PIECE_BYTES`: bytes ``offset`` on of a
-        tensor of ``nbytes`` for call ``sequence`` of communicator ``name`` from instance
-        ``source``) into the ring once there is room, publish it and wake the receiver.
-        ``wait()`` runs while there is no room (it raises to give up: peer lost, timeout;
-        the transport drains its own incoming rings there and sleeps until :attr:`space`
-        or one of its own rings is readable). ``signal`` False: the caller wakes the
-        receiver later (:meth:`signal`), after its records to other peers are written too
-        (a wake-up may hand the CPU to the woken receiver at once)."""
-        n = piece.size
-        name_len = len(name)
-        size = RECORD_HEADER_BYTES + ((name_len + 7) & ~7) + ((n + 7) & ~7)   # record_bytes
-        if size > self.capacity or name_len > MAX_NAME_BYTES:
-            raise ValueError(f"a record of {size} bytes (name of {len(name)} bytes) does not "
-                             f"fit a ring of {self.capacity} bytes")
-        start = self._position
-        at = start % self.capacity
-        skipped = at if at + size > self.capacity else None   # no wrapping inside a record
-        if skipped is not None:
-            start += self.capacity - at
-            at = 0
-        end = start + size
-        if end - self._read_position() > self.capacity:
-            self._control[_WRITER_WAITING] = 1
-            try:
-                while end - self._read_position() > self.capacity:
-                    wait()
-            finally:
-                self._control[_WRITER_WAITING] = 0
-        base = CONTROL_BYTES + at
-        if skipped is not None and self.capacity - skipped >= RECORD_HEADER_BYTES:
-            _RECORD.pack_into(self._map, CONTROL_BYTES + skipped, _SKIP, 0, 0, 0, 0, 0, 0, 0)
-        _RECORD.pack_into(self._map, base, _DATA, name_len, source, sequence, nbytes, offset,
-                          n, 0)
-        self._map[base + RECORD_HEADER_BYTES:base + RECORD_HEADER_BYTES + name_len] = name
-        if n:
-            at += RECORD_HEADER_BYTES + ((name_len + 7) & ~7)
-            self._data[at:at + n] = piece
-        self._position = end
-        self._control[_WRITE_POSITION] = end   # after the bytes (x86: stores in order)
-        if signal:
-            self.signal()
-
-    def _read_position(self) -> int:
-        """The ring position up to which the receiver has consumed."""
-        return int(self._control[_READ_POSITION])
-
-    def signal(self) -> None:
-        """Wake the receiver: records are waiting (here nothing: a ring without an eventfd
-        of its own, whose writer wakes the receivers another way)."""
-
-
 class RingWriter(RecordWriter):
     """The sending end: a memfd ring of ``capacity`` bytes in this process, handed over to
-    the one receiver that connects to its socket with ``token`` (see the module docstring).
+    the one receiver that connects to its socket with ``token`` (``shm_handover.py``).
 
     Raises:
         OSError: memfd_create, ftruncate, mmap or the hand-over socket failed, or the socket
@@ -259,14 +91,14 @@ class RingWriter(RecordWriter):
         self._event: int | None = None
         #: the eventfd the receiver writes after a record it released while the sender
         #: waits for room; the sender polls it (and the read position every
-        #: :data:`SPACE_POLL_S`)
+        #: :data:`~.shm_records.SPACE_POLL_S`)
         self.space: int | None = None
         try:
             os.ftruncate(self._fd, CONTROL_BYTES + capacity)
             self._map = mmap.mmap(self._fd, CONTROL_BYTES + capacity)
             self._event = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self.space = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._listener = self._listen()
+            self._handover = HandoverSocket(self.nonce, self._token)
         except BaseException:
             for fd in (self._fd, self._event, self.space):
                 if fd is not None:
@@ -275,52 +107,15 @@ class RingWriter(RecordWriter):
         super().__init__(self._map, capacity)
         self._map[:_NONCE_BYTES] = self.nonce
         self._attached = False
-        threading.Thread(target=self._hand_over, name="ipupod-shm-handover",
-                         daemon=True).start()
+        self._handover.start(self._handed_fds)
 
-    def _listen(self) -> socket.socket:
-        directory = _socket_dir()
-        _remove_stale_sockets(directory)
-        self._socket_path = _socket_path(directory, os.getpid(), self.nonce)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            listener.bind(self._socket_path)
-            os.chmod(self._socket_path, 0o600)
-            listener.listen(4)
-            listener.settimeout(HANDOVER_TIMEOUT_S)
-        except BaseException:
-            listener.close()
-            raise
-        return listener
-
-    def _hand_over(self) -> None:
-        """Send the memfd and the eventfd to the first peer of this user that proves the
-        job token."""
-        listener, fd = self._listener, self._fd
-        try:
-            while True:
-                conn, _ = listener.accept()
-                with conn:
-                    conn.settimeout(HANDOVER_TIMEOUT_S)
-                    _pid, uid = _peer_credentials(conn)
-                    given = conn.recv(_TOKEN_BYTES)
-                    if uid != os.getuid() or not hmac.compare_digest(given, self._token):
-                        logger.warning("refused a shared-memory hand-over to uid %d: wrong "
-                                       "user or job token", uid)
-                        continue
-                    fds = [fd, self._event, self.space]
-                    if self._fanout_fd is not None:
-                        fds.append(self._fanout_fd)
-                    socket.send_fds(conn, [self.nonce], fds)
-                    return
-        except OSError:   # closed, timed out, or the peer went away: stay on gRPC
-            pass
-        finally:
-            listener.close()
-            try:
-                os.unlink(self._socket_path)
-            except OSError:
-                pass
+    def _handed_fds(self) -> list[int]:
+        """The fds the receiver gets: the memfd, the two eventfds, and the fan-out memfd
+        when there is one."""
+        fds = [self._fd, self._event, self.space]
+        if self._fanout_fd is not None:
+            fds.append(self._fanout_fd)
+        return fds
 
     def offer(self, host: str) -> pb.ShmRing:
         """The ``ShmRing`` message offering this ring (``fd`` is no longer used: the
@@ -343,11 +138,7 @@ class RingWriter(RecordWriter):
         os.eventfd_write(self._event, 1)
 
     def close(self) -> None:
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()   # ends the hand-over thread, which removes the socket
+        self._handover.close()   # ends the hand-over thread, which removes the socket
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -397,7 +188,7 @@ class RingReader:
             raise WireError(f"ring offer: pid {offer.pid}")
         if not host or offer.host_id != host:
             return None
-        fds = _receive_fds(offer, token)
+        fds = receive_fds(offer.pid, offer.nonce, token)
         if fds is None:
             return None
         fd, event, space, fanout = fds
@@ -505,42 +296,3 @@ def _map_fanout(fd: int) -> mmap.mmap | None:
         return None
     finally:
         os.close(fd)
-
-
-def _receive_fds(offer: pb.ShmRing, token: str) -> tuple[int, int, int, int | None] | None:
-    """The memfd and the two eventfds of ``offer``'s ring, and the sender's fan-out memfd
-    when it sent one, from the offering process over its hand-over socket (SO_PEERCRED: that
-    pid, this user), or None."""
-    try:
-        path = _socket_path(_socket_dir(), offer.pid, offer.nonce)
-    except OccupancyDirError as exc:
-        logger.warning("no shared memory: %s", exc)
-        return None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(HANDOVER_TIMEOUT_S)
-        try:
-            sock.connect(path)
-            pid, uid = _peer_credentials(sock)
-            if pid != offer.pid or uid != os.getuid():
-                logger.warning("refused the ring of pid %d: its socket belongs to pid %d, "
-                               "uid %d", offer.pid, pid, uid)
-                return None
-            sock.sendall(token.encode())
-            message, fds, _flags, _addr = socket.recv_fds(sock, _NONCE_BYTES, 4)
-        except OSError as exc:
-            logger.info("cannot receive the ring of process %d (%s): staying on gRPC",
-                        offer.pid, exc)
-            return None
-    if len(fds) not in (3, 4) or message != offer.nonce:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return fds[0], fds[1], fds[2], fds[3] if len(fds) == 4 else None
-
-
-def _unmap(ring) -> None:
-    ring._control = ring._data = None
-    try:
-        ring._map.close()
-    except BufferError:   # a view is still alive somewhere; the GC unmaps it later
-        pass

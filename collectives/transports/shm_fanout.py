@@ -31,8 +31,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from collectives.transports.shm_channel import (_ATTACHED_MARK, CONTROL_BYTES, RING_BYTES,
-                                                SEND_PIECE_BYTES, RecordWriter, RingReader)
+from collectives.transports.shm_channel import RingReader
+from collectives.transports.shm_records import (_ATTACHED_MARK, CONTROL_BYTES, RING_BYTES,
+                                                SEND_PIECE_BYTES, RecordWriter, _unmap)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class FanoutWriter(RecordWriter):
     def broadcast(self, me: int, name: bytes, sequence: int, data: np.ndarray,
                   rings: Sequence[RecordWriter], wait: Callable[[], None]) -> np.ndarray:
         """Write ``data`` (uint8) as exchange ``sequence`` of communicator ``name`` from
-        instance ``me``, in records of up to :data:`~.shm_channel.SEND_PIECE_BYTES`, each
+        instance ``me``, in records of up to :data:`~.shm_records.SEND_PIECE_BYTES`, each
         written once and announced through every receiver's pair ring (``rings``);
         ``wait()`` runs while there is no room (see :meth:`RecordWriter.write_record`).
         Returns ``data`` flattened."""
@@ -125,11 +126,7 @@ class FanoutWriter(RecordWriter):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self._control = self._data = None
-        try:
-            self._map.close()
-        except BufferError:   # a view is still alive somewhere; the GC unmaps it later
-            pass
+        _unmap(self)
 
 
 class FanoutReader(RingReader):
