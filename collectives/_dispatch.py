@@ -13,6 +13,7 @@ from collectives import _eager
 from collectives import _fusion
 from collectives import _nest
 from collectives._arguments import members_of
+from collectives._engine import MAX_PLANS
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives._runtime import get_engine
@@ -36,7 +37,7 @@ def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...]
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=dtype.name,
                           shape=tuple(shape), group=str(group), name=name or "",
                           params=params)
-        if len(_descriptors) >= 4096:
+        if len(_descriptors) >= MAX_PLANS:
             _descriptors.clear()
         found = _descriptors[key] = (desc, _eager.algorithm(spec[0], group, *spec[1:]))
     return found
@@ -78,7 +79,7 @@ def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: t
         return engine.replica_call(ctx.local_index, desc, arr, algorithm, group)
     plan = engine.sole_plan(desc, algorithm, arr, group)
     if sole_key is not None:
-        if len(sole_plans) >= 4096:
+        if len(sole_plans) >= MAX_PLANS:
             sole_plans.clear()
         sole_plans[(sole_key, arr.dtype, arr.shape)] = (ctx, plan)
     return plan(arr)

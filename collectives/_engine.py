@@ -78,8 +78,9 @@ class _Transfer:
         return f"instances {list(self.instances)} to finish the transfer"
 
 
-#: call plans an engine keeps before it starts again (a program calls few signatures)
-_MAX_PLANS = 4096
+#: call plans an engine keeps before it starts again (a program calls few signatures; also
+#: the cap of collectives._dispatch's descriptors and common-call plans)
+MAX_PLANS = 4096
 
 
 class CollectiveEngine:
@@ -165,7 +166,7 @@ class CollectiveEngine:
         plan = self._plans.get(id(desc))
         if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
             plan = SolePlan(self, desc, algorithm, value, group)
-            if len(self._plans) >= _MAX_PLANS:
+            if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
             self._plans[id(desc)] = plan
         return plan
