@@ -155,10 +155,9 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
     recv = scratch(recv_bytes) if scratch else None
     if early is None:
         received = comm.alltoallv(ex.outgoing, ex.send_counts, recv_counts, patience, recv)
-    else:
-        comm.bytes_sent += sum(ex.send_counts) - ex.send_counts[me]  # (as counting calls do)
-        received = comm.inner.alltoallv(ex.outgoing, ex.send_counts, recv_counts, patience,
-                                        recv, early=posted)
+    else:  # (a counting communicator: it counts, and hands the posted messages on)
+        received = comm.alltoallv(ex.outgoing, ex.send_counts, recv_counts, patience, recv,
+                                  early=posted)
     pieces = list(received[:recv_bytes].view(dtype).reshape(m - skip, per_member[me]))
     owned = [True] * m
     if skip:

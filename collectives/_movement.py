@@ -109,9 +109,8 @@ def all_gather_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> E
         return None
 
     def finish(desc: Descriptor) -> np.ndarray:
-        comm.bytes_sent += send.nbytes * (len(members) - 1)  # (as counting calls do)
-        comm.inner.allgatherv_to(send, flat, counts, engine.data_patience(desc, instances),
-                                 early=posted)
+        comm.allgatherv_to(send, flat, counts, engine.data_patience(desc, instances),
+                           early=posted)
         return out
     return Early(posted, finish)
 
@@ -130,9 +129,7 @@ def all_to_all_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> E
         return None
 
     def finish(desc: Descriptor) -> np.ndarray:
-        comm.bytes_sent += send.nbytes - send.nbytes // len(members)
-        comm.inner.alltoall_to(send, flat, engine.data_patience(desc, instances),
-                               early=posted)
+        comm.alltoall_to(send, flat, engine.data_patience(desc, instances), early=posted)
         return out
     return Early(posted, finish)
 
@@ -157,12 +154,11 @@ def broadcast_early(engine, value: np.ndarray, group: CommGroup, root: int,
     def finish(desc: Descriptor) -> np.ndarray:
         patience = engine.data_patience(desc, instances)
         if not is_root:
-            comm.inner.broadcast(flat, root, patience, early=posted)
+            comm.broadcast(flat, root, patience, early=posted)
             return data
         result: list = []
-        comm.bytes_sent += flat.nbytes  # (as counting calls do)
         patience.overlap(lambda: result.append(data.copy()))  # while the peers receive
-        comm.inner.broadcast(flat, root, patience, early=posted)
+        comm.broadcast(flat, root, patience, early=posted)
         patience.settle()
         return result[0]
     return Early(posted, finish)
