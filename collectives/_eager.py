@@ -119,8 +119,8 @@ class Eager:
             return [value]
         results: list = [None] * len(values)
         _routing.give(results, engine, range(engine.replica_index_offset,
-                                               engine.replica_index_offset + len(values)),
-                        value, values)
+                                             engine.replica_index_offset + len(values)),
+                      value, values)
         return results
 
 

@@ -120,7 +120,8 @@ class _Layout:
         self.sizes, self.rounds, self.blocks = sizes, rounds, blocks
 
     def free(self) -> None:
-        """Free the persistent requests (none may be active)."""
+        """Free the persistent requests: inactive ones, or ones cancelled after a failed
+        wait (MPI_Request_free lets a cancelled request finish on its own)."""
         for requests, _, _, _ in self.rounds:
             for request in requests:
                 try:
