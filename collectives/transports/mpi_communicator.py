@@ -23,8 +23,8 @@ from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.transports.mpi_early import EarlyCall, EarlyPosting
-from collectives.transports.mpi_early import allgatherv_incoming as _allgatherv_incoming
 from collectives.transports.mpi_early import alltoall_pieces as _alltoall_pieces
+from collectives.transports.mpi_early import counted_pieces as _counted_pieces
 from collectives.transports.mpi_early import displacements as _displacements
 from collectives.waiting import Patience
 
@@ -209,20 +209,15 @@ class MPICommunicator(EarlyPosting, Communicator):
             recv = np.empty(total, dtype=np.uint8)
         elif recv.size != total:
             recv = recv[:total]
-        sent_at, got_at = _displacements(send_counts), _displacements(recv_counts)
-        if early is not None:
-            recvs, sends = early.take()
-        else:
-            others = self._others
-            recvs = [comm.Irecv([recv[got_at[j]:got_at[j] + recv_counts[j]], MPI.BYTE], j,
-                                _TAG_ALLTOALLV) for j in others if recv_counts[j]]
-            sends = [comm.Isend([send[sent_at[j]:sent_at[j] + send_counts[j]], MPI.BYTE], j,
-                                _TAG_ALLTOALLV) for j in others if send_counts[j]]
         me = self.rank
-        if recv_counts[me]:  # our own piece, while the others' move
-            recv[got_at[me]:got_at[me] + recv_counts[me]] = \
-                send[sent_at[me]:sent_at[me] + send_counts[me]]
-        self._complete(recvs + sends, patience)
+        sent, got = _displacements(send_counts)[me], _displacements(recv_counts)[me]
+
+        def local() -> None:  # our own piece, while the others' move
+            recv[got:got + recv_counts[me]] = send[sent:sent + send_counts[me]]
+        self._point_to_point(
+            comm, early or (_counted_pieces(self._others, send, send_counts),
+                            _counted_pieces(self._others, recv, recv_counts)),
+            _TAG_ALLTOALLV, patience, local if recv_counts[me] else None)
         return recv
 
     def alltoallv_parts(self, send_parts: Sequence[Sequence[np.ndarray]],
@@ -324,7 +319,7 @@ class MPICommunicator(EarlyPosting, Communicator):
         mine = here if send is None else send
         self._point_to_point(
             comm, early or ([(j, mine) for j in self._others],
-                            _allgatherv_incoming(self._others, recv, recv_counts)),
+                            _counted_pieces(self._others, recv, recv_counts)),
             _TAG_ALLGATHERV, patience, None if send is None else lambda: np.copyto(here, send))
         return recv
 

@@ -150,13 +150,6 @@ def displacements(counts: Sequence[int]) -> list[int]:
     return out
 
 
-def allgatherv_incoming(others: Sequence[int], recv: np.ndarray,
-                        recv_counts: Sequence[int]) -> list:
-    """``(member, bytes)`` of a point-to-point all-gather into ``recv``, from ``others``."""
-    at = displacements(recv_counts)
-    return [(j, recv[at[j]:at[j] + recv_counts[j]]) for j in others]
-
-
 def alltoall_pieces(others: Sequence[int], size: int, buffer: np.ndarray) -> list:
     """``(member, bytes)`` of the equal blocks of ``buffer`` (one per member of ``size``)
     of ``others``."""
@@ -164,10 +157,11 @@ def alltoall_pieces(others: Sequence[int], size: int, buffer: np.ndarray) -> lis
     return [(j, buffer[j * block:(j + 1) * block]) for j in others]
 
 
-def alltoallv_pieces(others: Sequence[int], buffer: np.ndarray,
-                     counts: Sequence[int]) -> list:
+def counted_pieces(others: Sequence[int], buffer: np.ndarray,
+                   counts: Sequence[int]) -> list:
     """``(member, bytes)`` of ``buffer`` cut by ``counts`` (in member order), those of
-    ``others`` alone."""
+    ``others`` alone: what an all-to-all sends or receives, or where an all-gather
+    receives."""
     at = displacements(counts)
     return [(j, buffer[at[j]:at[j] + counts[j]]) for j in others]
 
@@ -203,7 +197,7 @@ class EarlyPosting:
         if not self.posts_early or sum(recv_counts) < self.p2p_min_bytes:
             return None
         return self._post_early([(j, send) for j in self._others],
-                                allgatherv_incoming(self._others, recv, recv_counts), seq,
+                                counted_pieces(self._others, recv, recv_counts), seq,
                                 send, recv)
 
     def early_alltoall(self, send: np.ndarray, recv: np.ndarray, seq: int
@@ -221,8 +215,8 @@ class EarlyPosting:
         recv)`` (``recv``: at least ``sum(recv_counts)`` bytes)."""
         if not self.posts_early:
             return None
-        return self._post_early(alltoallv_pieces(self._others, send, send_counts),
-                                alltoallv_pieces(self._others, recv, recv_counts), seq,
+        return self._post_early(counted_pieces(self._others, send, send_counts),
+                                counted_pieces(self._others, recv, recv_counts), seq,
                                 send, recv)
 
     def early_broadcast(self, data: np.ndarray, root: int, seq: int) -> "EarlyCall | None":
