@@ -32,7 +32,7 @@ import numpy as np
 
 from collectives import _algorithms as algorithms
 from collectives import _movement as movement
-from collectives import _routing, _sole_eager
+from collectives import _routing, _sole_eager, _sole_move
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
@@ -110,6 +110,12 @@ class Eager:
         return self._sole_early(engine, value, seq)
 
     def _sole_early(self, engine, value: np.ndarray, seq: int):
+        return None
+
+    def sole_move(self, engine, desc: Descriptor, value: np.ndarray):
+        """The large calls of a one-replica instance whose input has ``value``'s dtype and
+        shape, after their agreement (:class:`~collectives._sole_move.SoleMove`, made once
+        per signature), or None: the ordinary algorithm runs."""
         return None
 
     @staticmethod
@@ -262,6 +268,9 @@ class AllGather(Eager):
     def _sole_early(self, engine, value, seq):
         return movement.all_gather_early(engine, value, self.group, seq)
 
+    def sole_move(self, engine, desc, value):
+        return _sole_move.SoleGather.make(engine, desc, value, self.group)
+
     def results(self, engine, values, blocks):
         value = values[0]
         return self._give(engine, np.concatenate(blocks).view(value.dtype).reshape(
@@ -290,6 +299,11 @@ class AllToAll(Eager):
         if self.split_dimension or self.concat_dimension:
             return None
         return movement.all_to_all_early(engine, value, self.group, seq)
+
+    def sole_move(self, engine, desc, value):
+        if self.split_dimension or self.concat_dimension:
+            return None
+        return _sole_move.SoleAllToAll.make(engine, desc, value, self.group)
 
     def results(self, engine, values, blocks):
         value = values[0]
@@ -337,6 +351,9 @@ class Broadcast(Eager):
 
     def _sole_early(self, engine, value, seq):
         return movement.broadcast_early(engine, value, self.group, self.root, seq)
+
+    def sole_move(self, engine, desc, value):
+        return _sole_move.SoleBroadcast.make(engine, desc, value, self.group, self.root)
 
     def _payload_bytes(self, engine, value):
         return value.nbytes

@@ -272,10 +272,13 @@ class CollectiveEngine:
         for helper in helpers:
             helper.result()
 
-    def data_patience(self, desc: Descriptor, instances: Sequence[int]) -> Patience:
+    def data_patience(self, desc: Descriptor, instances: Sequence[int],
+                      what: object | None = None) -> Patience:
         """The wait of a data exchange between ``instances`` (after the call's agreement:
-        every instance has arrived)."""
-        return Patience(Text(desc.label), self.options, _Transfer(instances), committed=True)
+        every instance has arrived); ``what``: its text in messages (str() when shown),
+        else ``desc``'s label."""
+        return Patience(Text(desc.label) if what is None else what, self.options,
+                        _Transfer(instances), committed=True)
 
     # -- call execution -----------------------------------------------------------------
 

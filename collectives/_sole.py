@@ -4,9 +4,11 @@ Such an instance needs no local rendezvous: its replica leads every call at once
 calls are counted by its thread alone. The engine keeps a :class:`SolePlan` per call
 signature (the descriptor ``ops`` reuses for it), made at the signature's first call, which
 holds everything the signature fixes: whether it is eager (:mod:`collectives._eager`), the
-descriptor's fingerprint at call number 0, the accounting signature, and the wait's
-:class:`~collectives.waiting.Patience`, restarted at every call instead of made anew. A call
-then does only what its number changes: the fingerprint, the data, the records.
+descriptor's fingerprint at call number 0, the accounting signature, the wait's
+:class:`~collectives.waiting.Patience`, restarted at every call instead of made anew, and,
+for a large all_gather, all_to_all or broadcast, its data movement
+(:mod:`collectives._sole_move`). A call then does only what its number changes: the
+fingerprint, the data, the records.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class SolePlan:
 
     __slots__ = ("desc", "algorithm", "eager", "live", "_engine", "_rendezvous",
                  "_fingerprint", "_signature", "_arrival", "_patience", "_ledger", "_op",
-                 "_sole", "_agree", "_sent")
+                 "_sole", "_agree", "_sent", "_move")
 
     def __init__(self, engine, desc: Descriptor, algorithm, value: Any, group):
         value = np.asarray(value)
@@ -66,6 +68,11 @@ class SolePlan:
             send, self._agree = engine.agreement.eager_exchange(sizes)
             self._sole = algorithm.sole(engine, value, send)
             self._sent = send.nbytes * (len(sizes) - 1)
+            self._move = None
+        else:
+            # the data moved after the agreement, prepared once (_sole_move.SoleMove)
+            move = getattr(algorithm, "sole_move", None)
+            self._move = move(engine, desc, value) if move is not None else None
 
     def __call__(self, value: Any) -> Any:
         """Call number ``seq`` of this signature (the next of the replica): its agreement,
@@ -115,12 +122,15 @@ class SolePlan:
                         early.withdraw()
                     raise
             # (large, or a transport that does not carry payloads)
-            recorder = engine.recorder
-            sent = recorder.bytes_sent()
-            desc = self.desc.with_seq(seq)
-            result = (early.finish(desc) if early is not None
-                      else self.algorithm(engine, desc, (value,))[0])
-            sent = recorder.bytes_sent() - sent
+            if early is None and self._move is not None:
+                result, sent = self._move(value, seq)
+            else:
+                recorder = engine.recorder
+                sent = recorder.bytes_sent()
+                desc = self.desc.with_seq(seq)
+                result = (early.finish(desc) if early is not None
+                          else self.algorithm(engine, desc, (value,))[0])
+                sent = recorder.bytes_sent() - sent
         except (CollectiveTimeoutError, TransportError) as exc:
             engine.abort(exc)
             raise

@@ -1,0 +1,89 @@
+"""The prepared large calls of a one-replica instance (collectives._sole_move), run by every
+instance like test_perrank_collectives.py: the calls of all_gather, all_to_all and
+broadcast too large for their agreement give the bytes of the general path
+(collectives._movement), count the same bytes sent, and a wait's text names the call's
+number. On layouts of several replicas per instance there is no such path, and from 3
+instances the calls are posted before their agreement (test_perrank_early.py) unless that
+path declines them: there the tests check only what applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as C
+from collectives import _dispatch, _movement
+from collectives._runtime import get_engine
+from collectives.groups import consecutive
+from collectives.transports.base import EAGER_MAX_BYTES
+from poprun import popdist
+
+pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
+                                reason="per-rank suite: run under poprun")
+
+#: elements of a float32 input past the eager limit (so the call moves its data after
+#: its agreement), divisible by every group size the suite runs
+_N = (EAGER_MAX_BYTES // 4 + 1) * 8
+
+_OPS = {
+    "all_gather": (lambda x: C.all_gather(x),
+                   lambda e, d, x, g: _movement.all_gather(e, d, [x], g)),
+    "all_to_all": (lambda x: C.all_to_all(x, 0, 0),
+                   lambda e, d, x, g: _movement.all_to_all(e, d, [x], g, 0, 0)),
+    "broadcast": (lambda x: C.broadcast(x),
+                  lambda e, d, x, g: _movement.broadcast(e, d, [x], g, 0)),
+}
+
+
+def _plan(op: str, x: np.ndarray):
+    """The common-call plan of ``op`` on ``x``'s dtype and shape (made by its first call)."""
+    for (key, dtype, shape), (_, plan) in _dispatch.sole_plans.items():
+        if key[0] == op and dtype == x.dtype and shape == x.shape:
+            return plan
+    return None
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(strategy, op):
+    engine = get_engine()
+    if engine.num_local_replicas != 1:
+        return  # (no one-replica path on this layout)
+    call, general = _OPS[op]
+    rank = popdist.getInstanceIndex()
+    x = (np.arange(_N, dtype=np.float32) * (rank + 1) + 0.25).astype(np.float32)
+    strategy.run(lambda: call(x))  # the signature's plan
+    plan = _plan(op, x)
+    assert plan is not None and not plan.eager and plan._move is not None, op
+    recorder = engine.recorder
+
+    def sent_by(fn):
+        before = recorder.bytes_sent()
+        result = fn()
+        return result, recorder.bytes_sent() - before
+
+    totals = engine.ledger.totals().get(op)
+    calls, transported = (totals.calls, totals.transport_bytes) if totals else (0, 0)
+    ours, ours_sent = strategy.run(lambda: sent_by(lambda: call(x)))[0]
+    desc = plan.desc.with_seq(10**6)
+    theirs, theirs_sent = sent_by(lambda: general(engine, desc, x, consecutive(None))[0])
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, op
+    assert ours.tobytes() == theirs.tobytes(), op
+    assert ours_sent == theirs_sent > 0 or (op == "broadcast" and rank != 0
+                                            and ours_sent == theirs_sent == 0), \
+        (op, ours_sent, theirs_sent)
+    # the call's entry in the ledger: one more call of its op, with the bytes it sent
+    after = engine.ledger.totals()[op]
+    assert (after.calls - calls, after.transport_bytes - transported) == (1, ours_sent), op
+
+
+def test_a_prepared_call_names_its_number_in_its_wait(strategy):
+    engine = get_engine()
+    if engine.num_local_replicas != 1 or getattr(engine.transport, "posts_early", False):
+        return  # (from 3 instances a large all_gather is posted before its agreement)
+    x = np.ones(_N, np.float32)
+    strategy.run(lambda: C.all_gather(x))
+    plan = _plan("all_gather", x)
+    seq = engine.rendezvous.seq[0]
+    strategy.run(lambda: C.all_gather(x))
+    text = str(plan._move._patience.what)
+    assert text == plan.desc.with_seq(seq).label() == f"all_gather #{seq}", text
