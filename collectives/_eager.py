@@ -32,7 +32,7 @@ import numpy as np
 
 from collectives import _algorithms as algorithms
 from collectives import _movement as movement
-from collectives import _routing, _sole_eager, _sole_move
+from collectives import _routing, _sole_eager, _sole_move, _sole_reduce
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
@@ -189,6 +189,11 @@ class AllReduce(_Reduction):
     def _sole_early(self, engine, value, seq):
         return algorithms.allreduce_early(engine, value, self.op, self.group, seq)
 
+    def sole_move(self, engine, desc, value):
+        if self.op is CollectiveOperator.LOCAL:
+            return None
+        return _sole_reduce.SoleAllReduce.make(engine, desc, value, self.group, self.op)
+
     def _payload_bytes(self, engine, value):
         return None if self.op is CollectiveOperator.LOCAL else value.nbytes
 
@@ -221,6 +226,11 @@ class ReduceScatter(_Reduction):
         if self.op is CollectiveOperator.LOCAL:
             return None
         return algorithms.reduce_scatter_early(engine, value, self.op, self.group, seq)
+
+    def sole_move(self, engine, desc, value):
+        if self.op is CollectiveOperator.LOCAL:
+            return None
+        return _sole_reduce.SoleReduceScatter.make(engine, desc, value, self.group, self.op)
 
     def _payload_bytes(self, engine, value):
         if self.op is CollectiveOperator.LOCAL:

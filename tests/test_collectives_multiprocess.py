@@ -1,7 +1,8 @@
 """Collectives across real instances started by poprun (MPI), each job under a hard timeout
 that kills its whole process group:
 
-* the per-rank suite (tests/perrank) under ``poprun -n 2`` and ``-n 4``;
+* the per-rank suite (tests/perrank) under ``poprun -n 2`` and ``-n 4``, and its prepared
+  large calls over gRPC at 3 instances;
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
   replicas) give bit-identical results for every op, operator, group and dtype;
 * divergence between instances: an instance that ends its program, and one that stalls,
@@ -35,6 +36,18 @@ def test_per_rank_suite(instances, replicas):
     counts = dict(re.findall(r"\[1,(\d+)\]<stdout>:(\d+) passed in ", job.stdout))
     assert sorted(counts) == [str(i) for i in range(instances)], job.stdout
     assert len(set(counts.values())) == 1 and int(counts["0"]) >= 10, job.stdout
+
+
+def test_prepared_large_calls_over_grpc_at_three_instances():
+    # gRPC posts nothing before the agreement: from 3 instances the prepared calls
+    # (collectives._sole_move, _sole_reduce) run there, with a member in the middle of the
+    # exchange (neither first nor last), against the general path
+    job = poprun(["-n", "3", "--transport", "grpc", PYTHON, "-m", "pytest",
+                  "tests/perrank/test_perrank_sole_move.py", "-q", "-p", "no:cacheprovider"],
+                 timeout_s=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    counts = dict(re.findall(r"\[1,(\d+)\]<stdout>:(\d+) passed in ", job.stdout))
+    assert sorted(counts) == ["0", "1", "2"] and len(set(counts.values())) == 1, job.stdout
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import _dispatch, _movement
+from collectives import _algorithms, _dispatch, _movement
 from collectives._runtime import get_engine
 from collectives.groups import consecutive
+from collectives.operators import CollectiveOperator
 from collectives.transports.base import EAGER_MAX_BYTES
 from poprun import popdist
 
@@ -22,10 +23,18 @@ pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
 #: elements of a float32 input past the eager limit (so the call moves its data after
-#: its agreement), divisible by every group size the suite runs
-_N = (EAGER_MAX_BYTES // 4 + 1) * 8
+#: its agreement), divisible by every group size up to 4 and by 8
+_N = (EAGER_MAX_BYTES // 4 // 24 + 1) * 24
+
+_ADD, _MIN = CollectiveOperator.ADD, CollectiveOperator.MIN
 
 _OPS = {
+    "cross_replica_sum": (lambda x: C.cross_replica_sum(x),
+                          lambda e, d, x, g: _algorithms.allreduce(e, d, [x], _ADD, g)),
+    "cross_replica_min": (lambda x: C.cross_replica_reduce(x, _MIN),
+                          lambda e, d, x, g: _algorithms.allreduce(e, d, [x], _MIN, g)),
+    "reduce_scatter": (lambda x: C.reduce_scatter(x),
+                       lambda e, d, x, g: _algorithms.reduce_scatter(e, d, [x], _ADD, g)),
     "all_gather": (lambda x: C.all_gather(x),
                    lambda e, d, x, g: _movement.all_gather(e, d, [x], g)),
     "all_to_all": (lambda x: C.all_to_all(x, 0, 0),
@@ -33,6 +42,10 @@ _OPS = {
     "broadcast": (lambda x: C.broadcast(x),
                   lambda e, d, x, g: _movement.broadcast(e, d, [x], g, 0)),
 }
+
+
+#: the op under which a call is kept (its plan's key and its ledger entry)
+_KEYS = {"cross_replica_min": "cross_replica_reduce"}
 
 
 def _plan(op: str, x: np.ndarray):
@@ -43,16 +56,25 @@ def _plan(op: str, x: np.ndarray):
     return None
 
 
-@pytest.mark.parametrize("op", sorted(_OPS))
-def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(strategy, op):
+#: (op, elements): past the eager limit; cross_replica_sum and reduce_scatter also past
+#: PAIR_ALLREDUCE_MAX_BYTES (the reduce-scatter then all-gather), unevenly split
+_CALLS = [(op, _N) for op in sorted(_OPS)] + [
+    ("cross_replica_sum", _algorithms.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
+    ("cross_replica_min", _algorithms.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
+    ("reduce_scatter", 300_001)]
+
+
+@pytest.mark.parametrize("op, n", _CALLS)
+def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(strategy, op,
+                                                                               n):
     engine = get_engine()
     if engine.num_local_replicas != 1:
         return  # (no one-replica path on this layout)
     call, general = _OPS[op]
     rank = popdist.getInstanceIndex()
-    x = (np.arange(_N, dtype=np.float32) * (rank + 1) + 0.25).astype(np.float32)
+    x = (np.sin(np.arange(n, dtype=np.float32) * (rank + 1)) * 3.7 + 0.25).astype(np.float32)
     strategy.run(lambda: call(x))  # the signature's plan
-    plan = _plan(op, x)
+    plan = _plan(_KEYS.get(op, op), x)
     assert plan is not None and not plan.eager and plan._move is not None, op
     recorder = engine.recorder
 
@@ -61,7 +83,7 @@ def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(st
         result = fn()
         return result, recorder.bytes_sent() - before
 
-    totals = engine.ledger.totals().get(op)
+    totals = engine.ledger.totals().get(_KEYS.get(op, op))
     calls, transported = (totals.calls, totals.transport_bytes) if totals else (0, 0)
     ours, ours_sent = strategy.run(lambda: sent_by(lambda: call(x)))[0]
     desc = plan.desc.with_seq(10**6)
@@ -72,7 +94,7 @@ def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(st
                                             and ours_sent == theirs_sent == 0), \
         (op, ours_sent, theirs_sent)
     # the call's entry in the ledger: one more call of its op, with the bytes it sent
-    after = engine.ledger.totals()[op]
+    after = engine.ledger.totals()[_KEYS.get(op, op)]
     assert (after.calls - calls, after.transport_bytes - transported) == (1, ours_sent), op
 
 
