@@ -95,6 +95,9 @@ class MPICommunicator(EarlyPosting, Communicator):
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
         self._agreement = Rounds(transport, members, self.rank)
+        # (once: os.cpu_count() reads /sys at every call, 4.7 us on the 2-core VM, and a
+        # large call waits for its data once or twice)
+        self._data_spin_s = data_spin_s(transport.process_count)
 
     def _ready(self, patience: Patience):
         """The mpi4py communicator, made at the first call (waits for the members)."""
@@ -112,7 +115,7 @@ class MPICommunicator(EarlyPosting, Communicator):
         """Wait for the data ``requests``: first poll without yielding for up to
         :func:`data_spin_s` (most transfers between running peers end there), then poll
         with ``patience`` (yielding between polls, :meth:`MPITransport.wait_all`)."""
-        seconds = data_spin_s(self._transport.process_count) if spin else 0.0
+        seconds = self._data_spin_s if spin else 0.0
         if seconds:
             testall, clock = MPI.Request.Testall, time.perf_counter
             deadline = clock() + seconds
