@@ -42,6 +42,20 @@ from collectives.tree import tree_reduce
 
 __all__ = ["Eager", "algorithm"]
 
+#: bytes (of the call's result on each instance) from which a one-replica instance's call
+#: is posted before its agreement, where the transport does so (:meth:`Eager.sole_early`,
+#: ``collectives.transports.mpi_early``: MPI, 3 instances or more); below, the call prepared
+#: once per signature and run after its agreement (``collectives._sole_move``,
+#: ``collectives._sole_reduce``) is faster: its Python costs less than the early path's
+#: overlap saves. Measured with 4 instances on the 2-core VM (``benchmarks/collectives.py``,
+#: 3 runs of each in turn, raw fresh / ours, early -> prepared): 1 MiB cross_replica_sum
+#: 0.74-0.77 -> 0.77-0.87, all_gather 0.52-0.60 -> 0.58-0.64, reduce_scatter 0.55-0.56 ->
+#: 0.58-0.73, all_to_all 0.62-0.64 -> 0.66-0.67, broadcast 0.81-0.89 -> 0.81-1.05; 4 MiB
+#: mixed (all_gather 0.79-1.04 -> 0.78-0.83, all_to_all 0.83-0.87 -> 0.78-0.84,
+#: reduce_scatter 0.79-0.85 -> 0.84-0.89, broadcast 1.00-1.18 -> 1.26-1.35); 16 MiB early
+#: ahead (all_gather 0.96-1.02 against 0.91-0.92, all_to_all 1.01-1.04 against 0.91-0.94).
+EARLY_MIN_BYTES = 4 << 20
+
 
 def _flat(x: np.ndarray) -> np.ndarray:
     """``x``'s bytes as a 1-D ``uint8`` array (no copy when ``x`` is contiguous)."""
@@ -104,13 +118,20 @@ class Eager:
         """Call number ``seq`` of an instance with one local replica (``value``: its
         input), started before its agreement (:class:`collectives._algorithms.Early`: its
         messages posted), or None: the ordinary algorithm runs after the agreement. None at
-        once where the transport never posts early (its ``posts_early``: false or absent)."""
-        if not getattr(engine.transport, "posts_early", False):
+        once where the transport never posts early (its ``posts_early``: false or absent),
+        and for a result of fewer than :data:`EARLY_MIN_BYTES` bytes."""
+        if (not getattr(engine.transport, "posts_early", False)
+                or self._result_bytes(engine, value) < EARLY_MIN_BYTES):
             return None
         return self._sole_early(engine, value, seq)
 
     def _sole_early(self, engine, value: np.ndarray, seq: int):
         return None
+
+    def _result_bytes(self, engine, value: np.ndarray) -> int:
+        """Bytes of a one-replica instance's result for input ``value`` (at most: a
+        reduce_scatter's is a chunk of it)."""
+        return value.nbytes
 
     def sole_move(self, engine, desc: Descriptor, value: np.ndarray):
         """The large calls of a one-replica instance whose input has ``value``'s dtype and
@@ -277,6 +298,9 @@ class AllGather(Eager):
 
     def _sole_early(self, engine, value, seq):
         return movement.all_gather_early(engine, value, self.group, seq)
+
+    def _result_bytes(self, engine, value):
+        return value.nbytes * len(_routing.sole_route(engine, self.group)[0])
 
     def sole_move(self, engine, desc, value):
         return _sole_move.SoleGather.make(engine, desc, value, self.group)

@@ -15,8 +15,8 @@ from poprun import popdist
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
-#: float32 elements: 1 MiB, above every threshold of the early path
-_N = 1 << 18
+#: float32 elements: 4 MiB, above every threshold of the early path
+_N = 1 << 20
 
 
 def _posts_early() -> bool:
