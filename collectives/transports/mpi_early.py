@@ -7,10 +7,11 @@ A large point-to-point call (all-gather, all-to-all, broadcast, the exchange of 
 reduce-scatter, the reduce-scatter half of an allreduce) of an instance with one replica
 may post its receives and sends *before* its agreement, so that its bytes move while the
 fingerprints are compared and while the instances wait for the CPU
-(:data:`EARLY_MIN_MEMBERS`; the engine posts early only from ``collectives._eager.EARLY_MIN_BYTES``
-of result, below which its calls prepared once per signature are faster). Its messages carry a tag of their own call
-(:func:`early_tag`, from the call's number), never one of another call, so a call that does
-not agree leaves nothing a later call could take:
+(:data:`EARLY_MIN_MEMBERS`; the engine posts early only from
+``collectives._eager.EARLY_MIN_BYTES`` of result, below which its calls prepared once per
+signature are faster). Its messages carry a tag of their own call (:func:`early_tag`, from
+the call's number), never one of another call, so a call that does not agree leaves
+nothing a later call could take:
 
 * its receives are cancelled (:meth:`EarlyCall.withdraw`); one that a member posting early
   for *another* call at the same number filled, maybe cut short (``MPI_ERR_TRUNCATE``: that
