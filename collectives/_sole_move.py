@@ -16,9 +16,9 @@ of the call's number, the patience, the nest of functions).
 Measured on the 2-core VM, 2 instances, 1 MiB, ``benchmarks/collectives.py`` (raw time /
 ours, the raw call into a fresh result; 3 runs each, the previous path and this one run in
 turn): all_gather 0.63-0.67 -> 0.69-0.70, all_to_all 0.58-0.60 -> 0.63-0.64, broadcast
-0.88 -> 0.96-0.97. From 3 instances these calls are posted before their agreement
-(:mod:`collectives.transports.mpi_early`) where the transport does so; the move is their
-path only where that one declines.
+0.88 -> 0.96-0.97. From 3 instances, calls whose result reaches
+``collectives._eager.EARLY_MIN_BYTES`` are posted before their agreement instead
+(:mod:`collectives.transports.mpi_early`), where the transport does so.
 """
 
 from __future__ import annotations
