@@ -1,8 +1,8 @@
 """Collectives across real instances started by poprun (MPI), each job under a hard timeout
 that kills its whole process group:
 
-* the per-rank suite (tests/perrank) under ``poprun -n 2`` and ``-n 4``, and its prepared
-  large calls over gRPC at 3 instances;
+* the per-rank suite (tests/perrank) under ``poprun -n 2``, ``-n 3`` and ``-n 4``, and its
+  prepared large calls over gRPC at 3 instances;
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
   replicas) give bit-identical results for every op, operator, group and dtype;
 * divergence between instances: an instance that ends its program, and one that stalls,
@@ -25,10 +25,11 @@ from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
 
-@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (4, 4), (4, 8)])
+@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (3, 3), (4, 4), (4, 8)])
 def test_per_rank_suite(instances, replicas):
-    # (2, 2), (4, 4): one replica per instance (the engine's one-replica path); small calls
-    # move their data in the agreement (collectives._eager) at every layout
+    # (2, 2), (3, 3), (4, 4): one replica per instance (the engine's one-replica path; at 3,
+    # a member in the middle of every exchange and agreement rounds of uneven reach); small
+    # calls move their data in the agreement (collectives._eager) at every layout
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
                   "pytest", "tests/perrank", "-q", "-p", "no:cacheprovider"], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
