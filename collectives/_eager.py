@@ -303,7 +303,7 @@ class AllGather(Eager):
         return value.nbytes * len(_routing.sole_route(engine, self.group)[0])
 
     def sole_move(self, engine, desc, value):
-        return _sole_move.SoleGather.make(engine, desc, value, self.group)
+        return _sole_move.SoleGatherMove.make(engine, desc, value, self.group)
 
     def results(self, engine, values, blocks):
         value = values[0]
@@ -337,7 +337,7 @@ class AllToAll(Eager):
     def sole_move(self, engine, desc, value):
         if self.split_dimension or self.concat_dimension:
             return None
-        return _sole_move.SoleAllToAll.make(engine, desc, value, self.group)
+        return _sole_move.SoleAllToAllMove.make(engine, desc, value, self.group)
 
     def results(self, engine, values, blocks):
         value = values[0]
@@ -387,7 +387,7 @@ class Broadcast(Eager):
         return movement.broadcast_early(engine, value, self.group, self.root, seq)
 
     def sole_move(self, engine, desc, value):
-        return _sole_move.SoleBroadcast.make(engine, desc, value, self.group, self.root)
+        return _sole_move.SoleBroadcastMove.make(engine, desc, value, self.group, self.root)
 
     def _payload_bytes(self, engine, value):
         return value.nbytes

@@ -29,7 +29,7 @@ from collectives._routing import sole_route
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 
-__all__ = ["SoleMove", "SoleGather", "SoleAllToAll", "SoleBroadcast"]
+__all__ = ["SoleMove", "SoleGatherMove", "SoleAllToAllMove", "SoleBroadcastMove"]
 
 
 class _CallText:
@@ -104,7 +104,7 @@ def _flat(value: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
 
 
-class SoleGather(SoleMove):
+class SoleGatherMove(SoleMove):
     """``all_gather``: ``[k, *shape]``, the members' values in position order (each member
     on its own instance, in order: the gathered bytes are the result)."""
 
@@ -122,7 +122,7 @@ class SoleGather(SoleMove):
         return out if got is flat else got.view(self._dtype).reshape(self._out_shape)
 
 
-class SoleAllToAll(SoleMove):
+class SoleAllToAllMove(SoleMove):
     """``all_to_all`` along dimension 0: the value in memory order is its blocks in
     destination order, and the blocks arrive in sender order, already concatenated."""
 
@@ -138,7 +138,7 @@ class SoleAllToAll(SoleMove):
         return out if got is flat else got.view(self._dtype).reshape(self._shape)
 
 
-class SoleBroadcast(SoleMove):
+class SoleBroadcastMove(SoleMove):
     """``broadcast`` from position ``root``: the root copies its value into its result
     while the others receive theirs straight into theirs."""
 

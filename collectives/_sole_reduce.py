@@ -32,7 +32,7 @@ from collectives.tree import tree_reduce
 __all__ = ["SoleAllReduce", "SoleReduceScatter"]
 
 
-class _SoleReduction(SoleMove):
+class _ExchangedReduction(SoleMove):
     """A reduction with ``op`` (not LOCAL) over the group's instances, one partial (the
     replica's ``prepare``-d input), its elements split at ``bounds`` (``m + 1`` offsets;
     None: evenly): the reduce-scatter exchange of ``exchange_reduce`` made once."""
@@ -79,7 +79,7 @@ class _SoleReduction(SoleMove):
         return tree_reduce(pieces, self._combine, self._owned, out=out)
 
 
-class SoleReduceScatter(_SoleReduction):
+class SoleReduceScatter(_ExchangedReduction):
     """``reduce_scatter`` with ``op``: member j owns elements ``[j*c, (j+1)*c)`` of the
     input, ``c = ceil(n/k)``; the input is not padded (as
     :func:`~collectives._algorithms._reduce_scatter_sole`)."""
@@ -100,7 +100,7 @@ class SoleReduceScatter(_SoleReduction):
         return _sole_region(self._op, chunk, self._k, self._c)
 
 
-class SoleAllReduce(_SoleReduction):
+class SoleAllReduce(_ExchangedReduction):
     """An all-reduce with ``op`` (``cross_replica_sum``, ``cross_replica_mean``, ...): the
     pair exchange between two instances up to ``PAIR_ALLREDUCE_MAX_BYTES``, else the
     reduce-scatter then the all-gather of the chunks (as ``exchange_reduce``)."""
