@@ -1,10 +1,11 @@
-"""The prepared large calls of a one-replica instance (collectives._sole_move), run by every
-instance like test_perrank_collectives.py: the calls of all_gather, all_to_all and
-broadcast too large for their agreement give the bytes of the general path
-(collectives._movement), count the same bytes sent, and a wait's text names the call's
-number. On layouts of several replicas per instance there is no such path, and from 3
-instances the calls are posted before their agreement (test_perrank_early.py) unless that
-path declines them: there the tests check only what applies."""
+"""The prepared large calls of a one-replica instance (collectives._sole_move,
+collectives._sole_reduce), run by every instance like test_perrank_collectives.py: the
+all-reduces, reduce_scatter, all_gather, all_to_all and broadcast too large for their
+agreement give the bytes of the general path (collectives._algorithms, _movement), count
+the same bytes sent, and a wait's text names the call's number. On layouts of several
+replicas per instance there is no such path, and from 3 instances over MPI calls of
+``EARLY_MIN_BYTES`` or more are posted before their agreement instead
+(test_perrank_early.py): there the tests check only what applies."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import collectives as C
 from collectives import _algorithms, _dispatch, _movement
+from collectives._eager import EARLY_MIN_BYTES
 from collectives._runtime import get_engine
 from collectives.groups import consecutive
 from collectives.operators import CollectiveOperator
@@ -100,9 +102,11 @@ def test_a_prepared_large_call_gives_the_bytes_and_counts_of_the_general_path(st
 
 def test_a_prepared_call_names_its_number_in_its_wait(strategy):
     engine = get_engine()
-    if engine.num_local_replicas != 1 or getattr(engine.transport, "posts_early", False):
-        return  # (from 3 instances a large all_gather is posted before its agreement)
     x = np.ones(_N, np.float32)
+    if engine.num_local_replicas != 1 or (getattr(engine.transport, "posts_early", False)
+                                          and x.nbytes * engine.num_replicas
+                                          >= EARLY_MIN_BYTES):
+        return  # (posted before its agreement: test_perrank_early.py)
     strategy.run(lambda: C.all_gather(x))
     plan = _plan("all_gather", x)
     seq = engine.rendezvous.seq[0]
