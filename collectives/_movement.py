@@ -21,6 +21,7 @@ import numpy as np
 
 from collectives._algorithms import Early, early_poster
 from collectives._routing import give, instances_of, local_groups, local_members, sole_route
+from collectives._sole_move import SoleAllToAllMove, SoleBroadcastMove, SoleGatherMove
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 
@@ -82,15 +83,8 @@ def _all_gather_sole(engine, desc: Descriptor, value: np.ndarray,
                      group: CommGroup) -> np.ndarray:
     """:func:`all_gather` on an instance with one replica: each member of the group is on
     its own instance, in position order, so the gathered bytes are the result."""
-    members, instances, comm = sole_route(engine, group)
-    if comm is None:
-        return np.stack([value])
-    out = np.empty((len(members), *value.shape), value.dtype)
-    flat = out.reshape(-1).view(np.uint8)
-    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-    got = comm.allgatherv_to(send, flat, [value.nbytes] * len(members),
-                             engine.data_patience(desc, instances))
-    return out if got is flat else got.view(value.dtype).reshape(out.shape)
+    move = SoleGatherMove.make(engine, desc, value, group)
+    return np.stack([value]) if move is None else move(value, desc.seq)[0]
 
 
 def all_gather_early(engine, value: np.ndarray, group: CommGroup, seq: int) -> Early | None:
@@ -244,14 +238,8 @@ def _all_to_all_sole(engine, desc: Descriptor, value: np.ndarray,
     """:func:`all_to_all` along dimension 0 on an instance with one replica: its value in
     memory order is its blocks in destination order, and the blocks arrive in sender order,
     already concatenated (each member on its own instance)."""
-    members, instances, comm = sole_route(engine, group)
-    if comm is None:
-        return value.copy()
-    send = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-    out = np.empty(value.shape, value.dtype)
-    flat = out.reshape(-1).view(np.uint8)
-    got = comm.alltoall_to(send, flat, engine.data_patience(desc, instances))
-    return out if got is flat else got.view(value.dtype).reshape(value.shape)
+    move = SoleAllToAllMove.make(engine, desc, value, group)
+    return value.copy() if move is None else move(value, desc.seq)[0]
 
 
 def broadcast(engine, desc: Descriptor, values: Sequence[np.ndarray], group: CommGroup,
@@ -300,19 +288,8 @@ def _broadcast_sole(engine, desc: Descriptor, value: np.ndarray, group: CommGrou
     """:func:`broadcast` on an instance with one replica (each member on its own
     instance): the root copies its value into its result while the others receive theirs
     straight into theirs."""
-    members, instances, comm = sole_route(engine, group)
-    if comm is None:
-        return value.copy()
-    patience = engine.data_patience(desc, instances)
-    if members[root] == engine.replica_index_offset:  # this instance is the root
-        data = np.ascontiguousarray(value)
-        result: list = []
-        patience.overlap(lambda: result.append(data.copy()))  # while the peers receive
-        comm.broadcast(data.reshape(-1).view(np.uint8), root, patience)
-        patience.settle()
-        return result[0].reshape(value.shape)
-    data = comm.broadcast(np.empty(value.nbytes, np.uint8), root, patience)
-    return data.view(value.dtype).reshape(value.shape)
+    move = SoleBroadcastMove.make(engine, desc, value, group, root)
+    return value.copy() if move is None else move(value, desc.seq)[0]
 
 
 def broadcast_from_instance0(engine, desc: Descriptor, values: Sequence[np.ndarray]) -> list:

@@ -2,16 +2,16 @@
 
 On an instance with one local replica (the common case under MPI), ``all_gather``,
 ``all_to_all`` along dimension 0 and ``broadcast`` move their bytes straight between the
-caller's input, the other instances and a fresh result (:mod:`collectives._movement`'s
-``_*_sole`` functions). A call too large to travel in its agreement
-(:mod:`collectives._eager`) moves them after it. :class:`~collectives._sole.SolePlan` runs
-such calls through the signature's :class:`SoleMove`, made at its first call with what the
-signature fixes: the group's counting communicator, the byte counts, the result's shape
-and dtype, the root, and the data wait's :class:`~collectives.waiting.Patience` (restarted
-at every call instead of made anew, its text naming the call's number). A call then only
-allocates its result and makes the communicator's call: the same messages, bytes counted
-and results as the general path, without its per-call look-ups (the route, the descriptor
-of the call's number, the patience, the nest of functions).
+caller's input, the other instances and a fresh result, as the classes here do (for
+:mod:`collectives._movement`'s ``_*_sole`` functions too, which make one at each call). A
+call too large to travel in its agreement (:mod:`collectives._eager`) moves them after it.
+:class:`~collectives._sole.SolePlan` runs such calls through the signature's
+:class:`SoleMove`, made at its first call with what the signature fixes: the group's
+counting communicator, the byte counts, the result's shape and dtype, the root, and the
+data wait's :class:`~collectives.waiting.Patience` (restarted at every call instead of made
+anew, its text naming the call's number). A call then only allocates its result and makes
+the communicator's call, without the general path's per-call look-ups (the route, the
+descriptor of the call's number, the patience, the nest of functions).
 
 Measured on the 2-core VM, 2 instances, 1 MiB, ``benchmarks/collectives.py`` (raw time /
 ours, the raw call into a fresh result; 3 runs each, the previous path and this one run in
@@ -58,12 +58,14 @@ class SoleMove:
         desc: the signature's descriptor (``seq`` 0).
         value: the first call's input (``ndarray``; every call of the signature has its
             dtype and shape).
-        comm: the group's counting communicator; instances: its members' instances.
+        comm: the group's counting communicator; instances: its members' instances;
+            members: the group's replicas in position order (for the subclasses).
     """
 
     __slots__ = ("_comm", "_text", "_patience", "_dtype", "_shape")
 
-    def __init__(self, engine, desc: Descriptor, value: np.ndarray, comm, instances):
+    def __init__(self, engine, desc: Descriptor, value: np.ndarray, comm, instances,
+                 members):
         self._comm = comm
         self._text = _CallText(desc)
         self._patience = engine.data_patience(desc, instances, self._text)
@@ -111,7 +113,7 @@ class SoleGatherMove(SoleMove):
     __slots__ = ("_out_shape", "_counts")
 
     def __init__(self, engine, desc, value, comm, instances, members):
-        super().__init__(engine, desc, value, comm, instances)
+        super().__init__(engine, desc, value, comm, instances, members)
         self._out_shape = (len(members), *value.shape)
         self._counts = [value.nbytes] * len(members)
 
@@ -128,9 +130,6 @@ class SoleAllToAllMove(SoleMove):
 
     __slots__ = ()
 
-    def __init__(self, engine, desc, value, comm, instances, members):
-        super().__init__(engine, desc, value, comm, instances)
-
     def _move(self, value, patience):
         out = np.empty(self._shape, self._dtype)
         flat = out.reshape(-1).view(np.uint8)
@@ -145,7 +144,7 @@ class SoleBroadcastMove(SoleMove):
     __slots__ = ("_root", "_is_root")
 
     def __init__(self, engine, desc, value, comm, instances, members, root: int):
-        super().__init__(engine, desc, value, comm, instances)
+        super().__init__(engine, desc, value, comm, instances, members)
         self._root = root
         self._is_root = members[root] == engine.replica_index_offset
 

@@ -42,7 +42,7 @@ class _ExchangedReduction(SoleMove):
 
     def __init__(self, engine, desc, value, comm, instances, members, op: CollectiveOperator,
                  bounds: tuple[int, ...] | None):
-        super().__init__(engine, desc, value, comm, instances)
+        super().__init__(engine, desc, value, comm, instances, members)
         self._op = op
         self._combine = _combiner(op)
         self._scratch = engine.scratch

@@ -1,8 +1,11 @@
 """The prepared large calls of a one-replica instance (collectives._sole_move,
 collectives._sole_reduce), run by every instance like test_perrank_collectives.py: the
 all-reduces, reduce_scatter, all_gather, all_to_all and broadcast too large for their
-agreement give the bytes of the general path (collectives._algorithms, _movement), count
-the same bytes sent, and a wait's text names the call's number. On layouts of several
+agreement give the bytes of the general path and count the same bytes sent, and a wait's
+text names the call's number. For the reductions the general path is
+collectives._algorithms' own; for the data movement, _movement's one-replica functions make
+the same classes at each call, so there the test checks that a move kept from call to call
+gives what a new one does (test_perrank_large.py checks the bytes against numpy). On layouts of several
 replicas per instance there is no such path, and from 3 instances over MPI calls of
 ``EARLY_MIN_BYTES`` or more are posted before their agreement instead
 (test_perrank_early.py): there the tests check only what applies."""
