@@ -19,8 +19,22 @@ times, in turn within every round after a barrier, ``--calls`` calls of:
   timeout: what ipupod's call adds to this is its own cost);
 * ``allreduce fresh`` / ``allreduce in-place`` and ``agreed sum``: the same for a sum.
 
+* ``fingerprint Allgather`` / ``fingerprint Allreduce MIN`` / ``Barrier``: MPI's own
+  synchronising calls on a 16-byte fingerprint block (what any agreement must at least do:
+  every instance learns that every other one arrived with the same call), at any number of
+  instances.
+
 It prints the medians over rounds (microseconds per call; instance 0) and the floor's
-ratios to raw. Measured on the 2-core VM (4 KiB, three runs): bcast in-place 2.5 us, agreed
+ratios to raw. With more than two instances (``poprun -n 4``) only the raw calls and MPI's
+synchronising ones run: they show what a 4 KiB broadcast that must agree can cost at best
+where the instances outnumber the cores. Measured there (2-core VM, AMD EPYC, 4 instances,
+through poprun, three runs): bcast fresh 6.1-7.3 us, fingerprint Allgather 16.8-18.7 us
+(2.4-3.0x bcast fresh), Allreduce MIN 16.7-19.0 us, Barrier 22.9-26.7 us; against
+28-31 us for ``collectives.broadcast`` of 4 KiB (``benchmarks/collectives.py -n 4``).
+Issue 10's 3x raw broadcast (18-22 us) leaves about nothing beyond MPI's own agreement of
+a fingerprint there. (A separate loop of 50 calls a round once gave Allgather 179 us and
+Barrier 291 us: MPICH polls without yielding, so a synchronising call that loses its core
+waits for a time slice.) Measured on the 2-core VM (4 KiB, three runs): bcast in-place 2.5 us, agreed
 bcast 4.9-5.2 us (2.0-2.2x), ``collectives.broadcast`` 22-24 us
 (``benchmarks/collectives.py``): under 3x raw would leave a broadcast 2.5 us for all that
 ipupod adds to the bare exchange.
@@ -46,18 +60,23 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    if comm.size != 2:
-        parser.error("run it on two instances (poprun -n 2 python benchmarks/...)")
-    rank, other = comm.rank, 1 - comm.rank
+    if comm.size < 2:
+        parser.error("run it on two or more instances (poprun -n 2 python benchmarks/...)")
+    rank, pair = comm.rank, comm.size == 2
+    other = 1 - rank if pair else None
     x = np.ones(args.bytes // 4, np.float32)
     out = np.empty_like(x)
     send = np.zeros(_HEADER + x.nbytes, np.uint8)
     recv = np.zeros_like(send)
     sent_word, got_word = send[:8].view(np.int64), recv[:8].view(np.int64)
     sent_payload, got_payload = send[_HEADER:].view(np.float32), recv[_HEADER:].view(np.float32)
-    receive = comm.Recv_init([recv, MPI.BYTE], other, 9)
-    post = comm.Send_init([send, MPI.BYTE], other, 9)
+    if pair:
+        receive = comm.Recv_init([recv, MPI.BYTE], other, 9)
+        post = comm.Send_init([send, MPI.BYTE], other, 9)
     seq = [0]
+    block = np.zeros(2, np.int64)  # (a fingerprint and a spare word)
+    blocks = np.zeros(2 * comm.size, np.int64)
+    least = np.zeros(2, np.int64)
 
     def exchange() -> None:
         seq[0] += 1
@@ -95,7 +114,12 @@ def main(argv=None) -> int:
 
     fns = {"bcast fresh": bcast_fresh, "bcast in-place": lambda: comm.Bcast(out, 0),
            "agreed bcast": agreed_bcast, "allreduce fresh": allreduce_fresh,
-           "allreduce in-place": lambda: comm.Allreduce(x, out), "agreed sum": agreed_sum}
+           "allreduce in-place": lambda: comm.Allreduce(x, out), "agreed sum": agreed_sum,
+           "fingerprint Allgather": lambda: comm.Allgather(block, blocks),
+           "fingerprint Allreduce MIN": lambda: comm.Allreduce(block, least, op=MPI.MIN),
+           "Barrier": comm.Barrier}
+    if not pair:  # (the persistent exchange above is between two)
+        del fns["agreed bcast"], fns["agreed sum"]
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = random.Random(0)
     for fn in fns.values():
@@ -110,14 +134,19 @@ def main(argv=None) -> int:
             for _ in range(args.calls):
                 fn()
             times[name].append((time.perf_counter() - start) / args.calls)
-    receive.Free()
-    post.Free()
+    if pair:
+        receive.Free()
+        post.Free()
     us = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     if rank == 0:
-        print(f"# {args.bytes} bytes, 2 instances, medians of {args.rounds} rounds of "
-              f"{args.calls} calls (us per call)")
+        print(f"# {args.bytes} bytes, {comm.size} instances, medians of {args.rounds} rounds "
+              f"of {args.calls} calls (us per call)")
         for name, t in us.items():
-            print(f"{name:20s} {t:8.2f}")
+            print(f"{name:26s} {t:8.2f}")
+        print(f"fingerprint Allgather / bcast fresh: "
+              f"{us['fingerprint Allgather'] / us['bcast fresh']:.2f}x")
+        if not pair:
+            return 0
         print(f"agreed bcast / bcast in-place: {us['agreed bcast'] / us['bcast in-place']:.2f}x"
               f", / bcast fresh: {us['agreed bcast'] / us['bcast fresh']:.2f}x")
         print(f"agreed sum / allreduce in-place: "
