@@ -74,8 +74,10 @@ def test_early_receives_of_a_call_that_did_not_agree_take_nothing_later(strategy
     c = -(-_N // R)
     for r, result in zip(_local_replicas(strategy),
                          strategy.run(lambda: C.reduce_scatter(x * (C.replication_index() + 1)))):
-        total = x * sum(range(1, R + 1))
-        want = np.zeros(c, np.float32)  # (zero-padded to c where n % R: seed semantics)
+        # float64 as the inputs (float32 times an int32 scalar), exact: sums of integers
+        # below 2**53 (in float32 they round from 6 replicas on, past 2**24)
+        total = x * np.int32(sum(range(1, R + 1)))
+        want = np.zeros(c, total.dtype)  # (zero-padded to c where n % R: seed semantics)
         want[:total[r * c:(r + 1) * c].size] = total[r * c:(r + 1) * c]
         assert np.array_equal(result, want), r
 
