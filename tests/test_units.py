@@ -7,7 +7,7 @@ import ipu_node
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup, CommGroupType, consecutive
 from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
-from collectives.tree import split_point, tree_reduce
+from collectives.tree import block_nodes, node_reduce, split_point, subtrees, tree_reduce
 from launch.mpirun import instance_command
 from launch.output import LineTagger
 
@@ -30,6 +30,74 @@ def test_aligned_power_of_two_blocks_are_subtrees():
     blocks = [_show([str(i) for i in range(b, b + 4)]) for b in (0, 4)]
     assert _show(blocks) == full
     assert split_point(5) == 4 and split_point(2) == 1 and split_point(9) == 8
+
+
+@pytest.mark.parametrize("lo, hi, n, nodes", [
+    (1, 3, 3, [(1, 2), (2, 3)]), (0, 2, 3, [(0, 2)]), (2, 3, 3, [(2, 3)]),
+    (0, 3, 6, [(0, 2), (2, 3)]), (3, 6, 6, [(3, 4), (4, 6)]), (2, 6, 6, [(2, 4), (4, 6)]),
+    (0, 6, 6, [(0, 6)]), (4, 6, 6, [(4, 6)]), (1, 8, 8, [(1, 2), (2, 4), (4, 8)]),
+    (3, 9, 9, [(3, 4), (4, 8), (8, 9)]), (8, 12, 12, [(8, 12)]),
+])
+def test_subtrees_are_the_largest_nodes_inside_a_block(lo, hi, n, nodes):
+    assert list(subtrees(lo, hi, n)) == nodes
+    # each is a node: its reduction appears whole in the tree of [0, n)
+    full = _show([str(i) for i in range(n)])
+    for a, b in nodes:
+        assert _show([str(i) for i in range(a, b)]) in full
+
+
+def test_block_nodes_keep_one_partial_per_block_only_where_that_is_the_tree():
+    assert block_nodes(8, ((0, 4), (4, 8))) is None        # 2 x 4
+    assert block_nodes(6, ((0, 2), (2, 4), (4, 6))) is None  # 3 x 2: ([0,4)) + [4,6)
+    assert block_nodes(3, ((0, 2), (2, 3))) is None
+    assert block_nodes(12, ((0, 4), (4, 8), (8, 12))) is None
+    assert block_nodes(3, ((0, 1), (1, 3))) == (((0, 1),), ((1, 2), (2, 3)))
+    assert block_nodes(6, ((0, 3), (3, 6))) == (((0, 2), (2, 3)), ((3, 4), (4, 6)))
+    # every block a node, yet three partials in block order are not the tree of 6
+    assert block_nodes(6, ((0, 4), (4, 5), (5, 6))) == (((0, 4),), ((4, 5),), ((5, 6),))
+    with pytest.raises(ValueError, match="do not cover"):
+        block_nodes(4, ((0, 2), (3, 4)))
+
+
+def test_even_blocks_of_a_power_of_two_need_one_partial_each():
+    # (collectives._eager._Reduction._nodes skips the look-up for such local counts)
+    for m in range(1, 10):
+        for L in (1, 2, 4, 8):
+            assert block_nodes(m * L, tuple((i * L, (i + 1) * L) for i in range(m))) is None
+        for L in (3, 5, 6, 12):
+            assert (block_nodes(m * L, tuple((i * L, (i + 1) * L) for i in range(m)))
+                    is None) == (m == 1), (m, L)
+
+
+@pytest.mark.parametrize("n, blocks", [(3, ((0, 1), (1, 3))), (6, ((0, 3), (3, 6))),
+                                       (6, ((0, 4), (4, 5), (5, 6))),
+                                       (9, ((0, 3), (3, 6), (6, 9))), (5, ((0, 5),))])
+def test_node_reduce_of_each_blocks_subtrees_is_the_tree(n, blocks):
+    nodes = [node for lo, hi in blocks for node in subtrees(lo, hi, n)]
+    partials = [_show([str(i) for i in range(a, b)]) for a, b in nodes]
+    assert node_reduce(nodes, partials, lambda a, b, out: f"({a}+{b})") == \
+        _show([str(i) for i in range(n)])
+
+
+def test_node_reduce_refuses_what_is_not_a_cover_of_nodes():
+    def first(a, b, out):
+        return a
+
+    with pytest.raises(ValueError, match="do not cover"):
+        node_reduce([(1, 2), (2, 3)], ["b", "c"], first)
+    with pytest.raises(ValueError, match="not all nodes"):
+        node_reduce([(0, 3), (3, 6)], ["a", "b"], first)  # the tree of 6 splits at 4
+    with pytest.raises(ValueError, match="2 items on 1 nodes"):
+        node_reduce([(0, 2)], ["a", "b"], first)
+
+
+def test_node_reduce_does_not_modify_inputs_it_does_not_own():
+    items = [np.full(3, float(i)) for i in range(3)]
+    copies = [a.copy() for a in items]
+    out = node_reduce([(0, 1), (1, 2), (2, 3)], items,
+                      lambda a, b, o: np.add(a, b, out=o) if o is not None else a + b)
+    assert np.array_equal(out, np.full(3, 3.0))
+    assert all(np.array_equal(a, c) for a, c in zip(items, copies))
 
 
 def test_tree_reduce_does_not_modify_inputs_it_does_not_own():
