@@ -2,14 +2,20 @@
 transport. Each takes ``(engine, descriptor, values, ...)`` with one value per local replica
 and returns one result per local replica (see :mod:`collectives._engine`).
 
-Reductions keep the canonical tree order (:mod:`collectives.tree`): an instance reduces its
-own replicas of a group to one partial (the replicas of a group on one instance always hold
-consecutive positions in the group, so with power-of-two counts the partial is a subtree);
-instances then exchange partials by chunk owner (all-to-all: member j receives everyone's
-chunk j), each owner combines its chunk over the instances in tree order, and an all-gather
-returns the chunks (allreduce) or each owner keeps its own (reduce-scatter). That is the
-traffic of a ring: about 2(n-1)/n of the tensor per instance for allreduce, (n-1)/n for
-reduce-scatter.
+Reductions keep the canonical tree order (:mod:`collectives.tree`). The replicas of a group
+on one instance hold consecutive positions in the group, a block; an instance reduces ahead
+only the nodes of the tree that lie inside its block (:func:`~collectives.tree.subtrees`).
+Usually the block is one node and the tree of the instances' partials in instance order is
+the group's (:func:`~collectives.tree.block_nodes` is None: 2x4, 4x2, 3 instances of 4 of
+12, ...): each instance reduces its replicas to one partial (:func:`local_partial`), the
+instances exchange partials by chunk owner (all-to-all: member j receives everyone's chunk
+j), each owner combines its chunk over the instances in tree order, and an all-gather
+returns the chunks (allreduce) or each owner keeps its own (reduce-scatter)
+(:func:`exchange_reduce`). That is the traffic of a ring: about 2(n-1)/n of the tensor per
+instance for allreduce, (n-1)/n for reduce-scatter. Where a block is cut unevenly (e.g.
+positions 1 and 2 of a group of 3: the tree is ``(p0 + p1) + p2``), the instance sends one
+partial per node of its block instead, and the owners combine every instance's nodes in the
+tree (:func:`exchange_subtrees`).
 """
 
 from __future__ import annotations
@@ -19,13 +25,12 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._routing import (give, instances_of, local_groups, local_members,
-                                  positions_by_instance, sole_route)
+from collectives._routing import give, local_members, reduction_groups, sole_route
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator, combine_into, finish, prepare
 from collectives.transports.base import Communicator
-from collectives.tree import tree_reduce
+from collectives.tree import Node, node_reduce, tree_reduce
 from collectives.waiting import Patience
 
 
@@ -35,8 +40,10 @@ def _combiner(op: CollectiveOperator):
 
 def local_partial(engine, values: Sequence[np.ndarray], members: Sequence[int],
                   op: CollectiveOperator) -> np.ndarray:
-    """The tree reduction of this instance's members of a group (``prepare`` applied);
-    large ones in slices on several threads (per element the same tree)."""
+    """The tree reduction of this instance's members of ``members`` (``prepare`` applied):
+    a node of the group's tree when ``members`` are its members at the node's positions
+    (:func:`~collectives.tree.subtrees`), or the whole group on one instance. Large ones in
+    slices on several threads (per element the same tree)."""
     offset = engine.replica_index_offset
     inputs = [values[r - offset] for r in local_members(engine, members)]
     if len(inputs) == 1 or inputs[0].ndim == 0:
@@ -165,25 +172,82 @@ def exchange_reduce(comm: Communicator, partials: Sequence[np.ndarray],
         owned[me] = not single  # a view of the caller's array
     if not gather:
         chunk = tree_reduce(pieces, _combiner(op), owned, out=np.empty(per_member[me], dtype))
-        out, start = [], 0
-        for ls in lengths:
-            out.append(chunk[start:start + ls[me]])
-            start += ls[me]
-        return out
+        return _owned_regions(chunk, lengths, me)
     # Reduce our chunk straight into its place in the result, then gather in place.
     whole = np.empty(at[m], dtype)
     tree_reduce(pieces, _combiner(op), owned, out=whole[at[me]:at[me + 1]])
-    gathered = comm.allgatherv_into(whole.view(np.uint8), [c * itemsize for c in per_member],
+    return _gathered(comm, whole, per_member, bounds, [p.shape for p in partials], patience)
+
+
+def _owned_regions(chunk: np.ndarray, lengths, me: int) -> list[np.ndarray]:
+    """Per partial, member ``me``'s region of its reduced ``chunk`` (views)."""
+    out, start = [], 0
+    for ls in lengths:
+        out.append(chunk[start:start + ls[me]])
+        start += ls[me]
+    return out
+
+
+def _gathered(comm: Communicator, whole: np.ndarray, per_member, bounds, shapes,
+              patience: Patience) -> list[np.ndarray]:
+    """The whole reductions, shaped ``shapes``, from ``whole`` (this member's chunk reduced
+    in its place, at ``sum(per_member[:me])``): the chunks all-gathered in place."""
+    m, dtype = comm.size, whole.dtype
+    gathered = comm.allgatherv_into(whole.view(np.uint8),
+                                    [c * dtype.itemsize for c in per_member],
                                     patience).view(dtype)
-    if single:
-        return [gathered.reshape(partials[0].shape)]
-    outs = [np.empty(f.size, dtype) for f in flats]
+    if len(shapes) == 1:
+        return [gathered.reshape(shapes[0])]
+    outs = [np.empty(b[m], dtype) for b in bounds]
     start = 0
     for j in range(m):
         for out, b in zip(outs, bounds):
             out[b[j]:b[j + 1]] = gathered[start:start + b[j + 1] - b[j]]
             start += b[j + 1] - b[j]
-    return [o.reshape(p.shape) for o, p in zip(outs, partials)]
+    return [o.reshape(shape) for o, shape in zip(outs, shapes)]
+
+
+def exchange_subtrees(comm: Communicator, partials: Sequence[Sequence[np.ndarray]],
+                      nodes: Sequence[Sequence[Node]], op: CollectiveOperator,
+                      patience: Patience, bounds: Sequence[Sequence[int]] | None = None,
+                      gather: bool = True, scratch=None) -> list[np.ndarray]:
+    """:func:`exchange_reduce` where members contribute several partials each: the nodes of
+    the group's tree inside their blocks (:func:`collectives.tree.block_nodes`), combined by
+    each owner in the tree (:func:`~collectives.tree.node_reduce`).
+
+    Args:
+        partials: per reduction, this member's partials, one per node of ``nodes[rank]``
+            (of one shape per reduction; any shapes; one dtype).
+        nodes: per member, the nodes it sends (their order: positions), covering the tree
+            of every reduction.
+        bounds, gather, scratch: as for :func:`exchange_reduce`.
+    """
+    m, me = comm.size, comm.rank
+    flats = [[np.ascontiguousarray(x).reshape(-1) for x in p] for p in partials]
+    dtype = flats[0][0].dtype
+    itemsize = dtype.itemsize
+    bounds, lengths, per_member, at = _exchange_layout(
+        tuple(f[0].size for f in flats),
+        None if bounds is None else tuple(tuple(b) for b in bounds), m, me, itemsize)[:4]
+    # to member j: per node of this member, its chunk j of every reduction
+    send = np.concatenate([f[t][b[j]:b[j + 1]] for j in range(m) for t in range(len(nodes[me]))
+                           for f, b in zip(flats, bounds)])
+    send_counts = [len(nodes[me]) * per_member[j] * itemsize for j in range(m)]
+    recv_counts = [len(nodes[j]) * per_member[me] * itemsize for j in range(m)]
+    recv_bytes = sum(recv_counts)
+    received = comm.alltoallv(send.view(np.uint8), send_counts, recv_counts, patience,
+                              scratch(recv_bytes) if scratch else None)
+    everyone = tuple(node for ns in nodes for node in ns)  # in position order
+    pieces = list(received[:recv_bytes].view(dtype).reshape(len(everyone), per_member[me]))
+    owned = [True] * len(pieces)
+    if not gather:
+        chunk = node_reduce(everyone, pieces, _combiner(op), owned,
+                            out=np.empty(per_member[me], dtype))
+        return _owned_regions(chunk, lengths, me)
+    whole = np.empty(at[m], dtype)
+    node_reduce(everyone, pieces, _combiner(op), owned, out=whole[at[me]:at[me + 1]])
+    return _gathered(comm, whole, per_member, bounds, [p[0].shape for p in partials],
+                     patience)
 
 
 class Early:
@@ -297,23 +361,31 @@ def allreduce(engine, desc: Descriptor, values: Sequence[np.ndarray],
     """Every replica gets ``op`` over the values of its group (``finish`` applied)."""
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
-    pending: dict[tuple[int, ...], list] = {}
-    for members, local in local_groups(engine, group):
+    pending: dict[tuple, list] = {}
+    for members, local, instances, _, nodes in reduction_groups(engine, group):
         if op is CollectiveOperator.LOCAL:
             for r in local:
                 results[r - offset] = values[r - offset].copy()
             continue
-        partial = local_partial(engine, values, members, op)
-        instances = instances_of(engine, members)
-        if len(instances) == 1:
-            give(results, engine, members, finish(op, partial, len(members)), values)
+        if nodes is None:
+            partial = local_partial(engine, values, members, op)
+            if len(instances) == 1:
+                give(results, engine, members, finish(op, partial, len(members)), values)
+                continue
+        else:  # one partial per node of this instance's block
+            partial = [local_partial(engine, values, members[lo:hi], op) for lo, hi in
+                       nodes[instances.index(engine.process_index)]]
+        pending.setdefault((instances, nodes), []).append((members, partial))
+    # Instance sets (and their nodes) in the order of their first group: the same on every
+    # instance.
+    for (instances, nodes), entries in pending.items():
+        comm, patience = engine.communicator(instances), engine.data_patience(desc, instances)
+        if nodes is None:
+            totals = exchange_reduce(comm, [p for _, p in entries], op, patience,
+                                     scratch=engine.scratch)
         else:
-            pending.setdefault(instances, []).append((members, partial))
-    # Instance sets in the order of their first group: the same on every instance.
-    for instances, entries in pending.items():
-        totals = exchange_reduce(engine.communicator(instances), [p for _, p in entries], op,
-                                 engine.data_patience(desc, instances),
-                                 scratch=engine.scratch)
+            totals = exchange_subtrees(comm, [p for _, p in entries], nodes, op, patience,
+                                       scratch=engine.scratch)
         for (members, _), total in zip(entries, totals):
             give(results, engine, members, finish(op, total, len(members)), values)
     return results
@@ -328,8 +400,8 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
     results: list = [None] * engine.num_local_replicas
     offset = engine.replica_index_offset
     n = values[0].shape[0]
-    pending: dict[tuple[int, ...], list] = {}
-    for members, local in local_groups(engine, group):
+    pending: dict[tuple, list] = {}
+    for members, local, instances, ranges, nodes in reduction_groups(engine, group):
         k = len(members)
         c = -(-n // k)
         if op is CollectiveOperator.LOCAL:
@@ -337,22 +409,29 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
                 results[r - offset] = _padded(values[r - offset], k * c)[
                     members.index(r) * c:(members.index(r) + 1) * c].copy()
             continue
-        partial = _padded(local_partial(engine, values, members, op), k * c)
-        instances = instances_of(engine, members)
-        if len(instances) == 1:
-            total = finish(op, partial, k)
-            for r in local:
-                p = members.index(r)
-                results[r - offset] = total[p * c:(p + 1) * c].copy()
+        if nodes is None:
+            partial = _padded(local_partial(engine, values, members, op), k * c)
+            if len(instances) == 1:
+                total = finish(op, partial, k)
+                for r in local:
+                    p = members.index(r)
+                    results[r - offset] = total[p * c:(p + 1) * c].copy()
+                continue
+        else:  # one partial per node of this instance's block
+            partial = [_padded(local_partial(engine, values, members[lo:hi], op), k * c)
+                       for lo, hi in nodes[instances.index(engine.process_index)]]
+        bounds = [lo * c for lo, _ in ranges] + [k * c]
+        pending.setdefault((instances, nodes), []).append((members, partial, bounds, c))
+    for (instances, nodes), entries in pending.items():
+        comm, patience = engine.communicator(instances), engine.data_patience(desc, instances)
+        if nodes is None:
+            mine = exchange_reduce(comm, [e[1] for e in entries], op, patience,
+                                   bounds=[e[2] for e in entries], gather=False,
+                                   scratch=engine.scratch)
         else:
-            ranges = positions_by_instance(engine, members, instances)
-            bounds = [lo * c for lo, _ in ranges] + [k * c]
-            pending.setdefault(instances, []).append((members, partial, bounds, c))
-    for instances, entries in pending.items():
-        mine = exchange_reduce(engine.communicator(instances), [e[1] for e in entries], op,
-                               engine.data_patience(desc, instances),
-                               bounds=[e[2] for e in entries], gather=False,
-                               scratch=engine.scratch)
+            mine = exchange_subtrees(comm, [e[1] for e in entries], nodes, op, patience,
+                                     bounds=[e[2] for e in entries], gather=False,
+                                     scratch=engine.scratch)
         for (members, _, bounds, c), region in zip(entries, mine):
             region = finish(op, region, len(members))
             for r in local_members(engine, members):

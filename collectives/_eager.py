@@ -20,7 +20,11 @@ Results are bit-identical to the ordinary path: a reduction combines this instan
 replicas first (:func:`~collectives._algorithms.local_partial`, the same tree), then the
 instances' partials in instance order with :func:`~collectives.tree.tree_reduce` (the order
 of :func:`~collectives._algorithms.exchange_reduce`, whose chunks are combined elementwise
-alike); data movement copies the same bytes.
+alike). Where an instance's replicas are not one node of the tree (e.g. 2 instances of 3
+replicas: the tree of 6 is ``[0, 4) + [4, 6)``), its payload is one partial per node of its
+block (:func:`~collectives.tree.subtrees`), and every instance's nodes combine in the tree
+(:func:`~collectives.tree.node_reduce`, as
+:func:`~collectives._algorithms.exchange_subtrees`). Data movement copies the same bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
                                    prepare)
 from collectives.transports.base import EAGER_MAX_BYTES
-from collectives.tree import tree_reduce
+from collectives.tree import node_reduce, tree_reduce
 
 __all__ = ["Eager", "algorithm"]
 
@@ -79,8 +83,10 @@ class Eager:
         raise NotImplementedError
 
     def payload_bytes(self, engine, value: np.ndarray) -> int | None:
-        """The bytes of this instance's payload when the call is eager (``value`` is one
-        local replica's input), else None. Depends only on the descriptor and the layout."""
+        """The bytes of the largest instance's payload when the call is eager (``value`` is
+        one local replica's input), else None. Depends only on the descriptor and the
+        layout, so every instance decides alike (payloads may differ in length:
+        :meth:`_Reduction._nodes`)."""
         if engine.transport.process_count == 1 or len(self.group.members(
                 engine.num_replicas)) != 1:
             return None
@@ -175,6 +181,25 @@ class _Reduction(Eager):
             self._typed = (blocks, dtype, lo, hi, typed)
         return typed
 
+    def _nodes(self, engine):
+        """Per instance, the nodes of the tree of every replica its payload holds one
+        partial each of (:func:`collectives.tree.block_nodes`), or None: one partial per
+        instance, combined in instance order, is the tree. None at once for a power-of-two
+        count L of local replicas: each instance's block ``[i*L, (i+1)*L)`` is then a node,
+        and the tree of ``m*L`` positions is L times the tree of m."""
+        local = engine.num_local_replicas
+        if not local & (local - 1):
+            return None
+        return _routing.reduction_groups(engine, self.group)[0][4]
+
+    def _widest(self, engine) -> int:
+        """Partials in the largest instance's payload."""
+        local = engine.num_local_replicas
+        if not local & (local - 1):  # (as _nodes, without a second call)
+            return 1
+        nodes = self._nodes(engine)
+        return 1 if nodes is None else max(len(ns) for ns in nodes)
+
     def _partial(self, engine, values: Sequence[np.ndarray]) -> np.ndarray:
         """This instance's partial (``prepare`` applied)."""
         if len(values) == 1:
@@ -182,6 +207,22 @@ class _Reduction(Eager):
         members = range(engine.replica_index_offset,
                         engine.replica_index_offset + len(values))
         return algorithms.local_partial(engine, values, members, self.op)
+
+    def _partials(self, engine, values: Sequence[np.ndarray], nodes) -> list[np.ndarray]:
+        """This instance's partials, one per node of its block (``prepare`` applied)."""
+        mine = nodes[engine.process_index]  # (the group of every replica: every instance)
+        return [algorithms.local_partial(engine, values, range(lo, hi), self.op)
+                for lo, hi in mine]
+
+    def _reduce_nodes(self, nodes, blocks: Sequence[np.ndarray], dtype: np.dtype,
+                      stride: int, lo: int, hi: int) -> np.ndarray:
+        """The tree of every instance's partials (``blocks``: payloads of one partial of
+        ``stride`` elements per node of ``nodes``), elements ``[lo, hi)``, as a new
+        array."""
+        pieces = [b.view(dtype)[t * stride + lo:t * stride + hi]
+                  for b, ns in zip(blocks, nodes) for t in range(len(ns))]
+        return node_reduce(tuple(node for ns in nodes for node in ns), pieces, self._combine,
+                           out=np.empty(hi - lo, dtype))
 
     def _reduce(self, partials: Sequence[np.ndarray]) -> np.ndarray:
         """The tree of the instances' ``partials`` (1-D, of one dtype and size, in instance
@@ -216,13 +257,23 @@ class AllReduce(_Reduction):
         return _sole_reduce.SoleAllReduce.make(engine, desc, value, self.group, self.op)
 
     def _payload_bytes(self, engine, value):
-        return None if self.op is CollectiveOperator.LOCAL else value.nbytes
+        return None if self.op is CollectiveOperator.LOCAL else \
+            value.nbytes * self._widest(engine)
 
     def payload(self, engine, values):
-        return _flat(self._partial(engine, values))
+        nodes = self._nodes(engine)
+        if nodes is None:
+            return _flat(self._partial(engine, values))
+        return np.concatenate([_flat(p) for p in self._partials(engine, values, nodes)])
 
     def results(self, engine, values, blocks):
-        total = self._reduce(self._typed_blocks(blocks, values[0].dtype, 0, values[0].size))
+        nodes = self._nodes(engine)
+        if nodes is None:
+            total = self._reduce(self._typed_blocks(blocks, values[0].dtype, 0,
+                                                    values[0].size))
+        else:
+            size = values[0].size
+            total = self._reduce_nodes(nodes, blocks, values[0].dtype, size, 0, size)
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, engine.num_replicas)
         value = values[0]
@@ -257,24 +308,33 @@ class ReduceScatter(_Reduction):
         if self.op is CollectiveOperator.LOCAL:
             return None
         k = engine.num_replicas
-        return -(-value.shape[0] // k) * k * value.itemsize
+        return -(-value.shape[0] // k) * k * value.itemsize * self._widest(engine)
 
     def payload(self, engine, values):
         k = engine.num_replicas
         c = -(-values[0].shape[0] // k)
-        partial = self._partial(engine, values)
-        if partial.shape[0] != k * c:
-            padded = np.zeros(k * c, partial.dtype)
-            padded[:partial.shape[0]] = partial
-            partial = padded
-        return _flat(partial)
+        nodes = self._nodes(engine)
+        partials = [self._partial(engine, values)] if nodes is None else \
+            self._partials(engine, values, nodes)
+        flats = []
+        for partial in partials:
+            if partial.shape[0] != k * c:
+                padded = np.zeros(k * c, partial.dtype)
+                padded[:partial.shape[0]] = partial
+                partial = padded
+            flats.append(_flat(partial))
+        return flats[0] if len(flats) == 1 else np.concatenate(flats)
 
     def results(self, engine, values, blocks):
         k, dtype = engine.num_replicas, values[0].dtype
         c = -(-values[0].shape[0] // k)
         lo = engine.replica_index_offset * c
         hi = lo + len(values) * c  # this instance's chunks: consecutive positions
-        total = self._reduce(self._typed_blocks(blocks, dtype, lo, hi))
+        nodes = self._nodes(engine)
+        if nodes is None:
+            total = self._reduce(self._typed_blocks(blocks, dtype, lo, hi))
+        else:
+            total = self._reduce_nodes(nodes, blocks, dtype, k * c, lo, hi)
         if self.op is CollectiveOperator.MEAN:
             total = finish(self.op, total, k)
         if len(values) == 1:

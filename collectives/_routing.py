@@ -12,9 +12,10 @@ from typing import Sequence
 import numpy as np
 
 from collectives.groups import CommGroup
+from collectives.tree import Node, block_nodes
 
-__all__ = ["LocalGroups", "give", "instances_of", "local_groups", "local_members",
-           "positions_by_instance", "sole_route"]
+__all__ = ["LocalGroups", "ReductionGroups", "give", "instances_of", "local_groups",
+           "local_members", "positions_by_instance", "reduction_groups", "sole_route"]
 
 
 def local_members(engine, members: Sequence[int]) -> list[int]:
@@ -45,6 +46,37 @@ def _local_groups(num_replicas: int, num_local_replicas: int, offset: int,
     return tuple(found)
 
 
+#: ``(members, local members, instances, positions, nodes)`` of each group an instance takes
+#: part in (:func:`reduction_groups`)
+ReductionGroups = tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                              tuple[tuple[int, int], ...],
+                              "tuple[tuple[Node, ...], ...] | None"], ...]
+
+
+def reduction_groups(engine, group: CommGroup) -> ReductionGroups:
+    """For a reduction: per group this instance takes part in (in group order, as
+    :func:`local_groups`), its members, its local members, its instances
+    (:func:`instances_of`), each instance's positions ``(lo, hi)``
+    (:func:`positions_by_instance`), and what each instance reduces ahead
+    (:func:`collectives.tree.block_nodes`: None when one partial per instance, combined in
+    instance order, is the canonical tree; always None within one instance). Computed once
+    per layout and group."""
+    return _reduction_groups(engine.num_replicas, engine.num_local_replicas,
+                             engine.replica_index_offset, group)
+
+
+@lru_cache(maxsize=1024)
+def _reduction_groups(num_replicas: int, num_local_replicas: int, offset: int,
+                      group: CommGroup) -> ReductionGroups:
+    found = []
+    for members, local in _local_groups(num_replicas, num_local_replicas, offset, group):
+        instances = _instances_of(num_local_replicas, members)
+        blocks = tuple(_positions(num_local_replicas, members, instances))
+        nodes = None if len(instances) == 1 else block_nodes(len(members), blocks)
+        found.append((members, local, instances, blocks, nodes))
+    return tuple(found)
+
+
 def sole_route(engine, group: CommGroup) -> tuple:
     """On an instance with one replica: ``(members, instances, communicator)`` of its
     group; the communicator is None for a group of one. Computed once per engine and group
@@ -72,7 +104,11 @@ def positions_by_instance(engine, members: Sequence[int],
                           instances: Sequence[int]) -> list[tuple[int, int]]:
     """For each instance of ``instances``, its range ``[lo, hi)`` of positions in the group
     (always consecutive: positions map to increasing replica indices)."""
-    L = engine.num_local_replicas
+    return _positions(engine.num_local_replicas, members, instances)
+
+
+def _positions(L: int, members: Sequence[int], instances: Sequence[int]
+               ) -> list[tuple[int, int]]:
     out = []
     for i in instances:
         pos = [p for p, r in enumerate(members) if r // L == i]

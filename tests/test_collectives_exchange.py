@@ -2,9 +2,11 @@
 members played by threads of this process, over an in-memory communicator: every path
 (the pair exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives
 the canonical tree's bytes for every operator and dtype, at uneven sizes and with several
-partials, so the size that picks a path never changes a result. And the large cases of the
-per-rank suite (tests/perrank/test_perrank_large.py) on three instances of one replica each
-(a group whose tree is not a power of two, over MPI point-to-point)."""
+partials, so the size that picks a path never changes a result; members that send one
+partial per node of their blocks (``exchange_subtrees``) get the tree of the positions. And
+the large cases of the per-rank suite (tests/perrank/test_perrank_large.py) on three
+instances of one replica each (a group whose tree is not a power of two, over MPI
+point-to-point)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from collectives import _algorithms
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
+from collectives.tree import block_nodes
 from collectives.transports.base import Communicator
 from collectives.waiting import Patience
 from tests.procs import PYTHON
@@ -172,6 +175,40 @@ def test_reduce_scatter_exchange_gives_each_owner_its_part_of_the_tree(m, op, dt
     for rank, (first, second) in enumerate(_in_threads(m, work)):
         assert first.tobytes() == totals[0][even[rank]:even[rank + 1]].tobytes(), rank
         assert second.tobytes() == totals[1][uneven[rank]:uneven[rank + 1]].tobytes(), rank
+
+
+@pytest.mark.parametrize("op, dtype", _CASES[:5], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("n, blocks", [(3, ((0, 1), (1, 3))), (6, ((0, 3), (3, 6))),
+                                       (6, ((0, 4), (4, 5), (5, 6))),
+                                       (9, ((0, 3), (3, 6), (6, 9)))])
+def test_subtree_exchange_gives_the_tree_of_the_positions(n, blocks, op, dtype):
+    # members whose positions are not one node each send one partial per node of their
+    # block: allreduce and reduce-scatter (owned regions: the members' positions) give the
+    # tree of the n positions, for two reductions at once (uneven sizes, one empty chunk)
+    nodes = block_nodes(n, blocks)
+    assert nodes is not None
+    m, c = len(blocks), 1001
+    values = _partials(n, [n * c, 5], dtype, seed=20 + n)  # per position
+    want = [_tree([values[p][i] for p in range(n)], op) for i in range(2)]
+    options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
+    rs_bounds = [[lo * c for lo, _ in blocks] + [n * c], [0] * m + [5]]
+
+    def mine(rank):  # per reduction, this member's partial of each of its nodes
+        return [[_tree([values[p][i] for p in range(a, b)], op) for a, b in nodes[rank]]
+                for i in range(2)]
+
+    def work(comm):
+        patience = Patience("test", options, lambda: "?", committed=True)
+        whole = _algorithms.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience)
+        owned = _algorithms.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience,
+                                              bounds=rs_bounds, gather=False)
+        return whole, owned
+
+    for rank, (whole, owned) in enumerate(_in_threads(m, work)):
+        for i in range(2):
+            assert whole[i].tobytes() == want[i].tobytes(), (rank, i)
+            b = rs_bounds[i]
+            assert owned[i].tobytes() == want[i][b[rank]:b[rank + 1]].tobytes(), (rank, i)
 
 
 def test_large_cases_on_three_one_replica_instances():

@@ -4,7 +4,8 @@ that kills its whole process group:
 * the per-rank suite (tests/perrank) under ``poprun -n 2``, ``-n 3`` and ``-n 4``, and its
   prepared large calls over gRPC at 3 instances;
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
-  replicas) give bit-identical results for every op, operator, group and dtype;
+  replicas), and 1x6, 2x3, 3x2 (replicas the canonical tree's blocks cut unevenly) give
+  bit-identical results for every op, operator, group and dtype;
 * divergence between instances: an instance that ends its program, and one that stalls,
   make the job fail fast with an error naming the instance;
 * faults found in audits: late peers, caught divergences, and an agreement message that is
@@ -25,11 +26,14 @@ from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
 
-@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (3, 3), (4, 4), (4, 8)])
+@pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (3, 3), (4, 4), (4, 8),
+                                                (3, 6)])
 def test_per_rank_suite(instances, replicas):
     # (2, 2), (3, 3), (4, 4): one replica per instance (the engine's one-replica path; at 3,
     # a member in the middle of every exchange and agreement rounds of uneven reach); small
-    # calls move their data in the agreement (collectives._eager) at every layout
+    # calls move their data in the agreement (collectives._eager) at every layout; (3, 6):
+    # groups of 3 cut unevenly by the instances (CONSECUTIVE(3)'s {3, 4, 5}: one replica on
+    # instance 1, two on instance 2, which are not one node of the tree of 3)
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
                   "pytest", "tests/perrank", "-q", "-p", "no:cacheprovider"], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
@@ -53,41 +57,55 @@ def test_prepared_large_calls_over_grpc_at_three_instances():
 
 @pytest.fixture(scope="module")
 def single_instance(tmp_path_factory):
-    out = tmp_path_factory.mktemp("layout-1x8")
-    try:
-        layout_prog.main(str(out))
-    finally:
-        reset_ipu_configuration()
-    return out
+    """``results(replicas)``: the directory of the 1 x ``replicas`` run (in-process, made
+    once per replica count)."""
+    made = {}
+
+    def results(replicas: int):
+        if replicas not in made:
+            out = tmp_path_factory.mktemp(f"layout-1x{replicas}")
+            try:
+                layout_prog.main(str(out), replicas)
+            finally:
+                reset_ipu_configuration()
+            made[replicas] = out
+        return made[replicas]
+    return results
 
 
-def load(directory) -> list[dict]:
-    return [dict(np.load(directory / f"replica{r}.npz")) for r in range(8)]
+def load(directory, replicas: int) -> list[dict]:
+    return [dict(np.load(directory / f"replica{r}.npz")) for r in range(replicas)]
 
 
-def test_single_instance_layout_matches_the_oracle(single_instance):
-    cases = all_cases(8)
-    nests = nest_cases(8)
-    for r, results in enumerate(load(single_instance)):
+@pytest.mark.parametrize("replicas", [8, 6])
+def test_single_instance_layout_matches_the_oracle(single_instance, replicas):
+    cases = all_cases(replicas)
+    nests = nest_cases(replicas)
+    for r, results in enumerate(load(single_instance(replicas), replicas)):
         for case in cases:
-            assert_same(results[case.key], oracle(case, r, 8), f"{case.key} on replica {r}")
+            assert_same(results[case.key], oracle(case, r, replicas),
+                        f"{case.key} on replica {r}")
         for key, members in nests.items():  # a nest call gives each array its own result
-            blob, layout = packed([oracle(case, r, 8) for case in members])
+            blob, layout = packed([oracle(case, r, replicas) for case in members])
             assert str(results[f"{key}|layout"]) == str(layout), f"{key} on replica {r}"
             assert results[key].tobytes() == blob.tobytes(), f"{key} on replica {r}"
 
 
-@pytest.mark.parametrize("instances", [2, 4, 8])
-def test_layouts_are_bit_identical(single_instance, tmp_path, instances):
-    job = poprun(["-n", str(instances), "--num-replicas", "8", PYTHON, "-m",
-                  "tests.perrank.layout_prog", str(tmp_path)], timeout_s=120)
+@pytest.mark.parametrize("replicas, instances", [(8, 2), (8, 4), (8, 8), (6, 2), (6, 3)])
+def test_layouts_are_bit_identical(single_instance, tmp_path, replicas, instances):
+    # 6 replicas: blocks the tree cuts (2 x 3: the tree of 6 is [0, 4) + [4, 6); 3 x 2:
+    # CONSECUTIVE(3)'s {3, 4, 5} is 1 + 2 of the tree of 3), in the eager path, the
+    # ordinary one and nests
+    job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
+                  "tests.perrank.layout_prog", str(tmp_path), str(replicas)], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
-    reference, got = load(single_instance), load(tmp_path)
-    for r in range(8):
+    reference, got = load(single_instance(replicas), replicas), load(tmp_path, replicas)
+    for r in range(replicas):
         assert reference[r].keys() == got[r].keys()
         for key in reference[r]:
             assert_same(got[r][key], reference[r][key],
-                        f"{instances}x{8 // instances} vs 1x8: {key} on replica {r}")
+                        f"{instances}x{replicas // instances} vs 1x{replicas}: {key} on "
+                        f"replica {r}")
 
 
 FAST = {"IPUPOD_COLLECTIVE_TIMEOUT_S": "3", "IPUPOD_STALL_WARNING_S": "1"}
