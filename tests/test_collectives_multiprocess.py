@@ -1,8 +1,8 @@
 """Collectives across real instances started by poprun (MPI), each job under a hard timeout
 that kills its whole process group:
 
-* the per-rank suite (tests/perrank) under ``poprun -n 2``, ``-n 3`` and ``-n 4``, and its
-  prepared large calls over gRPC at 3 instances;
+* the per-rank suite (tests/perrank) under ``poprun -n 2``, ``-n 3`` and ``-n 4``, over
+  gRPC at 3 x 6, and its prepared large calls over gRPC at 3 instances;
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
   replicas), and 1x6, 2x3, 3x2 (replicas the canonical tree's blocks cut unevenly) give
   bit-identical results for every op, operator, group and dtype;
@@ -40,6 +40,18 @@ def test_per_rank_suite(instances, replicas):
     # every instance ran the whole suite: the same count, nothing skipped or deselected
     counts = dict(re.findall(r"\[1,(\d+)\]<stdout>:(\d+) passed in ", job.stdout))
     assert sorted(counts) == [str(i) for i in range(instances)], job.stdout
+    assert len(set(counts.values())) == 1 and int(counts["0"]) >= 10, job.stdout
+
+
+def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
+    # 3 x 6 over gRPC: instances that send one partial per node of their block
+    # (collectives._algorithms.exchange_subtrees) through gRPC's alltoallv
+    job = poprun(["-n", "3", "--num-replicas", "6", "--launcher", "local", "--transport",
+                  "grpc", PYTHON, "-m", "pytest", "tests/perrank", "-q", "-p",
+                  "no:cacheprovider"], timeout_s=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    counts = dict(re.findall(r"\[1,(\d+)\]<stdout>:(\d+) passed in ", job.stdout))
+    assert sorted(counts) == ["0", "1", "2"], job.stdout
     assert len(set(counts.values())) == 1 and int(counts["0"]) >= 10, job.stdout
 
 
