@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from collectives.operators import CollectiveOperator, direct_ufunc, finish, prepare
+from collectives.tree import tree_steps
 
 __all__ = ["SoleBroadcast", "SoleEager", "SoleGather", "SoleAllToAll", "SoleReduction"]
 
@@ -54,7 +55,7 @@ class SoleReduction(SoleEager):
     order, shaped ``shape``."""
 
     __slots__ = ("_into", "_pad", "_lo", "_hi", "_shape", "_square", "_mean", "_ufunc",
-                 "_pair")
+                 "_pair", "_steps", "_temps", "_bound")
 
     def __init__(self, algorithm, engine, value, send, lo: int, hi: int,
                  shape: tuple):
@@ -67,10 +68,17 @@ class SoleReduction(SoleEager):
         self._lo, self._hi, self._shape = lo, hi, shape
         self._square = algorithm.op is CollectiveOperator.SQUARE_ADD
         self._mean = algorithm.op is CollectiveOperator.MEAN
-        # two instances: one ufunc call on views shaped as the result (1-D and up)
-        two = engine.transport.process_count == 2 and len(shape) > 0
-        self._ufunc = direct_ufunc(algorithm.op, value.dtype) if two else None
+        # the ufunc itself on views shaped as the result (1-D and up): between two
+        # instances one call (its new array); from three, the tree's steps
+        # (collectives.tree.tree_steps) into temporaries kept from call to call, the last
+        # into the new result
+        n = engine.transport.process_count
+        self._ufunc = direct_ufunc(algorithm.op, value.dtype) if len(shape) and n > 1 \
+            else None
         self._pair: tuple = ()
+        self._steps = tree_steps(n) if n > 2 and self._ufunc is not None else None
+        self._temps: list = []
+        self._bound: tuple = ()
 
     def fill(self, value):
         self._into[...] = prepare(CollectiveOperator.SQUARE_ADD, value) if self._square \
@@ -80,21 +88,43 @@ class SoleReduction(SoleEager):
 
     def result(self, value, blocks):
         if blocks is not self._blocks:
-            lo, hi = self._lo, self._hi
-            self._views = [b.view(value.dtype)[lo:hi] for b in blocks]
-            if self._ufunc is not None:
-                self._pair = tuple(v.reshape(self._shape) for v in self._views)
-            self._blocks = blocks
-        algorithm = self._algorithm
-        if self._ufunc is not None:
-            total = self._ufunc(*self._pair)
-        else:
-            total = algorithm._reduce(self._views)
+            self._view(value.dtype, blocks)
+        ufunc = self._ufunc
+        if ufunc is None:
+            total = self._algorithm._reduce(self._views)
             if total.shape != self._shape:
                 total = total.reshape(self._shape)
+        elif self._steps is None:
+            total = ufunc(*self._pair)
+        else:
+            for a, b, into in self._bound:
+                ufunc(a, b, out=into)
+            total = ufunc(*self._pair, out=np.empty(self._shape, value.dtype))
         if self._mean:
             total = finish(CollectiveOperator.MEAN, total, self._engine.num_replicas)
         return total
+
+    def _view(self, dtype: np.dtype, blocks) -> None:
+        """The typed views of ``blocks`` (elements ``[lo, hi)``), and for the ufunc path
+        the operands of its combines: between two instances the pair, from three every
+        step's ``(a, b, into)`` but the last, whose operands are the pair."""
+        lo, hi = self._lo, self._hi
+        self._views = [b.view(dtype)[lo:hi] for b in blocks]
+        self._blocks = blocks
+        if self._ufunc is None:
+            return
+        slots = [v.reshape(self._shape) for v in self._views]
+        if self._steps is None:
+            self._pair = tuple(slots)
+            return
+        steps = self._steps
+        temps = 1 + max(into for _, _, into in steps) - len(slots)
+        if len(self._temps) != temps:
+            self._temps = [np.empty(self._shape, dtype) for _ in range(temps)]
+        slots += self._temps
+        self._bound = tuple((slots[a], slots[b], slots[into]) for a, b, into in steps[:-1])
+        a, b, _ = steps[-1]
+        self._pair = (slots[a], slots[b])
 
 
 class SoleGather(SoleEager):

@@ -53,6 +53,42 @@ def tree_reduce(items: Sequence[np.ndarray], combine: Combine,
     return result
 
 
+@lru_cache(maxsize=256)
+def tree_steps(n: int) -> tuple[tuple[int, int, int], ...]:
+    """The combines of :func:`tree_reduce` of ``n`` items (n >= 2), in its order, as
+    ``(a, b, dest)`` slots: slots ``[0, n)`` are the items, slots from ``n`` temporaries,
+    each reused once the combine that reads it is made (at most ``ceil(log2 n)`` of them:
+    ``max(dest) + 1 - n``); the last step's ``dest`` is the result's. Running ``dest = a
+    (op) b`` over the steps gives :func:`tree_reduce`'s result bit for bit: the same
+    combines of the same operands in the same order (for a caller that keeps its items'
+    views and its temporaries from call to call, without the recursion and a combine
+    function per step)."""
+    if n < 2:
+        raise ValueError(f"tree_steps of {n} items (at least 2)")
+    steps: list[tuple[int, int, int]] = []
+    free: list[int] = []
+    top = [n]
+
+    def walk(lo: int, hi: int) -> int:
+        if hi - lo == 1:
+            return lo
+        mid = lo + split_point(hi - lo)
+        a, b = walk(lo, mid), walk(mid, hi)
+        if b >= n:
+            free.append(b)  # (read by this combine, then free)
+        if a >= n:
+            dest = a  # (as tree_reduce: into the left operand when it is a temporary)
+        elif free:
+            dest = free.pop()
+        else:
+            dest, top[0] = top[0], top[0] + 1
+        steps.append((a, b, dest))
+        return dest
+
+    walk(0, n)
+    return tuple(steps)
+
+
 def _reduce(items, combine, owned, lo, hi, out=None):
     if hi - lo == 1:
         return items[lo], owned[lo]

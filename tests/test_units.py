@@ -7,7 +7,8 @@ import ipu_node
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup, CommGroupType, consecutive
 from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
-from collectives.tree import block_nodes, node_reduce, split_point, subtrees, tree_reduce
+from collectives.tree import (block_nodes, node_reduce, split_point, subtrees, tree_reduce,
+                              tree_steps)
 from launch.mpirun import instance_command
 from launch.output import LineTagger
 
@@ -106,6 +107,34 @@ def test_tree_reduce_does_not_modify_inputs_it_does_not_own():
     out = tree_reduce(items, lambda a, b, o: np.add(a, b, out=o) if o is not None else a + b)
     assert np.array_equal(out, np.full(3, 10.0))
     assert all(np.array_equal(a, c) for a, c in zip(items, copies))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 11, 16, 33])
+def test_tree_steps_give_tree_reduce_bit_for_bit(n):
+    # float16 sums of values of many magnitudes: any other order of combines differs in
+    # the last bits
+    rng = np.random.default_rng(n)
+    items = [(rng.standard_normal(64) * 10.0 ** rng.integers(-3, 4)).astype(np.float16)
+             for _ in range(n)]
+    expected = tree_reduce(items, lambda a, b, o: np.add(a, b, out=o) if o is not None
+                           else np.add(a, b))
+    steps = tree_steps(n)
+    temps = [np.empty(64, np.float16) for _ in range(1 + max(d for *_, d in steps) - n)]
+    assert len(temps) <= (n - 1).bit_length()  # (at most the tree's depth of them)
+    slots = items + temps
+    copies = [a.copy() for a in items]
+    for a, b, into in steps[:-1]:
+        np.add(slots[a], slots[b], out=slots[into])
+    a, b, _ = steps[-1]
+    got = np.add(slots[a], slots[b])
+    assert got.tobytes() == expected.tobytes()
+    assert all(x.tobytes() == c.tobytes() for x, c in zip(items, copies))  # (read only)
+    assert len(steps) == n - 1
+
+
+def test_tree_steps_need_two_items():
+    with pytest.raises(ValueError, match="tree_steps of 1 items"):
+        tree_steps(1)
 
 
 @pytest.mark.parametrize("group, members", [
