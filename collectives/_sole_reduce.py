@@ -3,12 +3,12 @@
 The counterpart of :mod:`collectives._sole_move` for ``cross_replica_sum`` (and the other
 all-reduces) and ``reduce_scatter``: a call too large to travel in its agreement runs, after
 it, the signature's :class:`SoleAllReduce` or :class:`SoleReduceScatter`, which hold what
-:func:`collectives._algorithms.exchange_reduce` works out at every call for one partial:
-the layout of the exchange (:func:`~collectives._algorithms._exchange_layout`, the same
+:func:`collectives._exchange.exchange_reduce` works out at every call for one partial:
+the layout of the exchange (:func:`~collectives._exchange.exchange_layout`, the same
 one), the byte counts, the pieces' places and which of them may be overwritten. A call
 sends and receives the same bytes and combines the same pieces in the same tree order as
 ``exchange_reduce`` (between two instances up to
-:data:`~collectives._algorithms.PAIR_ALLREDUCE_MAX_BYTES`, the pair exchange; else a
+:data:`~collectives._exchange.PAIR_ALLREDUCE_MAX_BYTES`, the pair exchange; else a
 reduce-scatter, then for an all-reduce the all-gather of the chunks), so results are
 bit-identical.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives._algorithms import (PAIR_ALLREDUCE_MAX_BYTES, _combiner, _exchange_layout,
-                                     _sole_region)
+from collectives._exchange import (PAIR_ALLREDUCE_MAX_BYTES, combiner, exchange_layout,
+                                   sole_region)
 from collectives._sole_move import SoleMove
 from collectives.operators import CollectiveOperator, finish, prepare
 from collectives.tree import tree_reduce
@@ -44,11 +44,11 @@ class _ExchangedReduction(SoleMove):
                  bounds: tuple[int, ...] | None):
         super().__init__(engine, desc, value, comm, instances, members)
         self._op = op
-        self._combine = _combiner(op)
+        self._combine = combiner(op)
         self._scratch = engine.scratch
         self._k = len(members)
         m, me, itemsize = comm.size, comm.rank, value.dtype.itemsize
-        (b,), _, per_member, at, send_counts, recv_counts = _exchange_layout(
+        (b,), _, per_member, at, send_counts, recv_counts = exchange_layout(
             (value.size,), None if bounds is None else (bounds,), m, me, itemsize)
         skip = me in (0, m - 1)  # (exchange_reduce: these keep their own chunk out of it)
         self._send = (b[0], b[m])
@@ -97,7 +97,7 @@ class SoleReduceScatter(_ExchangedReduction):
         flat = np.ascontiguousarray(prepare(self._op, value)).reshape(-1)
         chunk = self._reduce_chunk(flat, patience,
                                    np.empty(self._per_member[self._me], flat.dtype))
-        return _sole_region(self._op, chunk, self._k, self._c)
+        return sole_region(self._op, chunk, self._k, self._c)
 
 
 class SoleAllReduce(_ExchangedReduction):

@@ -1,4 +1,4 @@
-"""The exchange of the reductions (``collectives._algorithms.exchange_reduce``) between m
+"""The exchange of the reductions (``collectives._exchange.exchange_reduce``) between m
 members played by threads of this process, over an in-memory communicator: every path
 (the pair exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives
 the canonical tree's bytes for every operator and dtype, at uneven sizes and with several
@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from collectives import _algorithms
+from collectives import _exchange
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
 from collectives.tree import block_nodes
@@ -138,14 +138,14 @@ def test_every_allreduce_path_gives_the_tree(monkeypatch, m, op, dtype):
     want = [_tree([partials[j][i] for j in range(m)], op) for i in range(len(sizes))]
     options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
     for limit in (0, 1 << 40):  # reduce-scatter + all-gather; the pair exchange (m = 2)
-        monkeypatch.setattr(_algorithms, "PAIR_ALLREDUCE_MAX_BYTES", limit)
+        monkeypatch.setattr(_exchange, "PAIR_ALLREDUCE_MAX_BYTES", limit)
         for single in (True, False):
             chosen = sizes[-1:] if single else sizes
             index = [sizes.index(n) for n in chosen]
 
             def work(comm, index=index):
                 mine = [partials[comm.rank][i] for i in index]
-                return _algorithms.exchange_reduce(
+                return _exchange.exchange_reduce(
                     comm, mine, op, Patience("test", options, lambda: "?", committed=True))
 
             for rank, got in enumerate(_in_threads(m, work)):
@@ -167,7 +167,7 @@ def test_reduce_scatter_exchange_gives_each_owner_its_part_of_the_tree(m, op, dt
     options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
 
     def work(comm):
-        return _algorithms.exchange_reduce(
+        return _exchange.exchange_reduce(
             comm, partials[comm.rank], op,
             Patience("test", options, lambda: "?", committed=True),
             bounds=[even, uneven], gather=False)
@@ -199,8 +199,8 @@ def test_subtree_exchange_gives_the_tree_of_the_positions(n, blocks, op, dtype):
 
     def work(comm):
         patience = Patience("test", options, lambda: "?", committed=True)
-        whole = _algorithms.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience)
-        owned = _algorithms.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience,
+        whole = _exchange.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience)
+        owned = _exchange.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience,
                                               bounds=rs_bounds, gather=False)
         return whole, owned
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import _algorithms, _dispatch, _movement
+from collectives import _algorithms, _dispatch, _exchange, _movement
 from collectives._eager import EARLY_MIN_BYTES
 from collectives._runtime import get_engine
 from collectives.groups import consecutive
@@ -64,8 +64,8 @@ def _plan(op: str, x: np.ndarray):
 #: (op, elements): past the eager limit; cross_replica_sum and reduce_scatter also past
 #: PAIR_ALLREDUCE_MAX_BYTES (the reduce-scatter then all-gather), unevenly split
 _CALLS = [(op, _N) for op in sorted(_OPS)] + [
-    ("cross_replica_sum", _algorithms.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
-    ("cross_replica_min", _algorithms.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
+    ("cross_replica_sum", _exchange.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
+    ("cross_replica_min", _exchange.PAIR_ALLREDUCE_MAX_BYTES // 4 + 3),
     ("reduce_scatter", 300_001)]
 
 
