@@ -6,10 +6,12 @@ either (:func:`common`); a nest's fused buffers (:func:`call_nest`).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from ipu_node import current_replica_context, require_replica_context
 
-from collectives import _eager
+from collectives import _eager, _eager_move, _eager_reduce
 from collectives import _fusion
 from collectives import _nest
 from collectives._arguments import members_of
@@ -18,7 +20,7 @@ from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives._runtime import get_engine
 
-__all__ = ["descriptor", "common", "call", "is_nest", "call_nest", "sole_plans"]
+__all__ = ["algorithm", "descriptor", "common", "call", "is_nest", "call_nest", "sole_plans"]
 
 #: descriptors (sequence number 0) and algorithm objects by call signature and replica
 #: count: built (and validated) once; the engine keeps what it needs per descriptor
@@ -28,8 +30,8 @@ _descriptors: dict[tuple, tuple[Descriptor, _eager.Eager]] = {}
 def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
                 group: CommGroup, name: str | None, params: tuple[str, ...],
                 num_replicas: int, spec: tuple) -> tuple[Descriptor, _eager.Eager]:
-    """The call's descriptor and its algorithm (``_eager.algorithm(spec[0], group,
-    *spec[1:])``; the key's fields determine the spec)."""
+    """The call's descriptor and its algorithm (``algorithm(spec[0], group, *spec[1:])``;
+    the key's fields determine the spec)."""
     key = (what, operator, dtype, shape, group, name, params, num_replicas)
     found = _descriptors.get(key)
     if found is None:
@@ -39,8 +41,23 @@ def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...]
                           params=params)
         if len(_descriptors) >= MAX_PLANS:
             _descriptors.clear()
-        found = _descriptors[key] = (desc, _eager.algorithm(spec[0], group, *spec[1:]))
+        found = _descriptors[key] = (desc, algorithm(spec[0], group, *spec[1:]))
     return found
+
+
+@lru_cache(maxsize=1024)
+def algorithm(kind: str, group: CommGroup, *params) -> _eager.Eager:
+    """The algorithm object of ``kind`` (``"allreduce"``, ``"reduce_scatter"`` with an
+    operator; ``"all_gather"``; ``"all_to_all"`` with split and concat dimensions;
+    ``"broadcast"`` with the root position) over ``group`` (:mod:`collectives._eager`);
+    made once per arguments."""
+    return _KINDS[kind](*params, group) if kind in ("allreduce", "reduce_scatter") \
+        else _KINDS[kind](group, *params)
+
+
+_KINDS = {"allreduce": _eager_reduce.AllReduce, "reduce_scatter": _eager_reduce.ReduceScatter,
+          "all_gather": _eager_move.AllGather, "all_to_all": _eager_move.AllToAll,
+          "broadcast": _eager_move.Broadcast}
 
 
 #: the plans of one-replica instances' calls without a group or name argument (the common

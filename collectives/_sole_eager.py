@@ -49,10 +49,10 @@ class SoleEager:
 
 
 class SoleReduction(SoleEager):
-    """:class:`~collectives._eager.AllReduce` and :class:`~collectives._eager.ReduceScatter`:
-    the payload is the value (squared for SQUARE_ADD; zero-padded to the replicas' chunks for a
-    reduce-scatter); the result reduces elements ``[lo, hi)`` of every block, in instance
-    order, shaped ``shape``."""
+    """:class:`~collectives._eager_reduce.AllReduce` and
+    :class:`~collectives._eager_reduce.ReduceScatter`: the payload is the value (squared for
+    SQUARE_ADD; zero-padded to the replicas' chunks for a reduce-scatter); the result
+    reduces elements ``[lo, hi)`` of every block, in instance order, shaped ``shape``."""
 
     __slots__ = ("_into", "_pad", "_lo", "_hi", "_shape", "_square", "_mean", "_ufunc",
                  "_pair", "_steps", "_temps", "_bound")
@@ -128,7 +128,7 @@ class SoleReduction(SoleEager):
 
 
 class SoleGather(SoleEager):
-    """:class:`~collectives._eager.AllGather`: the payload is the value; the result
+    """:class:`~collectives._eager_move.AllGather`: the payload is the value; the result
     concatenates every block, each viewed as one row of the result."""
 
     __slots__ = ("_typed_send", "_row")
@@ -149,7 +149,7 @@ class SoleGather(SoleEager):
 
 
 class SoleAllToAll(SoleEager):
-    """:class:`~collectives._eager.AllToAll` along dimension 0 with one replica per instance:
+    """:class:`~collectives._eager_move.AllToAll` along dimension 0 with one replica per instance:
     the payload is the value; the result concatenates this instance's piece of every block, in
     sender order."""
 
@@ -176,7 +176,7 @@ class SoleAllToAll(SoleEager):
 
 
 class SoleBroadcast(SoleEager):
-    """:class:`~collectives._eager.Broadcast`: the root's instance sends its value, the others
+    """:class:`~collectives._eager_move.Broadcast`: the root's instance sends its value, the others
     nothing; the result is a copy of the root's block."""
 
     __slots__ = ("_typed_send", "_root")

@@ -61,7 +61,7 @@ def test_block_nodes_keep_one_partial_per_block_only_where_that_is_the_tree():
 
 
 def test_even_blocks_of_a_power_of_two_need_one_partial_each():
-    # (collectives._eager._Reduction._nodes skips the look-up for such local counts)
+    # (collectives._eager_reduce._Reduction._nodes skips the look-up for such local counts)
     for m in range(1, 10):
         for L in (1, 2, 4, 8):
             assert block_nodes(m * L, tuple((i * L, (i + 1) * L) for i in range(m))) is None
