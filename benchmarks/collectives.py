@@ -202,11 +202,13 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
 
     rows = []
     for size in size_list:
-        count = size // 4
+        # float32 elements, a multiple of the instances (the raw all-gather, reduce-scatter
+        # and all-to-all split them evenly): at 3 instances 4 KiB is 1023 elements
+        count = size // 4 // n * n
         for op in ops:
             x = np.random.default_rng(rank).standard_normal(
                 count // n if op == "all_gather" else count).astype(np.float32)
-            out = np.empty(count * 1 if op != "reduce_scatter" else count // n, np.float32)
+            out = np.empty(count if op != "reduce_scatter" else count // n, np.float32)
             ours = {
                 "cross_replica_sum": lambda: C.cross_replica_sum(x),
                 "all_gather": lambda: C.all_gather(x),
@@ -253,8 +255,8 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
             t_d = times.get("data")
             row = {"op": op, "raw": raw.name if raw else None, "size": size, "instances": n,
                    "transport": transport, "ours_s": t_o, "raw_s": t_r,
-                   "ours_algbw_GBps": size / t_o / 1e9,
-                   "ours_busbw_GBps": size / t_o / 1e9 * bus_factor(op, n),
+                   "ours_algbw_GBps": count * 4 / t_o / 1e9,
+                   "ours_busbw_GBps": count * 4 / t_o / 1e9 * bus_factor(op, n),
                    "ratio": (t_r / t_o) if t_r else None,
                    "raw_fresh_result": raw is not None and hasattr(raw, "fresh"),
                    "raw_inplace_s": t_i, "ratio_inplace": (t_i / t_o) if t_i else None,
