@@ -15,7 +15,7 @@ from collectives.groups import CommGroup
 from collectives.tree import Node, block_nodes
 
 __all__ = ["LocalGroups", "ReductionGroups", "give", "instances_of", "local_groups",
-           "local_members", "positions_by_instance", "reduction_groups", "sole_route"]
+           "local_members", "reduction_groups", "sole_route"]
 
 
 def local_members(engine, members: Sequence[int]) -> list[int]:
@@ -56,11 +56,10 @@ ReductionGroups = tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
 def reduction_groups(engine, group: CommGroup) -> ReductionGroups:
     """For a reduction: per group this instance takes part in (in group order, as
     :func:`local_groups`), its members, its local members, its instances
-    (:func:`instances_of`), each instance's positions ``(lo, hi)``
-    (:func:`positions_by_instance`), and what each instance reduces ahead
-    (:func:`collectives.tree.block_nodes`: None when one partial per instance, combined in
-    instance order, is the canonical tree; always None within one instance). Computed once
-    per layout and group."""
+    (:func:`instances_of`), each instance's positions ``(lo, hi)``, and what each instance
+    reduces ahead (:func:`collectives.tree.block_nodes`: None when one partial per
+    instance, combined in instance order, is the canonical tree; always None within one
+    instance). Computed once per layout and group."""
     return _reduction_groups(engine.num_replicas, engine.num_local_replicas,
                              engine.replica_index_offset, group)
 
@@ -100,15 +99,11 @@ def _instances_of(num_local_replicas: int, members: tuple[int, ...]) -> tuple[in
     return tuple(sorted({r // num_local_replicas for r in members}))
 
 
-def positions_by_instance(engine, members: Sequence[int],
-                          instances: Sequence[int]) -> list[tuple[int, int]]:
-    """For each instance of ``instances``, its range ``[lo, hi)`` of positions in the group
-    (always consecutive: positions map to increasing replica indices)."""
-    return _positions(engine.num_local_replicas, members, instances)
-
-
 def _positions(L: int, members: Sequence[int], instances: Sequence[int]
                ) -> list[tuple[int, int]]:
+    """For each instance of ``instances`` (``L`` replicas each), its range ``[lo, hi)`` of
+    positions in the group (always consecutive: positions map to increasing replica
+    indices)."""
     out = []
     for i in instances:
         pos = [p for p, r in enumerate(members) if r // L == i]
