@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._exchange import (combiner, exchange_reduce, exchange_subtrees,
+from collectives._exchange import (combiner, exchange_reduce, exchange_subtrees, padded,
                                    prepare_exchange, sole_region)
 from collectives._routing import give, local_members, reduction_groups, sole_route
 from collectives.descriptor import Descriptor
@@ -192,11 +192,11 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
         c = -(-n // k)
         if op is CollectiveOperator.LOCAL:
             for r in local:
-                results[r - offset] = _padded(values[r - offset], k * c)[
+                results[r - offset] = padded(values[r - offset], k * c)[
                     members.index(r) * c:(members.index(r) + 1) * c].copy()
             continue
         if nodes is None:
-            partial = _padded(local_partial(engine, values, members, op), k * c)
+            partial = padded(local_partial(engine, values, members, op), k * c)
             if len(instances) == 1:
                 total = finish(op, partial, k)
                 for r in local:
@@ -204,7 +204,7 @@ def reduce_scatter(engine, desc: Descriptor, values: Sequence[np.ndarray],
                     results[r - offset] = total[p * c:(p + 1) * c].copy()
                 continue
         else:  # one partial per node of this instance's block
-            partial = [_padded(local_partial(engine, values, members[lo:hi], op), k * c)
+            partial = [padded(local_partial(engine, values, members[lo:hi], op), k * c)
                        for lo, hi in nodes[instances.index(engine.process_index)]]
         bounds = [lo * c for lo, _ in ranges] + [k * c]
         pending.setdefault((instances, nodes), []).append((members, partial, bounds, c))
@@ -242,11 +242,3 @@ def _reduce_scatter_sole(engine, desc: Descriptor, value: np.ndarray,
                                 bounds=[[min(j * c, n) for j in range(k + 1)]], gather=False,
                                 scratch=engine.scratch)
     return sole_region(op, region, k, c)
-
-
-def _padded(x: np.ndarray, length: int) -> np.ndarray:
-    if x.shape[0] == length:
-        return x
-    out = np.zeros(length, x.dtype)
-    out[:x.shape[0]] = x
-    return out

@@ -14,6 +14,7 @@ import numpy as np
 from collectives import _algorithms as algorithms
 from collectives import _routing, _sole_eager, _sole_reduce
 from collectives._eager import Eager, flat_bytes
+from collectives._exchange import padded
 from collectives.groups import CommGroup
 from collectives.operators import (CollectiveOperator, combine_into, direct_ufunc, finish,
                                    prepare)
@@ -179,16 +180,10 @@ class ReduceScatter(_Reduction):
         k = engine.num_replicas
         c = -(-values[0].shape[0] // k)
         nodes = self._nodes(engine)
-        partials = [self._partial(engine, values)] if nodes is None else \
-            self._partials(engine, values, nodes)
-        flats = []
-        for partial in partials:
-            if partial.shape[0] != k * c:
-                padded = np.zeros(k * c, partial.dtype)
-                padded[:partial.shape[0]] = partial
-                partial = padded
-            flats.append(flat_bytes(partial))
-        return flats[0] if len(flats) == 1 else np.concatenate(flats)
+        if nodes is None:
+            return flat_bytes(padded(self._partial(engine, values), k * c))
+        return np.concatenate([flat_bytes(padded(p, k * c))
+                               for p in self._partials(engine, values, nodes)])
 
     def results(self, engine, values, blocks):
         k, dtype = engine.num_replicas, values[0].dtype

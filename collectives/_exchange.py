@@ -26,7 +26,8 @@ from collectives.tree import Node, node_reduce, tree_reduce
 from collectives.waiting import Patience
 
 __all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "combiner", "exchange_layout", "exchange_reduce",
-           "exchange_subtrees", "pair_allreduce", "prepare_exchange", "sole_region"]
+           "exchange_subtrees", "padded", "pair_allreduce", "prepare_exchange",
+           "sole_region"]
 
 
 def combiner(op: CollectiveOperator):
@@ -247,9 +248,14 @@ def pair_allreduce(comm: Communicator, partials: Sequence[np.ndarray],
 def sole_region(op: CollectiveOperator, region: np.ndarray, k: int, c: int) -> np.ndarray:
     """A one-replica member's reduced region as its result: ``finish`` applied, completed
     with zeros to ``c`` elements."""
-    region = finish(op, region, k)
-    if region.shape[0] == c:
-        return region
-    out = np.zeros(c, region.dtype)
-    out[:region.shape[0]] = region
+    return padded(finish(op, region, k), c)
+
+
+def padded(x: np.ndarray, length: int) -> np.ndarray:
+    """``x`` (1-D, at most ``length`` elements) completed with zeros to ``length`` elements:
+    ``x`` itself when it has them, else a new array (a reduce-scatter's padding)."""
+    if x.shape[0] == length:
+        return x
+    out = np.zeros(length, x.dtype)
+    out[:x.shape[0]] = x
     return out
