@@ -60,9 +60,6 @@ class _Reduction(Eager):
 
     def _widest(self, engine) -> int:
         """Partials in the largest instance's payload."""
-        local = engine.num_local_replicas
-        if not local & (local - 1):  # (as _nodes, without a second call)
-            return 1
         nodes = self._nodes(engine)
         return 1 if nodes is None else max(len(ns) for ns in nodes)
 

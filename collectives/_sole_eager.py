@@ -77,7 +77,9 @@ class SoleReduction(SoleEager):
             else None
         self._pair: tuple = ()
         self._steps = tree_steps(n) if n > 2 and self._ufunc is not None else None
-        self._temps: list = []
+        self._temps = [] if self._steps is None else [  # (the steps' temporaries, kept)
+            np.empty(shape, value.dtype)
+            for _ in range(1 + max(into for _, _, into in self._steps) - n)]
         self._bound: tuple = ()
 
     def fill(self, value):
@@ -118,9 +120,6 @@ class SoleReduction(SoleEager):
             self._pair = tuple(slots)
             return
         steps = self._steps
-        temps = 1 + max(into for _, _, into in steps) - len(slots)
-        if len(self._temps) != temps:
-            self._temps = [np.empty(self._shape, dtype) for _ in range(temps)]
         slots += self._temps
         self._bound = tuple((slots[a], slots[b], slots[into]) for a, b, into in steps[:-1])
         a, b, _ = steps[-1]
@@ -149,9 +148,9 @@ class SoleGather(SoleEager):
 
 
 class SoleAllToAll(SoleEager):
-    """:class:`~collectives._eager_move.AllToAll` along dimension 0 with one replica per instance:
-    the payload is the value; the result concatenates this instance's piece of every block, in
-    sender order."""
+    """:class:`~collectives._eager_move.AllToAll` along dimension 0 with one replica per
+    instance: the payload is the value; the result concatenates this instance's piece of
+    every block, in sender order."""
 
     __slots__ = ("_typed_send", "_piece", "_at", "_count")
 
@@ -176,8 +175,8 @@ class SoleAllToAll(SoleEager):
 
 
 class SoleBroadcast(SoleEager):
-    """:class:`~collectives._eager_move.Broadcast`: the root's instance sends its value, the others
-    nothing; the result is a copy of the root's block."""
+    """:class:`~collectives._eager_move.Broadcast`: the root's instance sends its value, the
+    others nothing; the result is a copy of the root's block."""
 
     __slots__ = ("_typed_send", "_root")
 
