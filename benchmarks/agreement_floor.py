@@ -34,8 +34,8 @@ through poprun, three runs): bcast fresh 6.1-7.3 us, fingerprint Allgather 16.8-
 Issue 10's 3x raw broadcast (18-22 us) leaves about nothing beyond MPI's own agreement of
 a fingerprint there. (A separate loop of 50 calls a round once gave Allgather 179 us and
 Barrier 291 us: MPICH polls without yielding, so a synchronising call that loses its core
-waits for a time slice.) Measured on the 2-core VM (4 KiB, three runs): bcast in-place 2.5 us, agreed
-bcast 4.9-5.2 us (2.0-2.2x), ``collectives.broadcast`` 22-24 us
+waits for a time slice.) Measured on the earlier 2-core VM (4 KiB, three runs): bcast
+in-place 2.5 us, agreed bcast 4.9-5.2 us (2.0-2.2x), ``collectives.broadcast`` 22-24 us
 (``benchmarks/collectives.py``): under 3x raw would leave a broadcast 2.5 us for all that
 ipupod adds to the bare exchange.
 """

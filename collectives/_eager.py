@@ -3,9 +3,10 @@
 :mod:`collectives._eager_move`.
 
 :mod:`collectives.ops` makes one algorithm object per op, operator, group and parameters
-(:func:`collectives._dispatch.algorithm`, cached). Called as ``algorithm(engine, descriptor, values)`` it runs the
-ordinary algorithm (:mod:`collectives._algorithms`, :mod:`collectives._movement`): the
-call's agreement first, in a round of its own, then its data. A small call can instead move
+(:func:`collectives._dispatch.algorithm`, cached). Called as ``algorithm(engine,
+descriptor, values)`` it runs the ordinary algorithm (:mod:`collectives._algorithms`,
+:mod:`collectives._movement`): the call's agreement first, in a round of its own, then its
+data. A small call can instead move
 its data *in* the agreement (:meth:`Communicator.agree_gather
 <collectives.transports.base.Communicator.agree_gather>`): every instance sends its
 payload (:meth:`Eager.payload`) with its fingerprint, gets every instance's, and computes
@@ -82,7 +83,7 @@ class Eager:
         """The bytes of the largest instance's payload when the call is eager (``value`` is
         one local replica's input), else None. Depends only on the descriptor and the
         layout, so every instance decides alike (payloads may differ in length:
-        :meth:`_Reduction._nodes`)."""
+        :meth:`collectives._eager_reduce._Reduction._nodes`)."""
         if engine.transport.process_count == 1 or len(self.group.members(
                 engine.num_replicas)) != 1:
             return None
