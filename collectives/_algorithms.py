@@ -13,10 +13,10 @@ j), each owner combines its chunk over the instances in tree order, and an all-g
 returns the chunks (allreduce) or each owner keeps its own (reduce-scatter)
 (:func:`collectives._exchange.exchange_reduce`). That is the traffic of a ring: about
 2(n-1)/n of the tensor per instance for allreduce, (n-1)/n for reduce-scatter. Where a
-block is cut unevenly (e.g.
-positions 1 and 2 of a group of 3: the tree is ``(p0 + p1) + p2``), the instance sends one
-partial per node of its block instead, and the owners combine every instance's nodes in the
-tree (:func:`collectives._exchange.exchange_subtrees`).
+block is cut unevenly (e.g. positions 1 and 2 of a group of 3: the tree is
+``(p0 + p1) + p2``), the instance sends one partial per node of its block instead, and the
+owners combine every instance's nodes in the tree
+(:func:`collectives._exchange.exchange_subtrees`).
 """
 
 from __future__ import annotations
