@@ -174,6 +174,17 @@ class Agreement:
         which calls :meth:`disagree` itself when ``agree`` says the fingerprints differ."""
         return (self._comm or self._everyone()).eager_exchange(sizes)
 
+    def eager_index_exchange(self, piece: int) -> tuple[np.ndarray, Callable, int] | None:
+        """``(send, agree, sent)`` of an eager all-to-all among every instance, ``piece``
+        bytes for each (:meth:`~collectives.transports.base.Communicator.eager_index_exchange`;
+        ``sent``: the payload bytes this instance sends a call, ``index_sent_bytes``), for
+        a caller like :meth:`eager_exchange`'s; None where the transport moves such pieces
+        no faster than :meth:`eager_exchange` moves whole payloads (``takes_index``)."""
+        comm = self._comm or self._everyone()
+        if not comm.takes_index(piece):
+            return None
+        return (*comm.eager_index_exchange(piece), comm.index_sent_bytes(piece))
+
     def _everyone(self):
         """The communicator of every instance (made at the first agreement)."""
         self._comm = self.transport.communicator(self.everyone)

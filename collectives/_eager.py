@@ -110,12 +110,23 @@ class Eager:
         local replica whose input is like ``value`` (the call is eager)."""
         return (self.payload_bytes(engine, value),) * engine.transport.process_count
 
-    def sole(self, engine, value: np.ndarray, send: np.ndarray) -> _sole_eager.SoleEager:
+    def sole(self, engine, value: np.ndarray, send: np.ndarray, pieces: bool = False
+             ) -> _sole_eager.SoleEager:
         """The eager calls of a one-replica instance whose input has ``value``'s dtype and
         shape, their payload written into ``send`` (``uint8``, the transport's send
         buffer, of this instance's :meth:`sole_sizes`): made once per
-        signature (:class:`~collectives._sole_eager.SoleEager`)."""
+        signature (:class:`~collectives._sole_eager.SoleEager`). ``pieces``: the transport
+        hands each instance's piece for this one (:meth:`sole_piece`), not its payload."""
         return _sole_eager.SoleEager(self, engine, value, send)
+
+    def sole_piece(self, engine, value: np.ndarray) -> int | None:
+        """For an eager call of a one-replica instance whose payload is one piece for every
+        instance (in instance order) of which each instance needs only its own: the
+        piece's bytes, which the transport may move as an all-to-all
+        (:meth:`Communicator.eager_index_exchange
+        <collectives.transports.base.Communicator.eager_index_exchange>`); else None (this
+        default: every instance needs every payload)."""
+        return None
 
     def sole_early(self, engine, value: np.ndarray, seq: int):
         """Call number ``seq`` of an instance with one local replica (``value``: its

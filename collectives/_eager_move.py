@@ -38,7 +38,7 @@ class AllGather(Eager):
         return self._give(engine, np.concatenate(blocks).view(value.dtype).reshape(
             (engine.num_replicas, *value.shape)), values)
 
-    def sole(self, engine, value, send):
+    def sole(self, engine, value, send, pieces=False):
         return _sole_eager.SoleGather(self, engine, value, send)
 
 
@@ -92,9 +92,14 @@ class AllToAll(Eager):
                                           axis=self.concat_dimension))
         return results
 
-    def sole(self, engine, value, send):
+    def sole_piece(self, engine, value):
+        if self.split_dimension or self.concat_dimension:
+            return None
+        return value.nbytes // engine.num_replicas or None
+
+    def sole(self, engine, value, send, pieces=False):
         if self.split_dimension == 0 and self.concat_dimension == 0:
-            return _sole_eager.SoleAllToAll(self, engine, value, send)
+            return _sole_eager.SoleAllToAll(self, engine, value, send, pieces)
         return _sole_eager.SoleEager(self, engine, value, send)
 
 
@@ -135,5 +140,5 @@ class Broadcast(Eager):
         return tuple(value.nbytes if i == self.root else 0
                      for i in range(engine.transport.process_count))
 
-    def sole(self, engine, value, send):
+    def sole(self, engine, value, send, pieces=False):
         return _sole_eager.SoleBroadcast(self, engine, value, send)

@@ -143,7 +143,7 @@ class AllReduce(_Reduction):
         return self._give(engine, total if value.ndim == 1 else total.reshape(value.shape),
                           values)
 
-    def sole(self, engine, value, send):
+    def sole(self, engine, value, send, pieces=False):
         return _sole_eager.SoleReduction(self, engine, value, send, 0, value.size,
                                          value.shape)
 
@@ -198,7 +198,12 @@ class ReduceScatter(_Reduction):
             return [total]
         return [total[i * c:(i + 1) * c] for i in range(len(values))]  # disjoint slices
 
-    def sole(self, engine, value, send):
+    def sole_piece(self, engine, value):
+        # (one replica per instance: instance j keeps chunk j of every payload)
         c = -(-value.shape[0] // engine.num_replicas)
-        lo = engine.replica_index_offset * c
+        return c * value.itemsize or None
+
+    def sole(self, engine, value, send, pieces=False):
+        c = -(-value.shape[0] // engine.num_replicas)
+        lo = 0 if pieces else engine.replica_index_offset * c
         return _sole_eager.SoleReduction(self, engine, value, send, lo, lo + c, (c,))

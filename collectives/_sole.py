@@ -64,10 +64,15 @@ class SolePlan:
         if self.eager:
             # the transport's send buffer and agreement, the payload written straight there
             # (_sole_eager.SoleEager), with the views of both made once
-            sizes = algorithm.sole_sizes(engine, value)
-            send, self._agree = engine.agreement.eager_exchange(sizes)
-            self._sole = algorithm.sole(engine, value, send)
-            self._sent = send.nbytes * (len(sizes) - 1)
+            piece = algorithm.sole_piece(engine, value)
+            index = None if piece is None else engine.agreement.eager_index_exchange(piece)
+            if index is None:
+                sizes = algorithm.sole_sizes(engine, value)
+                send, self._agree = engine.agreement.eager_exchange(sizes)
+                self._sent = send.nbytes * (len(sizes) - 1)
+            else:  # (an all-to-all: each instance's piece towards it only)
+                send, self._agree, self._sent = index
+            self._sole = algorithm.sole(engine, value, send, index is not None)
             self._move = None
         else:
             # the data moved after the agreement, prepared once (_sole_move.SoleMove)

@@ -150,17 +150,17 @@ class SoleGather(SoleEager):
 class SoleAllToAll(SoleEager):
     """:class:`~collectives._eager_move.AllToAll` along dimension 0 with one replica per
     instance: the payload is the value; the result concatenates this instance's piece of
-    every block, in sender order."""
+    every block, in sender order (``pieces``: the blocks are those pieces already)."""
 
     __slots__ = ("_typed_send", "_piece", "_at", "_count")
 
-    def __init__(self, algorithm, engine, value, send):
+    def __init__(self, algorithm, engine, value, send, pieces: bool = False):
         super().__init__(algorithm, engine, value, send)
         self._typed_send = self._typed(value)
         k = engine.num_replicas
         self._piece = (value.shape[0] // k, *value.shape[1:])
         self._count = value.size // k
-        self._at = engine.replica_index_offset * self._count
+        self._at = 0 if pieces else engine.replica_index_offset * self._count
 
     def fill(self, value):
         self._typed_send[...] = value

@@ -14,7 +14,9 @@ result that breaks the contract, and returns the names of the checks that passed
 * ``agree``: equal fingerprints agree, different ones disagree, the same answer on every
   member, and the communicator stays usable after a disagreement (a mismatch); the same
   with ``agree_gather``, whose payloads (when the transport carries them) arrive whole, in
-  member order, at every length up to ``EAGER_MAX_BYTES``;
+  member order, at every length up to ``EAGER_MAX_BYTES``; and with
+  ``eager_index_exchange``, each member's piece for each member (also against a member that
+  agrees by ``agree_gather`` meanwhile);
 * ``zero bytes``: every operation with nothing to move;
 * ``uneven counts``: all-gathers and all-to-alls whose members send different byte counts,
   some of them zero;
@@ -86,6 +88,7 @@ class _Checks:
             raise AssertionError(f"agree over {comm.members} ({self.where}): unusable after "
                                  "a disagreement")
         self.agree_gather()
+        self.index_exchange()
 
     def agree_gather(self) -> None:
         """``agree_gather``: the agreement as :meth:`agree`, with every member's payload
@@ -117,6 +120,41 @@ class _Checks:
                 raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
                                      f"member {me}'s {500 + me} agreed with the others' "
                                      "different fingerprints")
+
+    def index_exchange(self) -> None:
+        """``eager_index_exchange``: piece ``j`` of every member's send reaches member
+        ``j``, in sender order, at piece sizes on either side of where MPI moves them by
+        Bruck's index algorithm, twice each (a reused exchange); a member whose
+        fingerprint differs, or who agrees with an ``agree_gather`` meanwhile, makes every
+        member disagree, and the exchange works afterwards."""
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        for piece in (1, 12, 1000, 3000, 4100, EAGER_MAX_BYTES // n):
+            send, agree = comm.eager_index_exchange(piece)
+            for salt in (2, 3):
+                send[...] = np.concatenate([_bytes(me, piece, salt=salt * n + j)
+                                            for j in range(n)])
+                agreed, pieces = agree(7000 + piece, self.patience("eager_index_exchange"))
+                if not agreed:
+                    raise AssertionError(f"eager_index_exchange over {comm.members} "
+                                         f"({self.where}): equal fingerprints disagreed")
+                if pieces is None:
+                    continue  # (a transport that does not carry payloads)
+                for j, got in enumerate(pieces):
+                    self.expect(f"eager_index_exchange of {piece}-byte pieces, member {j}'s",
+                                got, _bytes(j, piece, salt=salt * n + me))
+            if n == 1:
+                continue
+            if me == n - 1:  # another fingerprint, then another kind of agreement
+                agreed, pieces = agree(1, self.patience("eager_index_exchange"))
+                again = comm.agree_gather(2, _bytes(me, piece * n),
+                                          self.patience("agree_gather"))[0]
+            else:
+                agreed, pieces = agree(7000 + piece, self.patience("eager_index_exchange"))
+                again = agree(7000 + piece, self.patience("eager_index_exchange"))[0]
+            if agreed or pieces is not None or again:
+                raise AssertionError(f"eager_index_exchange over {comm.members} "
+                                     f"({self.where}): member {me} agreed with a member "
+                                     "whose call differed")
 
     def zero_bytes(self) -> None:
         comm, n, empty = self.comm, self.comm.size, np.empty(0, np.uint8)

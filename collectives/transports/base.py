@@ -26,6 +26,9 @@ Contract for implementations (local, MPI, gRPC):
   carry it (it agrees, and the caller runs its ordinary algorithm); MPI carries it.
   :meth:`Communicator.eager_exchange` is its form for a caller that makes the same call
   again and again: it writes its payload in place, into the transport's own send buffer.
+  :meth:`Communicator.eager_index_exchange` is the same for a payload of one piece per
+  member of which each member needs only its own (a small reduce-scatter or all-to-all):
+  the default all-gathers the payloads; MPI moves each piece towards its member only.
 """
 
 from __future__ import annotations
@@ -123,6 +126,39 @@ class Communicator(ABC):
         send buffer of its agreement itself, which saves a copy and a layer a call."""
         send = np.zeros(sizes[self.rank], np.uint8)
         return send, partial(_agree_gather_of, self, send)
+
+    def takes_index(self, piece: int) -> bool:
+        """Whether :meth:`eager_index_exchange` of pieces of ``piece`` bytes is faster than
+        :meth:`eager_exchange` of the whole payloads (the same answer on every member; a
+        caller that gets False uses :meth:`eager_exchange`). This default: False (its
+        :meth:`eager_index_exchange` is :meth:`eager_exchange`)."""
+        return False
+
+    def index_sent_bytes(self, piece: int) -> int:
+        """Payload bytes this member sends in one :meth:`eager_index_exchange` of pieces of
+        ``piece`` bytes (headers not counted, as for :meth:`eager_exchange`: a payload to
+        each other member). This default: its whole payload, ``size * piece``, that many
+        times."""
+        return self.size * piece * (self.size - 1)
+
+    def eager_index_exchange(self, piece: int) -> tuple[np.ndarray, Callable]:
+        """:meth:`eager_exchange` of an all-to-all: ``(send, agree)``. The caller writes one
+        piece of ``piece`` bytes for every member into ``send`` (``uint8[size * piece]``,
+        piece ``j`` for member ``j``; the same memory at every call; ``size * piece`` at
+        most :data:`EAGER_MAX_BYTES`) and calls ``agree(fingerprint, patience) -> (agreed,
+        pieces)``: ``agreed`` as :meth:`agree`, ``pieces[s]`` the piece member ``s`` wrote
+        for this member (``uint8[piece]`` views, valid until the next call on this
+        communicator, read only when agreed; a list handed again, the same object, holds
+        the same views), or None. Members whose fingerprints agree pass the same ``piece``.
+        This default all-gathers every member's whole ``send`` (:meth:`eager_exchange`)
+        and keeps this member's piece of each; MPI sends each piece towards its member
+        only (Bruck's index algorithm, :mod:`collectives.transports.mpi_index`).
+
+        Raises (from ``agree``):
+            CollectiveTimeoutError: as :meth:`agree`.
+        """
+        send, agree = self.eager_exchange((self.size * piece,) * self.size)
+        return send, _PiecesOf(agree, self.rank * piece, piece)
 
     @abstractmethod
     def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
@@ -229,3 +265,28 @@ def _agree_gather_of(comm: Communicator, send: np.ndarray, fingerprint: int,
     """``comm.agree_gather(fingerprint, send, patience)`` (the default
     :meth:`Communicator.eager_exchange`)."""
     return comm.agree_gather(fingerprint, send, patience)
+
+
+class _PiecesOf:
+    """The ``agree`` of the default :meth:`Communicator.eager_index_exchange`: every
+    member's block of :meth:`~Communicator.eager_exchange`'s ``agree``, cut to this
+    member's piece (bytes ``[at, at + piece)``; the views made again only for other
+    blocks)."""
+
+    __slots__ = ("_agree", "_at", "_piece", "_blocks", "_pieces")
+
+    def __init__(self, agree: Callable, at: int, piece: int):
+        self._agree, self._at, self._piece = agree, at, piece
+        self._blocks: object = None
+        self._pieces: list[np.ndarray] = []
+
+    def __call__(self, fingerprint: int, patience: Patience
+                 ) -> tuple[bool, list[np.ndarray] | None]:
+        agreed, blocks = self._agree(fingerprint, patience)
+        if not agreed or blocks is None:
+            return agreed, None
+        if blocks is not self._blocks:
+            at, end = self._at, self._at + self._piece
+            self._pieces = [b[at:end] for b in blocks]
+            self._blocks = blocks
+        return True, self._pieces

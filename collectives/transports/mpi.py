@@ -42,8 +42,8 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
-from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
-from collectives.transports.mpi_agreement import cancel as _cancel
+from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_waits import cancel as _cancel
 from collectives.transports.mpi_communicator import MPICommunicator
 from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
                                               finished)
@@ -244,7 +244,7 @@ class MPITransport(Transport):
         """Withdraw the receives of notices and presence messages (MPI_Finalize would
         report them as leaked)."""
         atexit.unregister(self._stop_listening)
-        requests = [self._notice_request] + [c._agreement.take_listener()
+        requests = [self._notice_request] + [c.take_listener()
                                              for c in self._comms.values()]
         self._notice_request = None
         for request in requests:

@@ -16,85 +16,33 @@ program, an error) never truncates a receive nor hangs one: the blocks arrive, t
 fingerprints differ, and every member takes the descriptor exchange that names the
 difference.
 
-A round cannot say who is late (the partner may wait for another member), so a wait longer
-than :data:`PRESENCE_AFTER_S` tells the other members once that this one is here (its
-fingerprint, point-to-point, tag ``_TAG_PRESENCE``) and names as missing those that have
-not said the same (only a slow wait pays for it).
+A small reduce-scatter or all-to-all may instead send each member only its piece, in the
+same rounds and blocks (:mod:`collectives.transports.mpi_index`). The rounds wait, and
+look for the notices of peers that gave up, with
+:class:`~collectives.transports.mpi_waits.RoundWaits`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
-from collectives.errors import CollectiveTimeoutError, TransportError
-from collectives.options import fits_cores
+from collectives.errors import TransportError
 from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES,
                                          agree_block_bytes)
+from collectives.transports.mpi_waits import NOTICE_POLLS, RoundWaits
 from collectives.waiting import Patience
 
 logger = logging.getLogger(__name__)
 
-#: a wait looks for a peer's notice (MPITransport.abandon) every this many polls
-NOTICE_EVERY = 64
-#: "I am waiting in this agreement" (a slow agreement only)
-_TAG_PRESENCE = 0x1A17
-#: the rounds of an agreement use tags _TAG_ROUND + round
-_TAG_ROUND = 0x1A40
+#: the rounds of an agreement use tags TAG_ROUND + round
+TAG_ROUND = 0x1A40
 #: the most bytes of one block (header and padded payload)
 _BLOCK_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
-#: looks for a notice after an agreement whose blocks were all there at once: a peer that
-#: gave up on this call sent its notice after its block, so it may be queued behind that
-#: block and the peer's presence message (MPICH takes one message off the queue per look;
-#: measured, MPICH 4 over shared memory: a notice behind k other messages needs k + 1
-#: looks). A reused agreement that began soon after the previous one looks once
-#: (:func:`quiet_s`).
-_NOTICE_POLLS = 3
-#: seconds an agreement waits before its members tell each other who is there
-PRESENCE_AFTER_S = 0.5
 #: the most payload sizes whose agreement layout a communicator keeps (:class:`_Layout`)
 _MAX_LAYOUTS = 64
-#: a reused round whose receive is not complete at once polls it this many times more
-#: before the wait that names the missing and yields (:meth:`Rounds._await`): a peer a few
-#: microseconds behind is met without the wait's bookkeeping. None when the instances
-#: outnumber the cores (``CollectiveOptions.arrival_spin_s`` 0), where the peer needs this
-#: core; else less than the wait's own spin (``arrival_spin_s``). ipupod assumption: 50
-#: polls, about 15 us on the 2-core VM.
-SPIN_POLLS = 50
-#: the clock of :func:`quiet_s` (wall seconds)
-_clock = time.monotonic
-
-
-def quiet_s(timeout_s: float) -> float:
-    """Wall seconds from the start of an agreement within which the next agreement of the
-    communicator, when all its blocks are there at once, looks once for a notice instead
-    of :data:`_NOTICE_POLLS` times: half of the shorter of ``timeout_s`` (the job's
-    ``IPUPOD_COLLECTIVE_TIMEOUT_S``) and :data:`PRESENCE_AFTER_S`.
-
-    Why one look is enough there: a member sends its block of call k only after it has
-    every block of call k - 1, this member's among them, which left when this member's
-    agreement k - 1 began. A peer that gives up on call k has waited the timeout since
-    then, and one that says it is present has waited ``PRESENCE_AFTER_S``; so within this
-    time of the start of agreement k - 1 no peer has sent either for call k, and no notice
-    of a timeout can be queued behind another message (a notice of a peer that gave up on
-    an earlier call leaves this call's block unsent: this member waits, and the wait
-    looks for notices). Assumes the instances share the timeout (poprun gives every
-    instance the same environment); halved for margin. (With two instances the one look
-    holds whatever the peer's timeout: a peer that gives up before it would say it is
-    present sent nothing between its block and its notice.)
-    """
-    return min(timeout_s, PRESENCE_AFTER_S) / 2
-
-
-def cancel(request) -> None:
-    """Cancel a pending request after a timeout (best effort: the job is ending)."""
-    try:
-        request.Cancel()
-    except Exception:  # noqa: BLE001 - MPI may refuse; nothing else to do
-        logger.debug("cancelling an MPI request failed", exc_info=True)
 
 
 class _Layout:
@@ -144,24 +92,16 @@ class Rounds:
         self._transport = transport
         self.members = members
         self.rank = rank
-        self._others = tuple(m for m in members if m != members[rank])
+        self.waits = RoundWaits(transport, members, rank)
         self._buffers: tuple[np.ndarray, np.ndarray] | None = None
         self._words: memoryview | None = None  # (the int64 view as a memoryview: cheaper
         # to read and write one word of)
-        self._statuses = [MPI.Status(), MPI.Status()]
-        self._presence = np.zeros(1, np.int64)
-        self._presence_request = None
-        self._presence_sent: list = []
-        self._present: dict[int, int] = {}
+        self._statuses = self.waits.statuses
         # by every member's payload bytes (_Layout.sizes); and the sizes an agree_gather
         # of this member's payload bytes met last
         self._layouts: dict[tuple[int, ...], _Layout] = {}
         self._met: dict[int, tuple[int, ...]] = {}
         self._status = MPI.Status()  # (the receive of a reused round)
-        self._began = -float("inf")  # _clock() at the start of the last agreement
-        self._quiet_s = quiet_s(transport.options.timeout_s)
-        self._spin_polls = SPIN_POLLS if transport.options.arrival_spin_s and fits_cores(
-            len(members)) else 0
 
     def agree_gather(self, comm, fingerprint: int, payload: np.ndarray | None,
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
@@ -207,12 +147,12 @@ class Rounds:
             self._allocate()
             words = self._words
         words[0], words[1] = fingerprint, n
-        began, self._began = self._began, _clock()
+        began = self.waits.begin()
         layout = self._layouts.get(sizes)
         if layout is not None:
             return self._reuse(comm, layout, fingerprint, patience, began)
         return self._rounds(comm, fingerprint, patience, [0], [n], agree_block_bytes(n), 1,
-                            _TAG_ROUND, False, False)
+                            TAG_ROUND, False, False)
 
     def _reuse(self, comm, layout: _Layout, fingerprint: int, patience: Patience,
                began: float) -> tuple[bool, list[np.ndarray] | None]:
@@ -223,50 +163,65 @@ class Rounds:
         own test (fewer MPI calls than one ``Testall`` of both with statuses: measured on
         the 2-core VM, two ranks exchanging 4 KiB, 3.7 against 4.7 us a round).
         """
-        waited, mine, words = False, self._status, self._words
+        waited = False
         for requests, nbytes, checks, state in layout.rounds:
-            recv, send = requests
-            recv.Start()
-            send.Start()
             try:
-                if recv.Test(mine) or self._spin(recv, mine):
-                    got = mine
-                    if not send.Test():
-                        waited = True
-                        self._await(comm, [send], fingerprint, patience)
-                else:
-                    waited = True
-                    self._await(comm, requests, fingerprint, patience)
-                    got = self._statuses[0]
+                got, late = self.reused_round(comm, requests, nbytes, checks, fingerprint,
+                                              patience)
             except BaseException:
                 # cancelled: never again (MPI_Request_free of a cancelled request)
                 self._layouts.pop(layout.sizes, None)
                 layout.free()
                 raise
-            if got.Get_count(MPI.BYTE) == nbytes:
-                for w, length in checks:
-                    if words[w] != fingerprint or words[w + 1] != length:
-                        break
-                else:
-                    continue  # the round as learnt
-            if got is mine:  # (the general loop reads the receive's status there)
-                self._statuses[0] = MPI.Status(mine)
+            waited = waited or late
+            if got is None:
+                continue  # the round as learnt
+            if got is self._status:  # (the general loop reads the receive's status there)
+                self._statuses[0] = MPI.Status(got)
             starts, lengths, end, dist, tag = state
             return self._rounds(comm, fingerprint, patience, list(starts), list(lengths),
                                 end, dist, tag, waited, True)
-        if waited or _clock() - began < self._quiet_s:
-            self._transport.check_notices(1)
-        else:
-            self._transport.check_notices(_NOTICE_POLLS)
+        self.waits.look_for_notices(waited, began)
         return True, layout.blocks
 
-    def _spin(self, recv, status) -> bool:
-        """Poll ``recv`` up to :data:`SPIN_POLLS` times without yielding (none when the
-        job's instances outnumber the cores); whether it completed."""
-        for _ in range(self._spin_polls):
-            if recv.Test(status):
-                return True
-        return False
+    def reused_round(self, comm, requests: list, nbytes: int, checks, fingerprint: int,
+                     patience: Patience) -> tuple[MPI.Status | None, bool]:
+        """Start a round's persistent receive and send (``requests``) and wait for them:
+        ``(status, waited)``, ``status`` None when the receive got ``nbytes`` bytes whose
+        headers at ``checks`` (``(word, length)``: the int64 word of a fingerprint, its
+        length after it) hold ``fingerprint`` and those lengths, else the receive's;
+        ``waited``: whether it waited beyond its spin.
+
+        Raises:
+            As :meth:`await_round` (the requests cancelled).
+        """
+        recv, send = requests
+        recv.Start()
+        send.Start()
+        waited, got = False, self._status
+        if not recv.Test(got) and not self.waits.spin(recv, got):
+            waited = True
+            self.waits.await_round(comm, requests, fingerprint, patience)
+            got = self._statuses[0]
+        elif not send.Test():
+            waited = True
+            self.waits.await_round(comm, [send], fingerprint, patience)
+        if got.Get_count(MPI.BYTE) == nbytes:
+            words = self._words
+            for w, length in checks:
+                if words[w] != fingerprint or words[w + 1] != length:
+                    break
+            else:
+                return None, waited
+        return got, waited
+
+    def buffers(self) -> tuple[np.ndarray, memoryview]:
+        """The receive buffer (``uint8``, room for every member's block at its largest:
+        ``len(members) * agree_block_bytes(EAGER_MAX_BYTES)``) and its int64 words (a
+        memoryview), shared by every agreement of this communicator."""
+        if self._words is None:
+            self._allocate()
+        return self._buffers[0], self._words
 
     def _rounds(self, comm, fingerprint: int, patience: Patience, starts: list[int],
                 lengths: list[int], end: int, dist: int, tag: int, waited: bool,
@@ -319,7 +274,7 @@ class Rounds:
                 requests = [comm.Irecv(recv, source, tag), comm.Isend(send, dest, tag)]
                 if not MPI.Request.Testall(requests, statuses):
                     waited = True
-                    self._await(comm, requests, fingerprint, patience)
+                    self.waits.await_round(comm, requests, fingerprint, patience)
             received = False
             limit, at = end + statuses[0].Get_count(MPI.BYTE), end
             for _ in range(count):
@@ -344,7 +299,7 @@ class Rounds:
                 requests, _, checks, state = rounds[-1]
                 rounds[-1] = (requests, limit - end, tuple(checks), state)
             end, dist, tag = at, dist << 1, tag + 1
-        self._transport.check_notices(1 if waited else _NOTICE_POLLS)
+        self._transport.check_notices(1 if waited else NOTICE_POLLS)
         blocks = []
         for j in range(size):  # block i holds member (rank + i) % size
             i = (j - rank) % size
@@ -377,52 +332,10 @@ class Rounds:
         self._words = memoryview(self._buffers[1])
         return self._buffers
 
-    def _await(self, comm, requests: list, fingerprint: int, patience: Patience) -> None:
-        """Wait for one round's ``requests``, naming the missing members of a slow wait
-        (module docstring); cancels the requests on an error."""
-        patience.waiting_for(self._others)
-        announced, polls, testall = False, 0, MPI.Request.Testall
-        try:
-            while not testall(requests, self._statuses):
-                polls += 1
-                if not polls % NOTICE_EVERY:
-                    self._transport.check_notices()
-                    if announced:
-                        self._hear_presence()
-                        patience.waiting_for([m for m in self._others
-                                              if self._present.get(m) != fingerprint])
-                    elif patience.elapsed() >= PRESENCE_AFTER_S:
-                        announced = True
-                        self._announce(comm, fingerprint)
-                patience.backoff()
-        except BaseException as exc:
-            for r in requests:
-                cancel(r)
-            if isinstance(exc, CollectiveTimeoutError):
-                self._transport.abandon(f"timed out: {exc}")
-            raise
-        patience.waiting_for(())
-
-    def _announce(self, comm, fingerprint: int) -> None:
-        if self._presence_request is None:
-            self._presence_request = comm.Recv_init([self._presence, MPI.BYTE],
-                                                    MPI.ANY_SOURCE, _TAG_PRESENCE)
-            self._presence_request.Start()
-        mine = np.array([fingerprint], np.int64)
-        self._presence_sent = [mine, [comm.Isend([mine, MPI.BYTE], j, _TAG_PRESENCE)
-                                      for j in range(len(self.members)) if j != self.rank]]
-
-    def _hear_presence(self) -> None:
-        """Record every presence message that has arrived (member -> fingerprint)."""
-        request, status = self._presence_request, MPI.Status()
-        while request.Test(status):
-            self._present[self.members[status.Get_source()]] = int(self._presence[0])
-            request.Start()
-
     def take_listener(self):
         """The pending receive of presence messages, if any, for the caller to withdraw
         (at exit: MPI_Finalize would report it as leaked); this object forgets it."""
-        request, self._presence_request = self._presence_request, None
+        request = self.waits.take_listener()
         for layout in self._layouts.values():  # (inactive: freed at once)
             layout.free()
         self._layouts.clear()

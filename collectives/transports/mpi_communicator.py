@@ -19,13 +19,14 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 
 from collectives.options import fits_cores
 from collectives.transports.base import Communicator
-from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_agreement import Rounds
-from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.transports.mpi_early import EarlyCall, EarlyPosting
 from collectives.transports.mpi_early import alltoall_pieces as _alltoall_pieces
 from collectives.transports.mpi_early import counted_pieces as _counted_pieces
 from collectives.transports.mpi_early import displacements as _displacements
+from collectives.transports.mpi_index import IndexRounds
+from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_waits import cancel as _cancel
 from collectives.waiting import Patience
 
 __all__ = ["DATA_SPIN_S", "FLAT_BROADCAST_MAX_MEMBERS", "MPICommunicator",
@@ -95,6 +96,7 @@ class MPICommunicator(EarlyPosting, Communicator):
         self._others = [j for j in range(len(members)) if j != self.rank]
         self._other_members = tuple(members[j] for j in self._others)
         self._agreement = Rounds(transport, members, self.rank)
+        self._index = IndexRounds(self._agreement)
         # (once: os.cpu_count() reads /sys at every call, 4.7 us on the 2-core VM, and a
         # large call waits for its data once or twice)
         self._data_spin_s = data_spin_s(transport.process_count)
@@ -152,6 +154,38 @@ class MPICommunicator(EarlyPosting, Communicator):
                     ) -> tuple[bool, list[np.ndarray]]:
         return self._agreement.agree_sent(self._comm or self._ready(patience), fingerprint,
                                           sizes, patience)
+
+    def eager_index_exchange(self, piece: int) -> tuple[np.ndarray, Callable]:
+        """The send buffer of the index agreement's pieces (written there, not copied), and
+        the agreement (:class:`~collectives.transports.mpi_index.IndexRounds`: Bruck's
+        index algorithm in the agreement's rounds, each piece sent towards its member
+        only) where it is the faster (:meth:`takes_index`); else the all-gather agreement
+        of the whole payloads (:meth:`Communicator.eager_index_exchange`)."""
+        if not self._index.takes(piece):
+            return super().eager_index_exchange(piece)
+        return self._index.send_buffer(piece), partial(self._agree_index, piece)
+
+    def index_sent_bytes(self, piece: int) -> int:
+        if not self._index.takes(piece):
+            return super().index_sent_bytes(piece)
+        return self._index.sent_bytes(piece)
+
+    def takes_index(self, piece: int) -> bool:
+        """:meth:`~collectives.transports.mpi_index.IndexRounds.takes`: where the index
+        agreement's rounds stay within MPICH's eager limit and the all-gather's do not."""
+        return self._index.takes(piece)
+
+    def _agree_index(self, piece: int, fingerprint: int, patience: Patience
+                     ) -> tuple[bool, list[np.ndarray] | None]:
+        return self._index.agree(self._comm or self._ready(patience), fingerprint, piece,
+                                 patience)
+
+    def take_listener(self):
+        """At exit: free the agreements' persistent requests; the pending receive of
+        presence messages, if any, for the caller to withdraw
+        (:meth:`~collectives.transports.mpi_agreement.Rounds.take_listener`)."""
+        self._index.free()
+        return self._agreement.take_listener()
 
     def _flat_broadcast(self, data: np.ndarray) -> bool:
         """Whether :meth:`broadcast` of ``data`` goes point-to-point from the root: between

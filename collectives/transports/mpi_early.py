@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import TransportError
-from collectives.transports.mpi_agreement import cancel
+from collectives.transports.mpi_waits import cancel
 
 logger = logging.getLogger(__name__)
 

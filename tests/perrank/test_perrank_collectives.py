@@ -208,3 +208,98 @@ def test_a_small_call_against_a_large_one_or_another_op_raises_everywhere(strate
                 else "all_gather" in message), message
     out = strategy.run(lambda: C.cross_replica_sum(np.ones(3)))  # still usable
     assert (out[0] == strategy.num_replicas_in_sync).all()
+
+
+#: float32 elements per replica from which a small reduce_scatter or all_to_all of one
+#: replica per instance goes by Bruck's index algorithm in the MPI agreement
+#: (collectives.transports.mpi_index.IndexRounds.takes: 12 KiB at 2, 3 and 4 instances),
+#: and sizes around it
+_INDEX_SIZES = (1024, 2048, 3072, 4000)
+
+
+@pytest.mark.parametrize("count", _INDEX_SIZES)
+def test_small_reduce_scatter_and_all_to_all_give_every_replica_its_pieces(strategy, count):
+    R = strategy.num_replicas_in_sync
+    count -= count % R
+    rows = [np.random.default_rng(100 + r).integers(-1000, 1000, count).astype(np.int32)
+            for r in range(R)]
+    floats = [np.random.default_rng(200 + r).standard_normal(count).astype(np.float32)
+              for r in range(R)]
+
+    def step():
+        r = int(C.replication_index())
+        return (C.reduce_scatter(rows[r]), C.all_to_all(rows[r], 0, 0),
+                C.reduce_scatter(floats[r]), C.cross_replica_sum(floats[r]))
+
+    c = count // R
+    for local, (scattered, exchanged, f_scattered, f_summed) in enumerate(strategy.run(step)):
+        r = popdist.getReplicaIndexOffset() + local
+        assert np.array_equal(scattered, sum(rows)[r * c:(r + 1) * c])
+        assert np.array_equal(exchanged, np.concatenate([x[r * c:(r + 1) * c] for x in rows]))
+        # the same tree of partials as the all-reduce: bit-identical
+        assert np.array_equal(f_scattered, f_summed[r * c:(r + 1) * c])
+    if popdist.getNumLocalReplicas() == 1:  # (the one-replica path)
+        # the bytes sent: each piece as often as it moves (index), else the whole payload
+        # to every other instance
+        from types import SimpleNamespace
+
+        from collectives.transports.mpi_index import IndexRounds
+
+        C.reset_stats()
+        strategy.run(lambda: C.reduce_scatter(rows[int(C.replication_index())]))
+        index = IndexRounds(SimpleNamespace(members=tuple(range(R)), rank=0))
+        want = index.sent_bytes(4 * c) if index.takes(4 * c) else 4 * count * (R - 1)
+        assert C.stats()["reduce_scatter"].transport_bytes == want
+
+
+@pytest.mark.parametrize("other", ["cross_replica_sum", "all_to_all", "large"])
+def test_an_index_call_against_another_call_raises_everywhere(strategy, other):
+    # the reduce_scatter goes by the index agreement where the others go by the all-gather
+    # (cross_replica_sum), another index call (all_to_all of the same bytes), or a
+    # fingerprint alone (large): every replica gets the mismatch, and nothing is left behind
+    R, last = strategy.num_replicas_in_sync, strategy.num_replicas_in_sync - 1
+    count = 3072 - 3072 % R
+
+    def step():
+        r = int(C.replication_index())
+        x = np.full(count, r, np.float32)
+        try:
+            if r != last:
+                C.reduce_scatter(x, name="idx")
+            elif other == "cross_replica_sum":
+                C.cross_replica_sum(x, name="idx")
+            elif other == "all_to_all":
+                C.all_to_all(x, 0, 0, name="idx")
+            else:  # 256 KiB: not eager
+                C.reduce_scatter(np.full(count * 22, r, np.float32), name="idx")
+        except C.CollectiveMismatchError as exc:
+            return str(exc)
+        return "no error"
+
+    for message in strategy.run(step):
+        assert "reduce_scatter" in message and "'idx'" in message, message
+        assert other in message if other != "large" else "shape" in message, message
+    x = np.arange(count, dtype=np.float32)
+    c = count // R
+    for local, got in enumerate(strategy.run(lambda: C.reduce_scatter(x))):
+        r = popdist.getReplicaIndexOffset() + local
+        assert np.array_equal(got, x[r * c:(r + 1) * c] * R)
+
+
+def test_more_index_sizes_than_the_agreement_keeps(strategy):
+    # 70 reduce_scatter sizes that go by the index agreement at this instance count (one
+    # replica per instance; elsewhere the all-gather's): the oldest layouts are freed past
+    # 64 and made again when used again
+    from types import SimpleNamespace
+
+    from collectives.transports.mpi_index import IndexRounds
+
+    R = strategy.num_replicas_in_sync
+    index = IndexRounds(SimpleNamespace(members=tuple(range(R)), rank=0))
+    chunks = [c for c in range(1, 2048) if index.takes(4 * c)][:70]
+    assert len(chunks) == 70 or R > 16, chunks
+    for c in chunks + chunks[:3]:
+        x = np.arange(c * R, dtype=np.float32)
+        for local, got in enumerate(strategy.run(lambda: C.reduce_scatter(x))):
+            r = popdist.getReplicaIndexOffset() + local
+            assert np.array_equal(got, x[r * c:(r + 1) * c] * R), c

@@ -52,7 +52,7 @@ def _forge(length: int) -> None:
     members = tuple(range(engine.transport.process_count))
     comm = engine.transport.communicator(members)._ready(
         engine.data_patience(_Label(), members))
-    tag = mpi_agreement._TAG_ROUND
+    tag = mpi_agreement.TAG_ROUND
     block = np.zeros(mpi_agreement._BLOCK_CAPACITY, np.uint8)
     status = MPI.Status()
     comm.Recv([block, MPI.BYTE], 3, tag, status)  # instance 3's own block (round 1)
