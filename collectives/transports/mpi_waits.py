@@ -1,4 +1,5 @@
-"""The waits of the MPI agreement's rounds (:class:`~collectives.transports.mpi_agreement.Rounds`,
+"""The waits of the MPI agreement's rounds
+(:class:`~collectives.transports.mpi_agreement.Rounds`,
 :class:`~collectives.transports.mpi_index.IndexRounds`), one :class:`RoundWaits` per
 communicator: a round polls its receive a little without yielding (:meth:`RoundWaits.spin`),
 then waits with the call's :class:`~collectives.waiting.Patience`
@@ -44,11 +45,11 @@ NOTICE_POLLS = 3
 #: seconds an agreement waits before its members tell each other who is there
 PRESENCE_AFTER_S = 0.5
 #: a reused round whose receive is not complete at once polls it this many times more
-#: before the wait that names the missing and yields (:meth:`RoundWaits.await_round`): a peer a few
-#: microseconds behind is met without the wait's bookkeeping. None when the instances
-#: outnumber the cores (``CollectiveOptions.arrival_spin_s`` 0), where the peer needs this
-#: core; else less than the wait's own spin (``arrival_spin_s``). ipupod assumption: 50
-#: polls, about 15 us on the 2-core VM.
+#: before the wait that names the missing and yields (:meth:`RoundWaits.await_round`): a
+#: peer a few microseconds behind is met without the wait's bookkeeping. None when the
+#: instances outnumber the cores (``CollectiveOptions.arrival_spin_s`` 0), where the peer
+#: needs this core; else less than the wait's own spin (``arrival_spin_s``). ipupod
+#: assumption: 50 polls, about 15 us on the 2-core VM.
 SPIN_POLLS = 50
 #: the clock of :func:`quiet_s` (wall seconds)
 _clock = time.monotonic
@@ -140,7 +141,8 @@ class RoundWaits:
 
     def await_round(self, comm, requests: list, fingerprint: int, patience: Patience) -> None:
         """Wait for one round's ``requests`` (its receive first, whose status
-        :meth:`round_status` then holds), naming the missing members of a slow wait (module docstring); cancels the requests on an error."""
+        :meth:`round_status` then holds), naming the missing members of a slow wait
+        (module docstring); cancels the requests on an error."""
         patience.waiting_for(self._others)
         announced, polls, testall = False, 0, MPI.Request.Testall
         try:
