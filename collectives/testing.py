@@ -20,8 +20,8 @@ result that breaks the contract, and returns the names of the checks that passed
 * ``zero bytes``: every operation with nothing to move;
 * ``uneven counts``: all-gathers and all-to-alls whose members send different byte counts,
   some of them zero;
-* ``equal blocks``: ``allgather``, ``alltoall_to``, ``allgatherv_to``, ``allgatherv_into``,
-  ``broadcast`` from every root;
+* ``equal blocks``: ``allgather``, ``alltoall_to``, ``allgatherv_to`` (also of 6 MiB
+  pieces), ``allgatherv_into``, ``broadcast`` from every root;
 * ``sub-communicators``: the same checks on the communicators of the first and the second half
   of the instances (each member on its own half), then the job's communicator again;
 * ``timeout`` (``timeouts=True``, last, since a transport may stop after one, MPI tells the
@@ -239,6 +239,13 @@ class _Checks:
                 self.expect(f"broadcast of {size} bytes from {root}",
                             comm.broadcast(data, root, self.patience("broadcast")),
                             _bytes(root, size))
+        # an all-gather into the caller's result of large pieces (MPI copies its own into
+        # the result first from 5 MiB and sends it from there)
+        size = (6 << 20) + 3
+        want = np.concatenate([_bytes(j, size) for j in range(n)])
+        self.expect(f"allgatherv_to of {size} bytes a member",
+                    comm.allgatherv_to(_bytes(me, size), np.zeros(size * n, np.uint8),
+                                       [size] * n, self.patience("allgatherv_to")), want)
 
     def all(self) -> list[str]:
         done = []
