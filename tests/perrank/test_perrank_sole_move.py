@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
 #: elements of a float32 input past the eager limit (so the call moves its data after
-#: its agreement), divisible by every group size up to 4 and by 8
-_N = (EAGER_MAX_BYTES // 4 // 24 + 1) * 24
+#: its agreement), divisible by every group size up to 4 and by 6, 8, 12 and 16
+_N = (EAGER_MAX_BYTES // 4 // 48 + 1) * 48
 
 _ADD, _MIN = CollectiveOperator.ADD, CollectiveOperator.MIN
 
