@@ -131,7 +131,8 @@ class Communicator(ABC):
         """Whether :meth:`eager_index_exchange` of pieces of ``piece`` bytes is faster than
         :meth:`eager_exchange` of the whole payloads (the same answer on every member; a
         caller that gets False uses :meth:`eager_exchange`). This default: False (its
-        :meth:`eager_index_exchange` is :meth:`eager_exchange`)."""
+        :meth:`eager_index_exchange` all-gathers the whole payloads, as
+        :meth:`eager_exchange` does)."""
         return False
 
     def index_sent_bytes(self, piece: int) -> int:
