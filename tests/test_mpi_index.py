@@ -12,8 +12,8 @@ import pytest
 
 from collectives.errors import TransportError
 from collectives.transports.base import agree_block_bytes
-from collectives.transports.mpi_index import (EAGER_LIMIT_BYTES, IndexRounds, _fingerprints,
-                                              index_rounds)
+from collectives.transports.mpi_agreement import read_blocks
+from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds, index_rounds
 
 
 @pytest.mark.parametrize("size", range(1, 18))
@@ -58,14 +58,14 @@ def test_blocks_that_a_message_does_not_hold_are_refused_naming_the_sender():
     words[0], words[1] = 5, 8  # [fingerprint 5, 8 bytes | payload]
     words[3], words[4] = 6, 0  # [fingerprint 6, 0 bytes]
     view = memoryview(words)
-    assert _fingerprints(view, 0, 40, 2, 3) == [5, 6]
+    assert read_blocks(view, 0, 40, 2, 3) == [(0, 8), (24, 0)]
     for limit, count in ((40, 3), (32, 2), (48, 2)):
         with pytest.raises(TransportError, match="malformed agreement message from "
                                                  "instance 3"):
-            _fingerprints(view, 0, limit, count, 3)
+            read_blocks(view, 0, limit, count, 3)
     words[1] = 1 << 40
     with pytest.raises(TransportError, match="from instance 3"):
-        _fingerprints(view, 0, 40, 2, 3)
+        read_blocks(view, 0, 40, 2, 3)
 
 
 def test_the_pieces_sent_are_counted_each_time_they_move():

@@ -45,6 +45,30 @@ _BLOCK_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
 _MAX_LAYOUTS = 64
 
 
+def read_blocks(words: memoryview, at: int, limit: int, count: int, sender: int
+                ) -> list[tuple[int, int]]:
+    """``(start, payload length)`` of the ``count`` blocks ``[fingerprint, length |
+    payload]`` that fill bytes ``[at, limit)`` of the buffer whose int64 ``words`` these
+    are: a round's message from instance ``sender``. Every block is bounded by what the
+    message holds, so a message that is not an ipupod peer's cannot index outside it.
+
+    Raises:
+        TransportError: blocks that the message does not hold, or bytes left after them
+            (naming instance ``sender``).
+    """
+    blocks, start = [], at
+    for _ in range(count):
+        length = int(words[(at >> 3) + 1]) if at + AGREE_HEADER_BYTES <= limit else -1
+        if not 0 <= length <= EAGER_MAX_BYTES or at + agree_block_bytes(length) > limit:
+            break
+        blocks.append((at, length))
+        at += agree_block_bytes(length)
+    if len(blocks) != count or at != limit:
+        raise TransportError(f"a malformed agreement message from instance {sender}: "
+                             f"{limit - start} bytes for {count} blocks")
+    return blocks
+
+
 class _Layout:
     """The messages of an agreement as learnt from an agreed call in which the members sent
     ``sizes`` payload bytes. A later call expected to carry as many (its caller says so,
@@ -276,29 +300,20 @@ class Rounds:
                     waited = True
                     self.waits.await_round(comm, requests, fingerprint, patience)
             received = False
-            limit, at = end + statuses[0].Get_count(MPI.BYTE), end
-            for _ in range(count):
+            limit = end + statuses[0].Get_count(MPI.BYTE)
+            for at, length in read_blocks(words, end, limit, count,
+                                          self.members[(rank + dist) % size]):
                 w = at >> 3
-                length = int(words[w + 1]) if at + AGREE_HEADER_BYTES <= limit else -1
-                if not 0 <= length <= EAGER_MAX_BYTES \
-                        or at + agree_block_bytes(length) > limit:
-                    at = -1  # (a block that its message does not hold)
-                    break
                 if words[w] != fingerprint:
                     agreed = False
                 if learn:
                     rounds[-1][2].append((w, length))
                 starts.append(at)
                 lengths.append(length)
-                at += agree_block_bytes(length)
-            if at != limit:
-                raise TransportError(f"a malformed agreement message from instance "
-                                     f"{self.members[(rank + dist) % size]}: "
-                                     f"{limit - end} bytes for {count} blocks")
             if learn:
                 requests, _, checks, state = rounds[-1]
                 rounds[-1] = (requests, limit - end, tuple(checks), state)
-            end, dist, tag = at, dist << 1, tag + 1
+            end, dist, tag = limit, dist << 1, tag + 1
         self._transport.check_notices(1 if waited else NOTICE_POLLS)
         blocks = []
         for j in range(size):  # block i holds member (rank + i) % size

@@ -39,7 +39,7 @@ from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import TransportError
 from collectives.transports.base import AGREE_HEADER_BYTES, EAGER_MAX_BYTES, agree_block_bytes
-from collectives.transports.mpi_agreement import TAG_ROUND, Rounds
+from collectives.transports.mpi_agreement import TAG_ROUND, Rounds, read_blocks
 from collectives.waiting import Patience
 
 __all__ = ["EAGER_LIMIT_BYTES", "IndexRounds", "index_rounds"]
@@ -127,6 +127,10 @@ class IndexRounds:
         self._rounds = rounds
         self._size, self._rank = len(rounds.members), rounds.rank
         self._plan = index_rounds(self._size)
+        # per round, its receive region in the shared buffer (the all-gather's: after this
+        # member's own block, ``count`` blocks a round)
+        self._regions = [_CAPACITY * (1 + sum(count for _, count, _ in self._plan[:k]))
+                         for k in range(len(self._plan))]
         self._sends: dict[int, _Sends] = {}
         self._layouts: dict[int, _Layout] = {}
 
@@ -194,15 +198,6 @@ class IndexRounds:
         rounds.waits.look_for_notices(waited, began)
         return True, layout.pieces
 
-    def _regions(self) -> list[int]:
-        """Per round, the offset of its receive region in the shared buffer (the
-        all-gather's: after this member's own block, ``count`` blocks a round)."""
-        at, regions = _CAPACITY, []
-        for _, count, _ in self._plan:
-            regions.append(at)
-            at += count * _CAPACITY
-        return regions
-
     def _layout(self, comm, piece: int, sends: _Sends) -> _Layout:
         """Make the persistent requests of ``piece`` (the first call of that size)."""
         size, rank, plan = self._size, self._rank, self._plan
@@ -211,7 +206,7 @@ class IndexRounds:
         headers = MPI.Get_address(sends.headers)
         forward = headers + AGREE_HEADER_BYTES * len(plan)  # [fingerprint, 0]
         pad = forward + AGREE_HEADER_BYTES  # (8 zero bytes)
-        regions = self._regions()
+        regions = self._regions
         where: dict[int, np.ndarray] = {}  # slot -> where it lies after the rounds so far
         layout = _Layout()
         try:
@@ -272,7 +267,7 @@ class IndexRounds:
         rounds = self._rounds
         buf, words = rounds.buffers()
         size, rank = self._size, self._rank
-        regions = self._regions()
+        regions = self._regions
         held = [fingerprint] * (1 + sum(count for _, count, _ in self._plan[:at]))
         for k in range(at, len(self._plan)):
             dist, count, _ = self._plan[k]
@@ -286,34 +281,12 @@ class IndexRounds:
                                        TAG_ROUND + k)]
                 rounds.waits.await_round(comm, requests, fingerprint, patience)
                 received = rounds.waits.round_status().Get_count(MPI.BYTE)
-            held += _fingerprints(words, region, region + received, count,
-                                  rounds.members[(rank + dist) % size])
+            held += [int(words[at >> 3]) for at, _ in read_blocks(
+                words, region, region + received, count, rounds.members[(rank + dist) % size])]
         rounds.waits.look_for_notices(True, 0.0)
         if all(f == fingerprint for f in held):
             raise TransportError(
                 "an agreement whose fingerprints agree but whose pieces did not arrive as "
                 "sent (a peer that is not this version of ipupod?)")
         return False, None
-
-
-def _fingerprints(words: memoryview, at: int, limit: int, count: int, sender: int
-                  ) -> list[int]:
-    """The fingerprints of the ``count`` blocks ``[fingerprint, length | payload]`` at bytes
-    ``[at, limit)`` of the buffer whose int64 ``words`` these are.
-
-    Raises:
-        TransportError: blocks that the message does not hold (naming instance ``sender``).
-    """
-    found, start = [], at
-    for _ in range(count):
-        w = at >> 3
-        length = int(words[w + 1]) if at + AGREE_HEADER_BYTES <= limit else -1
-        if not 0 <= length <= EAGER_MAX_BYTES or at + agree_block_bytes(length) > limit:
-            break
-        found.append(int(words[w]))
-        at += agree_block_bytes(length)
-    if len(found) != count or at != limit:
-        raise TransportError(f"a malformed agreement message from instance {sender}: "
-                             f"{limit - start} bytes for {count} blocks")
-    return found
 
