@@ -17,8 +17,15 @@ pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
 
 #: float32 elements: 4 MiB, above every threshold of the early path
 _N = 1 << 20
-#: the same for an all_to_all: 6 MiB, divisible by every replica count the suite runs
+#: the same for an all_to_all: 6 MiB, cut to a multiple of the replica count
+#: (:func:`_n_split`)
 _N_SPLIT = 3 << 19
+
+
+def _n_split(R: int) -> int:
+    """:data:`_N_SPLIT` less its remainder by ``R``: an all_to_all's input splits into
+    ``R`` blocks (6 MiB itself is divisible by 2, 3, 4, 6, 8, 12 and 16, not by 5)."""
+    return _N_SPLIT - _N_SPLIT % R
 
 
 def _posts_early() -> bool:
@@ -33,12 +40,13 @@ def _posts_early() -> bool:
 
 def test_early_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
     R = strategy.num_replicas_in_sync
+    n_split = _n_split(R)
     # (the communicator's first call makes it, so posts nothing early: not this one)
     strategy.run(lambda: C.cross_replica_sum(np.ones(1, np.float32)))
 
     def step():  # odd replicas post an all_to_all early, even ones a broadcast
         r = int(C.replication_index())
-        x = np.full(_N_SPLIT, r, np.float32)
+        x = np.full(n_split, r, np.float32)
         return _mismatch(lambda: C.all_to_all(x, 0, 0) if r % 2 else C.broadcast(x))
 
     for message in strategy.run(step):
@@ -47,11 +55,11 @@ def test_early_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
         # its sends to the instances that called broadcast are never received
         assert get_engine().transport.orphans
     # the same signature again, twice: every block comes from this call's senders
-    block = _N_SPLIT // R
+    block = n_split // R
     for call in range(2):
         def same(call=call):
             r = int(C.replication_index())
-            return C.all_to_all(np.arange(_N_SPLIT, dtype=np.float32) + 1000 * r + call, 0, 0)
+            return C.all_to_all(np.arange(n_split, dtype=np.float32) + 1000 * r + call, 0, 0)
 
         for r, result in zip(_local_replicas(strategy), strategy.run(same)):
             want = np.concatenate([np.arange(r * block, (r + 1) * block, dtype=np.float32)

@@ -21,7 +21,10 @@ _PAIR = _exchange.PAIR_ALLREDUCE_MAX_BYTES
 
 
 def _groups(R: int) -> list:
-    return [ALL] + ([C.CommGroup(C.CommGroupType.ORTHOGONAL, R // 2)] if R >= 4 else [])
+    """ALL, and from 4 replicas orthogonal groups of R's largest proper divisor (R // 2
+    when R is even; none when R is prime)."""
+    size = next((R // p for p in range(2, R) if R % p == 0), 1)
+    return [ALL] + ([C.CommGroup(C.CommGroupType.ORTHOGONAL, size)] if size > 1 else [])
 
 
 def _cases(R: int) -> list[Case]:
