@@ -50,7 +50,7 @@ def _local_groups(num_replicas: int, num_local_replicas: int, offset: int,
 #: part in (:func:`reduction_groups`)
 ReductionGroups = tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
                               tuple[tuple[int, int], ...],
-                              "tuple[tuple[Node, ...], ...] | None"], ...]
+                              tuple[tuple[Node, ...], ...] | None], ...]
 
 
 def reduction_groups(engine, group: CommGroup) -> ReductionGroups:

@@ -44,7 +44,7 @@ def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
 class GrpcCommunicator(Communicator):
     """A communicator of ``members`` over the transport's peer channels."""
 
-    def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):
+    def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):  # noqa: F821
         self._transport = transport
         self.members = members
         self.rank = members.index(transport.process_index)
