@@ -281,7 +281,7 @@ class IndexRounds:
                                        TAG_ROUND + k)]
                 rounds.waits.await_round(comm, requests, fingerprint, patience)
                 received = rounds.waits.round_status().Get_count(MPI.BYTE)
-            held += [int(words[at >> 3]) for at, _ in read_blocks(
+            held += [int(words[start >> 3]) for start, _ in read_blocks(
                 words, region, region + received, count, rounds.members[(rank + dist) % size])]
         rounds.waits.look_for_notices(True, 0.0)
         if all(f == fingerprint for f in held):
