@@ -1,4 +1,5 @@
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -31,3 +32,38 @@ def local_system():
 
     yield make
     ipu_node.reset_ipu_configuration()
+
+
+# Tests by layer: a test that starts a process (poprun, mpirun, a child interpreter), runs a
+# whole training job or waits out a timeout of seconds is marked ``slow``, so that
+# ``pytest -m "not slow"`` runs the unit layer alone (under 30 s on 2 cores). An unmarked test
+# that starts a process fails here, naming the command, instead of quietly joining the unit
+# layer.
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: starts processes (poprun, mpirun, a child interpreter), runs a "
+                   "whole job or waits out timeouts; deselect with -m 'not slow' to run the unit layer alone")
+
+
+class _UnmarkedProcessError(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_when_marked(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    def refuse(self, args, *rest, **kw):
+        raise _UnmarkedProcessError(
+            f"{request.node.nodeid} starts a process ({args!r}) but is not marked "
+            "'slow' (tests/conftest.py): mark it with @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+
+    def refuse_fork():
+        raise _UnmarkedProcessError(
+            f"{request.node.nodeid} forks but is not marked 'slow' (tests/conftest.py)")
+
+    monkeypatch.setattr(os, "fork", refuse_fork)
+    yield

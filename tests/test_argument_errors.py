@@ -46,6 +46,7 @@ def test_an_error_after_replicas_diverged_says_it_cannot_be_recovered(local_syst
         strategy.run(lambda: C.cross_replica_sum(np.ones(2)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [[], ["--launcher", "local", "--transport", "grpc"]],
                          ids=["mpi", "grpc"])
 def test_argument_errors_leave_two_instances_usable(backend):

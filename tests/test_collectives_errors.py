@@ -89,6 +89,7 @@ def test_a_replica_that_skips_a_collective_is_named(strategy):
         strategy.run(lambda: C.cross_replica_sum(np.ones(2)))
 
 
+@pytest.mark.slow
 def test_a_late_replica_gets_a_stall_warning_then_a_timeout(strategy, caplog):
     def fn(r):
         if r == 0:

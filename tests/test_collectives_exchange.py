@@ -211,6 +211,7 @@ def test_subtree_exchange_gives_the_tree_of_the_positions(n, blocks, op, dtype):
             assert owned[i].tobytes() == want[i][b[rank]:b[rank + 1]].tobytes(), (rank, i)
 
 
+@pytest.mark.slow
 def test_large_cases_on_three_one_replica_instances():
     job = poprun(["-n", "3", "--num-replicas", "3", PYTHON, "-m", "pytest",
                   "tests/perrank/test_perrank_large.py", "-q", "-p", "no:cacheprovider"],

@@ -26,6 +26,7 @@ from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (3, 3), (4, 4), (4, 8),
                                                 (3, 6)])
 def test_per_rank_suite(instances, replicas):
@@ -43,6 +44,7 @@ def test_per_rank_suite(instances, replicas):
     assert len(set(counts.values())) == 1 and int(counts["0"]) >= 10, job.stdout
 
 
+@pytest.mark.slow
 def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
     # 3 x 6 over gRPC: instances that send one partial per node of their block
     # (collectives._exchange.exchange_subtrees) through gRPC's alltoallv
@@ -55,6 +57,7 @@ def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
     assert len(set(counts.values())) == 1 and int(counts["0"]) >= 10, job.stdout
 
 
+@pytest.mark.slow
 def test_prepared_large_calls_over_grpc_at_three_instances():
     # gRPC posts nothing before the agreement: from 3 instances the prepared calls
     # (collectives._sole_move, _sole_reduce) run there, with a member in the middle of the
@@ -89,6 +92,7 @@ def load(directory, replicas: int) -> list[dict]:
     return [dict(np.load(directory / f"replica{r}.npz")) for r in range(replicas)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [8, 6])
 def test_single_instance_layout_matches_the_oracle(single_instance, replicas):
     cases = all_cases(replicas)
@@ -103,6 +107,7 @@ def test_single_instance_layout_matches_the_oracle(single_instance, replicas):
             assert results[key].tobytes() == blob.tobytes(), f"{key} on replica {r}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas, instances", [(8, 2), (8, 4), (8, 8), (6, 2), (6, 3)])
 def test_layouts_are_bit_identical(single_instance, tmp_path, replicas, instances):
     # 6 replicas: blocks the tree cuts (2 x 3: the tree of 6 is [0, 4) + [4, 6); 3 x 2:
@@ -123,6 +128,7 @@ def test_layouts_are_bit_identical(single_instance, tmp_path, replicas, instance
 FAST = {"IPUPOD_COLLECTIVE_TIMEOUT_S": "3", "IPUPOD_STALL_WARNING_S": "1"}
 
 
+@pytest.mark.slow
 def test_an_instance_that_ends_early_fails_the_job_naming_it():
     job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m",
                   "tests.perrank.diverge_prog", "exit"], timeout_s=60, env=FAST)
@@ -132,6 +138,7 @@ def test_an_instance_that_ends_early_fails_the_job_naming_it():
     assert "cross_replica_sum #1 ('second')" in job.stdout
 
 
+@pytest.mark.slow
 def test_a_stalled_instance_gets_a_warning_then_a_timeout_naming_it():
     job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m",
                   "tests.perrank.diverge_prog", "stall"], timeout_s=25, env=FAST)
@@ -143,6 +150,7 @@ def test_a_stalled_instance_gets_a_warning_then_a_timeout_naming_it():
 
 # -- faults of an MPI job (issue 10's audit): each ends within about the timeout ----------
 
+@pytest.mark.slow
 def test_a_peer_late_for_the_first_collective_times_out_after_the_timeout():
     # no communicator exists yet when instance 0 arrives: it must not wait for instance 1
     # (8 s late) in a blocking communicator creation
@@ -156,6 +164,7 @@ def test_a_peer_late_for_the_first_collective_times_out_after_the_timeout():
                      r"up on the job's collectives \(timed out", out), out
 
 
+@pytest.mark.slow
 def test_a_late_peer_gets_no_result_for_a_call_the_others_gave_up():
     job = poprun(["-n", "2", PYTHON, "-m", "tests.programs.mpi_faults", "late-later", "5"],
                  timeout_s=20, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "3"})
@@ -168,6 +177,7 @@ def test_a_late_peer_gets_no_result_for_a_call_the_others_gave_up():
     assert "second ok" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("timeout_s, steps, looks", [
     ("4", ["0.001", "1.0", "0.1", "0.3", "0.2"], "3 1 3 1 3 1"),  # quiet: 0.25 s
     ("0.2", ["0.05", "0.15", "0.09"], "3 1 3 1")])               # quiet: 0.1 s
@@ -181,6 +191,7 @@ def test_an_agreement_soon_after_the_last_looks_once_for_a_notice(timeout_s, ste
     assert f"LOOKS {looks}\n" in job.stdout, job.stdout + job.stderr
 
 
+@pytest.mark.slow
 def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():
     # the timeout (60 s) is far beyond the job's hard limit
     job = poprun(["-n", "2", "--num-replicas", "4", PYTHON, "-m", "tests.programs.mpi_faults",
@@ -191,6 +202,7 @@ def test_a_caught_divergence_ends_the_job_without_waiting_for_the_timeout():
     assert "[1,1]<stdout>:RESULT caught CollectiveMismatchError" in out, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", [1 << 40, -8])
 def test_a_forged_agreement_message_is_refused_naming_its_sender(length):
     # instance 2 passes on a valid block in round 1, then sends instance 0 a round-2
@@ -204,6 +216,7 @@ def test_a_forged_agreement_message_is_refused_naming_its_sender(length):
     assert "Traceback" not in out and "IndexError" not in out, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["cross_replica_sum", "reduce_scatter"])
 def test_a_stalled_instance_among_three_is_named_alone(op):
     # the agreement is a reduction, which cannot say who is late; a slow one asks who is there

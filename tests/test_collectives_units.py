@@ -179,6 +179,7 @@ def test_deferred_ledger_entries_give_the_figures_of_immediate_ones(monkeypatch)
     assert len(deferred[-1]) == 500 and deferred[-1][-1].modelled_s is not None
 
 
+@pytest.mark.slow
 def test_import_collectives_loads_neither_mpi4py_nor_grpc():
     code = ("import sys, collectives, collectives.strategies; "
             "bad = [m for m in ('mpi4py', 'grpc', 'poprun', 'launch') if m in sys.modules]; "

@@ -25,6 +25,7 @@ def test_local_transport_conforms():
         "equal blocks over [0]"]
 
 
+@pytest.mark.slow
 def test_mpi_transport_conforms():
     job = poprun(["-n", "3", PYTHON, "-m", "tests.programs.conformance"], timeout_s=60)
     out = job.stdout + job.stderr
@@ -54,6 +55,7 @@ def _in_threads(fns, limit_s: float = 60):
     return results
 
 
+@pytest.mark.slow
 def test_grpc_transport_conforms():
     from collectives.transports.grpc import GrpcTransport
     from launch.coordinator import CoordinatorServer

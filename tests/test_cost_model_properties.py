@@ -18,6 +18,9 @@ from ipu_node.systems import get_system_model
 OPS = ("cross_replica_sum", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 # one system per topology (the BOW-POD* share their POD's links: checked once below)
 SYSTEMS = ("C2-16", "POD4", "POD16", "POD64", "POD128", "POD256")
+# the POD128/POD256 sweeps take seconds each: in the slow layer (tests/conftest.py)
+SYSTEM_CASES = [pytest.param(s, marks=pytest.mark.slow) if s in ("POD128", "POD256") else s
+                for s in SYSTEMS]
 RESNET50_FP16 = 25_557_032 * 2
 
 
@@ -31,7 +34,7 @@ def consecutive(n: int, k: int) -> list[tuple[int, ...]]:
     return [tuple(range(g * k, g * k + k)) for g in range(n // k)]
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", SYSTEM_CASES)
 def test_no_step_and_monotone_in_bytes(system):
     cost = full(system)
     sizes = sorted({*range(1, 4200, 37), 2047, 2048, 2049, 8, 9, 1 << 16, 1 << 20,
@@ -53,7 +56,7 @@ def test_no_step_and_monotone_in_bytes(system):
             assert 0 <= step <= phases * n * d / 12.5e9, (op, s, step)
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", SYSTEM_CASES)
 def test_auto_is_never_beaten_by_a_flat_method(system):
     cost = full(system)
     for size in (8, 2049, 1 << 20, RESNET50_FP16):
@@ -65,7 +68,7 @@ def test_auto_is_never_beaten_by_a_flat_method(system):
                     (op, size, method)
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", SYSTEM_CASES)
 def test_monotone_in_consecutive_group_size(system):
     """CONSECUTIVE(k) groups (all of them running at once) never get cheaper as k doubles,
     for every op but all_to_all, over the sizes of a ResNet-50 step and the latency-bound

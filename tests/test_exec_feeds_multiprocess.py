@@ -5,9 +5,12 @@ does, and each instance's outfeed holds its own local replicas' values."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.procs import PYTHON, describe, poprun
 from tests.programs import infeed_layout
+
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py)
 
 
 def test_two_instances_feed_replicas_by_global_index(tmp_path):

@@ -7,6 +7,8 @@ import pytest
 
 from tests.procs import PROGRAMS, poprun
 
+pytestmark = pytest.mark.slow  # whole training jobs (tests/conftest.py)
+
 SUITE = str(PROGRAMS / "collectives_suite.py")
 TRAIN = str(PROGRAMS / "train_small.py")
 
@@ -81,6 +83,7 @@ def test_grpc_results_match_numpy(suite_results):
         np.testing.assert_array_equal(res[(i, "broadcast")], data(950, 0, np.float32))
 
 
+@pytest.mark.slow
 def test_training_checkpoints_identical_under_grpc_and_mpi(tmp_path):
     outs = {}
     for name, args in (("grpc", ["--launcher", "local", "--transport", "grpc"]),

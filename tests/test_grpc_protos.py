@@ -34,6 +34,7 @@ def test_generated_modules_import_as_package_modules():
     assert coordinator_pb2_grpc.protos_dot_coordinator__pb2.__name__ == "protos.coordinator_pb2"
 
 
+@pytest.mark.slow
 def test_import_collectives_loads_no_grpc():
     code = ("import sys, collectives, collectives.transports, protos; "
             "print(sorted(m for m in ('grpc', 'mpi4py', 'google.protobuf') if m in sys.modules))")

@@ -69,6 +69,7 @@ def test_the_token_is_checked_before_the_request_is_parsed(coordinator, monkeypa
     assert parsed == [] and not server.coordinator.status().aborted
 
 
+@pytest.mark.slow
 def test_concurrent_barriers_cannot_hold_every_coordinator_thread(coordinator):
     server, channel = coordinator
     stub = cpb_grpc.CoordinatorStub(channel)

@@ -163,6 +163,7 @@ def test_offer_from_another_host_is_not_mapped(mixed_hosts):
 
 # -- whole jobs -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_nothing_left_in_dev_shm_after_a_normal_run(tmp_path):
     before = shm_entries()
     out = tmp_path / "sum.npy"
@@ -173,6 +174,7 @@ def test_nothing_left_in_dev_shm_after_a_normal_run(tmp_path):
     assert left_in_shm(before) == set()
 
 
+@pytest.mark.slow
 def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
     """Figures: 16 MiB per collective (through the ring), instance 1 SIGKILLed from a thread
     2 ms into a collective; instance 0 raises PeerLostError naming it within 10 s, poprun

@@ -99,8 +99,22 @@ def test_sub_communicator(job):
 
 
 def test_barrier(job):
+    # No member leaves the barrier before the last one reached it: the last comes late, and
+    # each member records how many had arrived when its barrier returned.
     _, ts = job
-    _parallel([(lambda t=t: t.barrier("b1")) for t in ts])
+    arrived, lock = [], threading.Lock()
+
+    def member(i, t):
+        if i == len(ts) - 1:
+            threading.Event().wait(0.3)   # late, so that a barrier that does not wait is seen
+        with lock:
+            arrived.append(i)
+        t.barrier("b1")
+        with lock:
+            return len(arrived)
+
+    seen = _parallel([(lambda i=i, t=t: member(i, t)) for i, t in enumerate(ts)])
+    assert seen == [len(ts)] * len(ts), f"members left the barrier after {seen} arrivals"
 
 
 # -- a hand-made client ---------------------------------------------------------------
@@ -196,6 +210,7 @@ def test_oversized_message_is_refused_and_server_keeps_serving(job):
 
 # -- failures -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_coordinator_unreachable_is_a_clear_error_after_a_bounded_wait():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -207,6 +222,7 @@ def test_coordinator_unreachable_is_a_clear_error_after_a_bounded_wait():
     assert time.monotonic() - start < 8
 
 
+@pytest.mark.slow
 def test_missing_instance_is_named_after_a_bounded_wait():
     server = CoordinatorServer(2, TOKEN)
     try:
@@ -241,6 +257,7 @@ def test_wrong_job_size_is_refused():
         server.stop(0)
 
 
+@pytest.mark.slow
 def test_silent_instance_aborts_the_job_naming_it(job):
     server, ts = job
     ts[1]._stop.set()          # instance 1 stops its heartbeats (as if hung)

@@ -30,6 +30,7 @@ def _run_suite(cmd: list[str], ranks: int, directory: Path) -> None:
     assert len(counts) == 1 and int(counts.pop()) >= 50, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_suite_under_plain_mpirun(ranks, tmp_path):
     _run_suite([MPIRUN, "-n", str(ranks)], ranks, tmp_path)
@@ -40,6 +41,7 @@ def test_suite_under_plain_mpirun(ranks, tmp_path):
     ["-m", "poprun", "-n", "2", "--num-replicas", "2", "--transport", "grpc"],
     ["-m", "launch.multiworker", "-n", "2"],
 ], ids=["poprun-mpi", "poprun-grpc", "multiworker"])
+@pytest.mark.slow
 def test_suite_under_poprun_and_multiworker(launcher, tmp_path):
     _run_suite([PYTHON, *launcher], 2, tmp_path)
 

@@ -73,6 +73,7 @@ def children():
         p.communicate(timeout=TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_busy_device_names_the_holder_and_sigkill_frees_it(isolated, children):
     child = _start_child(24)                           # POD16 device 24 = IPUs 0..3
     children.append(child)
@@ -120,6 +121,7 @@ def test_no_free_device_left(isolated):
         first.release()
 
 
+@pytest.mark.slow
 def test_a_job_has_a_partition_of_its_own(isolated, children, monkeypatch):
     child = _start_child(30, job_id="job-A")           # the whole POD16, in job A's partition
     children.append(child)
@@ -135,6 +137,7 @@ def test_a_job_has_a_partition_of_its_own(isolated, children, monkeypatch):
     assert scopes == {"job-job-A"}
 
 
+@pytest.mark.slow
 def test_instances_of_one_launcher_share_a_partition(isolated, children):
     cfg = IPUConfig()
     cfg.select_ipus = 30                               # this process holds the whole machine

@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import ipu_node
 
 OTHER_PACKAGES = {"poprun", "launch", "collectives", "protos"}
@@ -23,6 +25,7 @@ def test_ipu_node_imports_no_other_ipupod_package():
                 assert name.split(".")[0] not in OTHER_PACKAGES, (path, name)
 
 
+@pytest.mark.slow
 def test_import_has_no_side_effects(tmp_path):
     occupancy = tmp_path / "occ"
     env = dict(os.environ, IPUPOD_OCCUPANCY_DIR=str(occupancy), IPUPOD_SYSTEM="no-such-system")
@@ -31,6 +34,7 @@ def test_import_has_no_side_effects(tmp_path):
     assert not occupancy.exists()          # and the bad IPUPOD_SYSTEM was not read
 
 
+@pytest.mark.slow
 def test_gc_info_runs_as_a_program():
     out = subprocess.run([sys.executable, "-m", "ipu_node.tools.gc_info", "-l", "--system",
                           "C2-16"], capture_output=True, text=True, timeout=30, check=True)

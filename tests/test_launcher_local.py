@@ -44,12 +44,14 @@ def test_local_with_mpi_is_refused():
         choose_backend("local", "mpi")
 
 
+@pytest.mark.slow
 def test_verbose_says_which_and_why():
     result = poprun(["-v", *LOCAL, "-n", "2", "python", ECHO], timeout_s=30)
     assert result.returncode == 0, result.stderr
     assert "launcher local, transport grpc: both given" in result.stderr
 
 
+@pytest.mark.slow
 def test_output_is_tagged_per_line():
     result = poprun([*LOCAL, "-n", "3", "python", ECHO], timeout_s=30)
     assert result.returncode == 0, result.stderr
@@ -58,6 +60,7 @@ def test_output_is_tagged_per_line():
         assert f"[1,{i}]<stderr>:warning from {i}\n" in result.stderr
 
 
+@pytest.mark.slow
 def test_failure_stops_the_others_and_names_the_root_cause(tmp_path):
     start = time.monotonic()
     result = poprun([*LOCAL, "-n", "3", "python", ECHO], timeout_s=30,
@@ -70,6 +73,7 @@ def test_failure_stops_the_others_and_names_the_root_cause(tmp_path):
     assert wait_gone(pids, 2) == []
 
 
+@pytest.mark.slow
 def test_sigkill_mid_collective(tmp_path):
     """Figures: survivors raise PeerLostError naming instance 1 within 10 s; poprun exits
     non-zero within 15 s of the kill; no process is left."""
@@ -109,6 +113,7 @@ def _pids(tmp_path, n=2, timeout_s=20):
     raise AssertionError("the instances did not start")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_is_forwarded_and_everything_ends(tmp_path, signum):
     proc = _start_poprun(tmp_path)
@@ -122,6 +127,7 @@ def test_signal_is_forwarded_and_everything_ends(tmp_path, signum):
         kill_session(proc)
 
 
+@pytest.mark.slow
 def test_no_orphans_when_poprun_is_killed(tmp_path):
     proc = _start_poprun(tmp_path)
     try:

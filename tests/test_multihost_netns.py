@@ -23,6 +23,8 @@ import pytest
 
 from tests.procs import PROGRAMS, PYTHON, ROOT, describe, run, run_poprun
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py)
+
 HOST_A, HOST_B = "10.77.0.1", "10.77.0.2"
 IFACE = "ipp0"
 EXAMPLE = str(ROOT / "examples" / "train_digits.py")

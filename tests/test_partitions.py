@@ -61,6 +61,7 @@ def _attached(tmp_path, *poprun_args):
     return result, ipus
 
 
+@pytest.mark.slow
 def test_a_job_avoids_the_ipus_another_job_holds(pod16, tmp_path):
     with reserve_partition(pod16, 8, job="other") as other:
         result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
@@ -69,6 +70,7 @@ def test_a_job_avoids_the_ipus_another_job_holds(pod16, tmp_path):
     assert len(attached) == 4 and set(attached).isdisjoint(other.ipus)
 
 
+@pytest.mark.slow
 def test_a_job_that_finds_no_free_ipus_starts_nothing(pod16, tmp_path):
     with reserve_partition(pod16, 16, job="other"):
         result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
@@ -89,6 +91,7 @@ def test_a_dead_holder_whose_pid_lives_on_is_not_listed(pod16, isolated):  # noq
     assert occupancy.holders() == []
 
 
+@pytest.mark.slow
 def test_a_job_leaves_no_lock_files_of_its_own(pod16, isolated, tmp_path):  # noqa: F811
     result, ipus = _attached(tmp_path, "-n", "2", "--num-replicas", "4")
     assert result.returncode == 0, describe(result)

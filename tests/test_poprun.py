@@ -12,6 +12,7 @@ from tests.procs import (PROGRAMS, describe, left_in_shm, run_poprun, shm_entrie
                          wait_no_processes)
 
 
+@pytest.mark.slow
 def test_every_instance_gets_its_environment(tmp_path):
     result = run_poprun(["--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica",
                          "2", "python", str(PROGRAMS / "dump_env.py"), str(tmp_path)], 60)
@@ -35,6 +36,7 @@ def test_every_instance_gets_its_environment(tmp_path):
             "getNumIpusPerReplica": 2, "getLocalInstanceIndex": i}
 
 
+@pytest.mark.slow
 def test_output_is_tagged_per_instance_and_stream():
     code = "import sys; print('out'); print('err', file=sys.stderr); print('end', end='')"
     result = run_poprun(["-n", "3", "python", "-c", code], 60)
@@ -46,12 +48,14 @@ def test_output_is_tagged_per_instance_and_stream():
     assert all(line.startswith("[1,") for line in result.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_a_failing_exit_code_is_passed_on():
     result = run_poprun(["-n", "2", "python", "-c", "import sys; sys.exit(3)"], 60)
     assert result.returncode == 3, describe(result)
     assert "exit code 3" in result.stderr
 
 
+@pytest.mark.slow
 def test_an_instance_that_raises_stops_the_job_and_is_named():
     segments = shm_entries()
     started = time.monotonic()
@@ -91,6 +95,7 @@ def test_a_missing_program_exits_2_with_one_line(capsys):
     assert err.startswith("poprun: error:") and "program" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_bad_arguments_from_the_command_line_too():
     result = run_poprun(["--num-instances", "3", "--num-replicas", "4", "python", "-V"], 30)
     assert result.returncode == 2
@@ -99,6 +104,7 @@ def test_bad_arguments_from_the_command_line_too():
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("instances", [1, 2, 4])
 def test_cross_replica_sum_is_bit_identical_for_every_layout(tmp_path, instances):
     """1x4, 2x2 and 4x1 (instances x local replicas) give the same bytes as the tree oracle."""
@@ -113,6 +119,7 @@ def test_cross_replica_sum_is_bit_identical_for_every_layout(tmp_path, instances
     assert np.load(out).tobytes() == expected.tobytes()
 
 
+@pytest.mark.slow
 def test_system_and_topology_reach_the_instances(tmp_path):
     result = run_poprun(["--system", "C2-16", "-n", "2", "--num-replicas", "4",
                          "--print-topology", "python", str(PROGRAMS / "dump_env.py"),
@@ -151,6 +158,7 @@ def test_launcher_and_ipu_node_agree_on_the_environment_names():
     assert env.PARTITION_IPUS == ipu_node.env.IPUPOD_PARTITION_IPUS
 
 
+@pytest.mark.slow
 def test_a_program_started_by_plain_mpirun_is_one_replica_per_rank(tmp_path):
     """No poprun: popdist takes rank and size from MPICH's PMI_* variables."""
     import os
@@ -175,6 +183,7 @@ def test_a_program_started_by_plain_mpirun_is_one_replica_per_rank(tmp_path):
     assert np.load(out).tobytes() == np.concatenate([full, full, full[:5]]).tobytes()
 
 
+@pytest.mark.slow
 def test_the_readme_minimal_program_prints_what_the_readme_says(tmp_path):
     import re
 
@@ -189,6 +198,7 @@ def test_the_readme_minimal_program_prints_what_the_readme_says(tmp_path):
     assert result.stdout.splitlines() == [f"[1,0]<stdout>:{expected}", f"[1,1]<stdout>:{expected}"]
 
 
+@pytest.mark.slow
 def test_an_instance_killed_by_sigkill_under_mpirun_is_reported():
     """mpirun stops the others with signals too, so which went first cannot be known: poprun
     names the killed instance among those that died, never a wrong one alone."""

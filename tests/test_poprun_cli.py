@@ -368,6 +368,7 @@ print("token on a command line:", seen)
 """
 
 
+@pytest.mark.slow
 def test_the_token_is_on_no_command_line_and_in_no_log_of_an_mpirun_grpc_job(tmp_path):
     result = run_poprun(["-vv", "--launcher", "mpirun", "--transport", "grpc", "-n", "2",
                          "python", "-c", TOKEN_CHECK, str(tmp_path)], 60)
@@ -379,6 +380,7 @@ def test_the_token_is_on_no_command_line_and_in_no_log_of_an_mpirun_grpc_job(tmp
     assert "POPRUN [I] Running command:" in result.stderr  # -vv did log the command line
 
 
+@pytest.mark.slow
 def test_options_reach_the_instances(tmp_path):
     """A real job with Graphcore's options: the instances' environment, the cache directory,
     the named partition and the output of one instance only."""
@@ -402,6 +404,7 @@ def test_options_reach_the_instances(tmp_path):
     assert "removed partition cli-test-part" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_named_partition_of_another_size_needs_update_partition(tmp_path):
     env = {"IPUPOD_OCCUPANCY_DIR": str(tmp_path / "occ")}
     first = run_poprun(["--vipu-partition=keep-me", "--remove-partition=no", "-n", "2",
@@ -418,6 +421,7 @@ def test_a_named_partition_of_another_size_needs_update_partition(tmp_path):
     assert not (tmp_path / "occ" / "POD16" / "job-keep-me").exists()  # removed by default
 
 
+@pytest.mark.slow
 def test_log_lines_look_like_graphcores(tmp_path):
     result = run_poprun(["-v", "python", "-V"], 60)
     assert result.returncode == 0, describe(result)
@@ -426,6 +430,7 @@ def test_log_lines_look_like_graphcores(tmp_path):
     assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d\d\d \d+ POPRUN \[I\] .+", line), line
 
 
+@pytest.mark.slow
 def test_popdist_package_gives_graphcores_names(tmp_path):
     code = ("import popdist, popdist.tensorflow; from ipu_node import IPUConfig; "
             "popdist.init(); c = IPUConfig(); "

@@ -97,6 +97,7 @@ def _wait_ready(proc, count: int, timeout_s: float = END_S) -> None:
 
 # -- an instance fails at any moment, with or without Python -------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_python_instance_that_raises_before_its_first_collective_ends_the_job(job, launcher):
     result = job.run(launcher, "python", SAFETY, "raise", "1", job.marker)
@@ -107,6 +108,7 @@ def test_a_python_instance_that_raises_before_its_first_collective_ends_the_job(
         describe(result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("action, code, how", [("exit 3", 3, "exit code 3"),
                                                ("kill -9 $$", 137, "killed by SIGKILL")])
@@ -123,6 +125,7 @@ def test_an_instance_without_python_that_fails_ends_the_job_with_its_status(job,
 
 # -- signals to poprun ------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher, signum, mode", [("mpirun", signal.SIGTERM, "ignore"),
                                                     ("local", signal.SIGINT, "ignore"),
                                                     ("mpirun", signal.SIGINT, "sleep"),
@@ -146,6 +149,7 @@ def test_a_signal_to_poprun_ends_the_job_with_128_plus_it(job, launcher, signum,
         + killed, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_the_leftovers_of_a_sigkilled_poprun_are_reclaimed_by_the_next(job, launcher):
     proc = job.start(launcher, "python", SAFETY, "attach", "-1", job.marker)
@@ -164,6 +168,7 @@ def test_the_leftovers_of_a_sigkilled_poprun_are_reclaimed_by_the_next(job, laun
     assert job.workdirs() == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inner", LAUNCHERS)
 def test_a_nested_poprun_works(job, inner):
     """poprun started from inside an instance of poprun's local launcher (which sets

@@ -101,6 +101,7 @@ def test_trace_event_format_event_by_event(run_report):
     assert sum(e["dur"] for e in ipu0) == pytest.approx(total_us)
 
 
+@pytest.mark.slow
 def test_ipupod_report_prints_and_draws(run_report, tmp_path, capsys):
     _, _, paths = run_report
     out = tmp_path / "png"
@@ -118,6 +119,7 @@ def test_ipupod_report_prints_and_draws(run_report, tmp_path, capsys):
     assert report_cli.main([str(tmp_path / "missing.json")]) == 2
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_report_at_exit(tmp_path):
     env = child_env(IPUPOD_REPORT_DIR=str(tmp_path / "rep"))
     result = run([sys.executable, "-c", PROGRAM], timeout_s=60, env=env)

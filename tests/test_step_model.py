@@ -58,6 +58,7 @@ def test_pipeline_bubble_stage_shares_and_streaming_optimizer_state():
         assert words in text, words
 
 
+@pytest.mark.slow
 def test_what_if_reprices_without_running_and_instances_change_nothing():
     cfg = StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10, instances=8)
     base = predict(R50, cfg)

@@ -37,6 +37,7 @@ def check_common(found: list[dict], replicas: int) -> None:
         assert e["after_error"] == replicas  # usable afterwards
 
 
+@pytest.mark.slow
 def test_multiworker_strategy_over_grpc_from_tf_config(tmp_path):
     found = evidence([PYTHON, "-m", "launch.multiworker", "-n", "2", PROG, "multiworker"],
                      tmp_path)
@@ -44,6 +45,7 @@ def test_multiworker_strategy_over_grpc_from_tf_config(tmp_path):
     assert all(e["sram"] == 12 and e["loss"] == 3.0 for e in found)  # 3 float32 on the IPU
 
 
+@pytest.mark.slow
 def test_horovod_strategy_under_mpirun_with_variables_on_host(tmp_path):
     found = evidence([MPIRUN, "-n", "2", PYTHON, PROG, "horovod", "--on-host"], tmp_path)
     check_common(found, 2)
@@ -53,6 +55,7 @@ def test_horovod_strategy_under_mpirun_with_variables_on_host(tmp_path):
         assert e["host_io"] >= 1  # modelled host transfers charged
 
 
+@pytest.mark.slow
 def test_popdist_strategy_under_poprun_with_two_replicas_per_instance(tmp_path):
     found = evidence([PYTHON, "-m", "poprun", "-n", "2", "--num-replicas", "4", PYTHON, PROG,
                       "popdist"], tmp_path)

@@ -46,6 +46,7 @@ def test_imports_point_down(package):
     assert not wrong, f"{package} may not import {sorted(wrong)}: {wrong}"
 
 
+@pytest.mark.slow
 def test_importing_the_packages_loads_neither_mpi_nor_grpc():
     code = ("import sys, collectives, collectives.strategies, ipu_node, poprun, launch, popdist,"
             " popdist.tensorflow;"

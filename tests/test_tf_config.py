@@ -96,6 +96,7 @@ def _multiworker(n, program, *args, timeout_s=90, **env):
                timeout_s, env=child_env(**env), cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_multiworker_trains_to_the_same_checkpoint_as_poprun(tmp_path):
     from tests.procs import poprun
     result = _multiworker(2, str(PROGRAMS / "train_small.py"), str(tmp_path / "tf"))
@@ -108,6 +109,7 @@ def test_multiworker_trains_to_the_same_checkpoint_as_poprun(tmp_path):
     assert len(set(blobs)) == 1
 
 
+@pytest.mark.slow
 def test_multiworker_kill_is_noticed_by_the_survivors(tmp_path):
     start = time.monotonic()
     result = _multiworker(3, str(PROGRAMS / "kill_mid_collective.py"), timeout_s=60,

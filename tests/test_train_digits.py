@@ -12,6 +12,8 @@ import pytest
 from tests.procs import ROOT as REPO
 from tests.procs import describe, run_poprun, wait_no_processes
 
+pytestmark = pytest.mark.slow  # whole training jobs (tests/conftest.py)
+
 EXAMPLE = str(REPO / "examples" / "train_digits.py")
 
 
@@ -65,6 +67,7 @@ def test_distributed_equals_single_replica_on_the_same_global_batch(short_runs):
     np.testing.assert_almost_equal(distributed, single, decimal=6)
 
 
+@pytest.mark.slow
 def test_main_job_reaches_the_accuracy_on_four_instances(tmp_path):
     result, checkpoints = _train(tmp_path, "main", ["-n", "4"], timeout_s=180)
     assert len(checkpoints) == 4

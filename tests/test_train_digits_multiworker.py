@@ -13,6 +13,8 @@ import pytest
 
 from tests.procs import PYTHON, ROOT, child_env, run
 
+pytestmark = pytest.mark.slow  # whole training jobs (tests/conftest.py)
+
 EXAMPLE = str(ROOT / "examples" / "train_digits_multiworker.py")
 STEPS = ["--max-steps", "25"]
 
@@ -30,6 +32,7 @@ def single_worker_losses(tmp_path_factory):
     [PYTHON, "-m", "launch.multiworker", "-n", "2", EXAMPLE],
     [str(Path(PYTHON).parent / "mpirun"), "-n", "2", PYTHON, EXAMPLE, "--horovod"],
 ], ids=["multiworker-grpc", "horovod-mpirun"])
+@pytest.mark.slow
 def test_two_workers_equal_one_worker_on_concatenated_batches(launcher, single_worker_losses,
                                                               tmp_path):
     out = tmp_path / "losses.npy"

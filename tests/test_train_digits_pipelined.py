@@ -14,6 +14,8 @@ import pytest
 from tests.procs import ROOT as REPO
 from tests.procs import describe, run_poprun, wait_no_processes
 
+pytestmark = pytest.mark.slow  # whole training jobs (tests/conftest.py)
+
 EXAMPLE = str(REPO / "examples" / "train_digits_pipelined.py")
 
 
@@ -49,6 +51,7 @@ def test_main_job_reaches_the_accuracy_and_reports_the_modelled_step(main_job):
     assert wait_no_processes(EXAMPLE) == []
 
 
+@pytest.mark.slow
 def test_checkpoint_bytes_are_the_same_on_every_instance_and_layout(main_job, tmp_path):
     _, checkpoints = main_job
     assert len(checkpoints) == 2

@@ -10,6 +10,8 @@ import pytest
 
 from tests.procs import ROOT, describe, run_poprun, wait_no_processes
 
+pytestmark = pytest.mark.slow  # starts processes (tests/conftest.py)
+
 EXAMPLE = str(ROOT / "examples" / "train_digits.py")
 EPOCHS = ["--epochs", "3"]
 LAYOUTS = {"2x2": ["-n", "2", "--num-replicas", "4"], "1x2": ["-n", "1", "--num-replicas", "2"]}
