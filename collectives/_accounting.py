@@ -18,12 +18,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
-
-import numpy as np
-
-from collectives.transports.base import Communicator
-from collectives.waiting import Patience
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -306,66 +301,3 @@ def format_table(totals: dict[str, OpStats]) -> str:
 def _with_modelled(record: CallRecord, seconds: float) -> CallRecord:
     from dataclasses import replace
     return replace(record, modelled_s=seconds)
-
-
-class CountingCommunicator(Communicator):
-    """Wraps a communicator and counts the bytes this member sends to the others
-    (the bytes a ring or pairwise schedule would send; MPI's own algorithm may differ).
-    ``early``: a call's messages posted before its agreement (MPI,
-    :mod:`collectives.transports.mpi_early`), handed to the inner communicator."""
-
-    def __init__(self, inner: Communicator):
-        self.inner = inner
-        self.members = inner.members
-        self.rank = inner.rank
-        self.bytes_sent = 0
-
-    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        self.bytes_sent += send.nbytes * (self.size - 1)
-        return self.inner.allgather(send, patience)
-
-    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None, early=None) -> np.ndarray:
-        self.bytes_sent += sum(send_counts) - send_counts[self.rank]
-        if early is None:
-            return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv)
-        return self.inner.alltoallv(send, send_counts, recv_counts, patience, recv,
-                                    early=early)
-
-    def alltoallv_parts(self, send_parts, recv_parts, patience: Patience) -> None:
-        self.bytes_sent += sum(p.nbytes for j, parts in enumerate(send_parts)
-                               if j != self.rank for p in parts)
-        self.inner.alltoallv_parts(send_parts, recv_parts, patience)
-
-    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience,
-                    early=None) -> np.ndarray:
-        self.bytes_sent += send.nbytes - send.nbytes // self.size
-        if early is None:
-            return self.inner.alltoall_to(send, recv, patience)
-        return self.inner.alltoall_to(send, recv, patience, early=early)
-
-    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
-                   patience: Patience) -> np.ndarray:
-        self.bytes_sent += send.nbytes * (self.size - 1)
-        return self.inner.allgatherv(send, recv_counts, patience)
-
-    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
-                        patience: Patience) -> np.ndarray:
-        self.bytes_sent += recv_counts[self.rank] * (self.size - 1)
-        return self.inner.allgatherv_into(recv, recv_counts, patience)
-
-    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
-                      patience: Patience, early=None) -> np.ndarray:
-        self.bytes_sent += send.nbytes * (self.size - 1)
-        if early is None:
-            return self.inner.allgatherv_to(send, recv, recv_counts, patience)
-        return self.inner.allgatherv_to(send, recv, recv_counts, patience, early=early)
-
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience,
-                  early=None) -> np.ndarray:
-        if self.rank == root and self.size > 1:
-            self.bytes_sent += data.nbytes
-        if early is None:
-            return self.inner.broadcast(data, root, patience)
-        return self.inner.broadcast(data, root, patience, early=early)

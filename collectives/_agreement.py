@@ -82,7 +82,6 @@ class Agreement:
         #: every instance of the job, increasing (the members of every agreement)
         self.everyone = tuple(range(transport.process_count))
         self._comm = None  # the communicator of everyone, at the first agreement
-        self._single = transport.process_count == 1
 
     def instance_name(self, i: int) -> str:
         """``"instance 1 (replicas 2..3)"``."""
@@ -95,99 +94,31 @@ class Agreement:
         return ", ".join(self.instance_name(i) for i in instances)
 
     def exchange_descriptors(self, desc: Descriptor) -> Descriptor:
-        """Exchange the descriptors; raise on every instance if any differs or failed.
+        """Agree on ``desc``'s fingerprint; raise on every instance if any differs or
+        carries an error (``desc.error`` here included).
 
         Raises:
-            CollectiveMismatchError: an instance called something else, or carries an error
-                (``desc.error`` here included).
+            CollectiveMismatchError: an instance called something else, or carries an error.
             CollectiveTimeoutError: an instance did not arrive in time.
-        """
-        self.exchange(desc)
-        return desc
-
-    def exchange(self, desc: Descriptor, payload: np.ndarray | None = None,
-                 seq: int | None = None, fingerprint: int | None = None
-                 ) -> list[np.ndarray] | None:
-        """:meth:`exchange_descriptors` fused with the data of a small call: every
-        instance's ``payload`` (uint8, at most ``EAGER_MAX_BYTES``; None: agree only), in
-        instance order, when the transport carried them
-        (:meth:`~collectives.transports.base.Communicator.agree_gather`), else None (the
-        caller moves the data itself).
-
-        Args:
-            desc: the call's descriptor.
-            payload: this instance's bytes, or None.
-            seq: the call's number when it is not ``desc.seq`` (the engine's cached
-                descriptors carry 0: the descriptor with ``seq`` is made only for a
-                message).
-            fingerprint: ``desc.with_seq(seq).fingerprint()``, when the caller has it.
-
-        Raises:
-            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
         """
         if self.transport.process_count == 1:
             if desc.error:
                 raise CollectiveMismatchError(desc.error)
-            return None
-        if seq is None:
-            seq = desc.seq
-        elif seq != desc.seq and fingerprint is None:
-            desc = desc.with_seq(seq)
-        patience = self.arrival_patience(Arrival(self, desc, seq))
-        # the common case, every instance agrees: one small all-gather or reduction of a
-        # fingerprint (O(log P)), with the data of a small call; whole descriptors only to
-        # name a difference (every instance sees the same answer, so every one takes the
-        # same path)
-        agreed, blocks = (self._comm or self._everyone()).agree_gather(
-            desc.fingerprint() if fingerprint is None else fingerprint, payload, patience)
-        if agreed:
-            if desc.error:  # every instance failed alike
-                raise CollectiveMismatchError(desc.error)
-            return blocks
-        self.disagree(desc if seq == desc.seq else desc.with_seq(seq), patience)
-        return None
+            return desc
+        patience = self.arrival_patience(Arrival(self, desc, desc.seq))
+        # every instance sees the same answer, so every one takes the same path
+        agreed, _ = self.communicator().agree(desc.fingerprint(), patience).wait()
+        if not agreed:
+            self.disagree(desc, patience)
+        if desc.error:  # every instance failed alike
+            raise CollectiveMismatchError(desc.error)
+        return desc
 
-    def agree_gather(self, desc: Descriptor, seq: int, fingerprint: int,
-                     payload: np.ndarray | None, patience: Patience
-                     ) -> list[np.ndarray] | None:
-        """:meth:`exchange` of call number ``seq`` of ``desc`` (a descriptor without an
-        error, ``seq`` 0) whose ``fingerprint`` and ``patience`` the caller has (the path
-        of :class:`~collectives._sole.SolePlan`, on every call).
-
-        Raises:
-            CollectiveMismatchError, CollectiveTimeoutError: as :meth:`exchange_descriptors`.
-        """
-        if self._single:
-            return None
-        agreed, blocks = (self._comm or self._everyone()).agree_gather(fingerprint, payload,
-                                                                        patience)
-        if agreed:
-            return blocks
-        self.disagree(desc.with_seq(seq), patience)
-        return None
-
-    def eager_exchange(self, sizes: Sequence[int]) -> tuple[np.ndarray, Callable]:
-        """``(send, agree)`` of :meth:`agree_gather` among every instance, with ``sizes``
-        (every instance's payload bytes) written in place
-        (:meth:`~collectives.transports.base.Communicator.eager_exchange`): for a caller
-        that makes the same call again and again (:class:`~collectives._sole.SolePlan`),
-        which calls :meth:`disagree` itself when ``agree`` says the fingerprints differ."""
-        return (self._comm or self._everyone()).eager_exchange(sizes)
-
-    def eager_index_exchange(self, piece: int) -> tuple[np.ndarray, Callable, int] | None:
-        """``(send, agree, sent)`` of an eager all-to-all among every instance, ``piece``
-        bytes for each (:meth:`~collectives.transports.base.Communicator.eager_index_exchange`;
-        ``sent``: the payload bytes this instance sends a call, ``index_sent_bytes``), for
-        a caller like :meth:`eager_exchange`'s; None where the transport moves such pieces
-        no faster than :meth:`eager_exchange` moves whole payloads (``takes_index``)."""
-        comm = self._comm or self._everyone()
-        if not comm.takes_index(piece):
-            return None
-        return (*comm.eager_index_exchange(piece), comm.index_sent_bytes(piece))
-
-    def _everyone(self):
-        """The communicator of every instance (made at the first agreement)."""
-        self._comm = self.transport.communicator(self.everyone)
+    def communicator(self):
+        """The communicator of every instance (the members of every agreement), made at
+        the first call."""
+        if self._comm is None:
+            self._comm = self.transport.communicator(self.everyone)
         return self._comm
 
     def disagree(self, desc: Descriptor, patience: Patience) -> None:
@@ -199,8 +130,11 @@ class Agreement:
             CollectiveMismatchError: as :meth:`exchange_descriptors`.
         """
         mine = desc.encode()
-        gathered = self._comm.allgather(mine, patience)
-        self.check_descriptors(desc, mine, gathered)
+        count = len(self.everyone)
+        gathered = np.empty(count * mine.nbytes, np.uint8)
+        self.communicator().allgatherv(mine, gathered, [mine.nbytes] * count,
+                                       patience).wait()
+        self.check_descriptors(desc, mine, gathered.reshape(count, mine.nbytes))
 
     def arrival_patience(self, arrival: Arrival) -> Patience:
         """The wait for the other instances' descriptors (``arrival``: the call waited

@@ -1,105 +1,116 @@
-"""How a collective operation's call reaches the engine (:mod:`collectives.ops` checks the
-arguments): the call's descriptor and algorithm, made once per signature
-(:func:`descriptor`); the plan of a one-replica instance's common call, found without
-either (:func:`common`); a nest's fused buffers (:func:`call_nest`).
+"""How a collective operation's call reaches its plan (:mod:`collectives.ops` checks the
+arguments): the plan of the call's signature, made at its first call (:func:`plan`); the
+plan of a one-replica instance's common call, found without the argument checks
+(:func:`common`); a nest's fused buffers (:func:`call_nest`).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 from ipu_node import current_replica_context, require_replica_context
 
-from collectives import _eager, _eager_move, _eager_reduce
 from collectives import _fusion
 from collectives import _nest
 from collectives._arguments import members_of
 from collectives._engine import MAX_PLANS
+from collectives._movement import AllToAll, Broadcast, Gather
+from collectives._plan import Plan
+from collectives._reduction import Reduction
 from collectives.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives._runtime import get_engine
 
-__all__ = ["algorithm", "descriptor", "common", "call", "is_nest", "call_nest", "sole_plans"]
-
-#: descriptors (sequence number 0) and algorithm objects by call signature and replica
-#: count: built (and validated) once; the engine keeps what it needs per descriptor
-_descriptors: dict[tuple, tuple[Descriptor, _eager.Eager]] = {}
+__all__ = ["call", "call_nest", "common", "common_plans", "host_plan", "is_nest", "plan",
+           "steps"]
 
 
-def descriptor(what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
-                group: CommGroup, name: str | None, params: tuple[str, ...],
-                num_replicas: int, spec: tuple) -> tuple[Descriptor, _eager.Eager]:
-    """The call's descriptor and its algorithm (``algorithm(spec[0], group, *spec[1:])``;
-    the key's fields determine the spec)."""
-    key = (what, operator, dtype, shape, group, name, params, num_replicas)
-    found = _descriptors.get(key)
-    if found is None:
-        members_of(what, group, num_replicas)  # (a signature seen before has passed)
+def steps(spec: tuple, group: CommGroup, dtype: np.dtype, shape: tuple[int, ...]):
+    """``make_steps(engine, text)`` of a call (a :class:`~collectives._plan.Plan`'s):
+    ``spec`` is ``("allreduce", operator)``, ``("reduce_scatter", operator)``,
+    ``("all_gather",)``, ``("all_to_all", split_dimension, concat_dimension)`` or
+    ``("broadcast", root position)``."""
+    kind, *params = spec
+    if kind in ("allreduce", "reduce_scatter"):
+        return lambda engine, text: Reduction(engine, text, params[0], group,
+                                              kind == "reduce_scatter", dtype, shape)
+    if kind == "all_gather":
+        return lambda engine, text: Gather(engine, text, group, dtype, shape)
+    if kind == "all_to_all":
+        return lambda engine, text: AllToAll(engine, text, group, dtype, shape, *params)
+    return lambda engine, text: Broadcast(engine, text, group, dtype, shape, *params)
+
+
+def plan(engine, what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
+         group: CommGroup, name: str | None, params: tuple[str, ...], num_replicas: int,
+         spec: tuple) -> Plan:
+    """The plan of a call of ``what`` (its descriptor's fields; ``spec``: its steps, as
+    :func:`steps`), made at the signature's first call, whose group it checks."""
+    def make() -> Plan:
+        members_of(what, group, num_replicas)
         desc = Descriptor(seq=0, op=what, operator=operator, dtype=dtype.name,
                           shape=tuple(shape), group=str(group), name=name or "",
                           params=params)
-        if len(_descriptors) >= MAX_PLANS:
-            _descriptors.clear()
-        found = _descriptors[key] = (desc, algorithm(spec[0], group, *spec[1:]))
-    return found
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return Plan(engine, desc, steps(spec, group, dtype, tuple(shape)), nbytes, group)
+
+    return engine.plan((what, operator, dtype, shape, group, name, params), make)
 
 
-@lru_cache(maxsize=1024)
-def algorithm(kind: str, group: CommGroup, *params) -> _eager.Eager:
-    """The algorithm object of ``kind`` (``"allreduce"``, ``"reduce_scatter"`` with an
-    operator; ``"all_gather"``; ``"all_to_all"`` with split and concat dimensions;
-    ``"broadcast"`` with the root position) over ``group`` (:mod:`collectives._eager`);
-    made once per arguments."""
-    return _KINDS[kind](*params, group) if kind in ("allreduce", "reduce_scatter") \
-        else _KINDS[kind](group, *params)
+def host_plan(engine, what: str, operator: str, dtype: np.dtype, shape: tuple[int, ...],
+              name: str, spec: tuple) -> Plan:
+    """The plan of a call of the instance's host code (``strategy.broadcast``,
+    ``strategy.reduce``) over every replica: op ``"host " + what``, group ALL."""
+    group = CommGroup()
 
+    def make() -> Plan:
+        desc = Descriptor(0, f"host {what}", operator, dtype.name, tuple(shape), str(group),
+                          name=name)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return Plan(engine, desc, steps(spec, group, dtype, tuple(shape)), nbytes, None,
+                    host=True)
 
-_KINDS = {"allreduce": _eager_reduce.AllReduce, "reduce_scatter": _eager_reduce.ReduceScatter,
-          "all_gather": _eager_move.AllGather, "all_to_all": _eager_move.AllToAll,
-          "broadcast": _eager_move.Broadcast}
+    return engine.plan(("host", what, operator, dtype, shape, name), make)
 
 
 #: the plans of one-replica instances' calls without a group or name argument (the common
 #: call), by ``((op, its scalar arguments), the input's dtype, its shape)``: ``(replica
-#: context, plan)`` (:class:`collectives._sole.SolePlan`). A call found here skips the argument
-#: checks (its dtype and shape passed them at its first call), the descriptor look-up and
-#: the engine's dispatch; its replica context tells that it runs in the same system.
-sole_plans: dict[tuple, tuple] = {}
+#: context, plan)``. A call found here skips the argument checks (its dtype and shape passed
+#: them at its first call), the plan's look-up by signature and the engine's dispatch; its
+#: replica context tells that it runs in the same system.
+common_plans: dict[tuple, tuple] = {}
 
 
 def common(x, size, group, name, key: tuple | None) -> tuple:
-    """``(plan, sole_key)`` of a call with input ``x``, a size argument ``size``, ``group``
-    and ``name`` (``key``: the op and its scalar arguments; None when they are not plain):
-    the plan a one-replica instance made at an earlier such call, or None; and the key
-    under which :func:`call` keeps the plan (None: not a common call: ``x`` is not an
+    """``(plan, common_key)`` of a call with input ``x``, a size argument ``size``,
+    ``group`` and ``name`` (``key``: the op and its scalar arguments; None when they are not
+    plain): the plan a one-replica instance made at an earlier such call, or None; and the
+    key under which :func:`call` keeps the plan (None: not a common call: ``x`` is not an
     ndarray, or a size, group or name is given)."""
     if key is None or type(x) is not np.ndarray or size is not None or group is not None \
             or name is not None:
         return None, None
-    found = sole_plans.get((key, x.dtype, x.shape))
+    found = common_plans.get((key, x.dtype, x.shape))
     if found is not None and found[0] is current_replica_context() and found[1].live:
         return found[1], key
     return None, key
 
 
 def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: tuple,
-          operator: str = "", params: tuple[str, ...] = (), sole_key: tuple | None = None
-          ) -> np.ndarray:
-    """One call of ``what`` on ``arr``; ``sole_key``: the call's key in
-    :data:`sole_plans` before the dtype and shape (None: not a common call)."""
+         operator: str = "", params: tuple[str, ...] = (), common_key: tuple | None = None
+         ) -> np.ndarray:
+    """One call of ``what`` on ``arr``; ``common_key``: the call's key in
+    :data:`common_plans` before the dtype and shape (None: not a common call)."""
     ctx = require_replica_context(what)
-    desc, algorithm = descriptor(what, operator, arr.dtype, arr.shape, group, name, params,
-                                  ctx.num_replicas, spec)
     engine = get_engine()
+    found = plan(engine, what, operator, arr.dtype, arr.shape, group, name, params,
+                 ctx.num_replicas, spec)
     if engine.num_local_replicas != 1:
-        return engine.replica_call(ctx.local_index, desc, arr, algorithm, group)
-    plan = engine.sole_plan(desc, algorithm, arr, group)
-    if sole_key is not None:
-        if len(sole_plans) >= MAX_PLANS:
-            sole_plans.clear()
-        sole_plans[(sole_key, arr.dtype, arr.shape)] = (ctx, plan)
-    return plan(arr)
+        return engine.replica_call(ctx.local_index, found, arr)
+    if common_key is not None:
+        if len(common_plans) >= MAX_PLANS:
+            common_plans.clear()
+        common_plans[(common_key, arr.dtype, arr.shape)] = (ctx, found)
+    return found(arr)
 
 
 #: the containers of a nest
@@ -129,26 +140,27 @@ def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
 
 
 def call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, layout: str,
-               check, operator: str = "", params: tuple[str, ...] = (),
-               split_dimension: int = 0, concat_dimension: int = 0):
+              check, operator: str = "", params: tuple[str, ...] = (),
+              split_dimension: int = 0, concat_dimension: int = 0):
     """A collective on a nest: every array checked first (nothing is exchanged when one
-    fails), then one engine call per fused buffer (:mod:`collectives._fusion`)."""
+    fails), then one call per fused buffer (:mod:`collectives._fusion`), each of its
+    signature's plan."""
     ctx = require_replica_context(what)
     arrays, rebuild = _leaves(what, x, check)
     if not arrays:
         return rebuild([])
     k = len(members_of(what, group, ctx.num_replicas)[0])
     engine = get_engine()
-    plan = _fusion.plan(tuple((a.dtype, a.shape) for a in arrays), layout, k,
-                        engine.fusion.for_layout(layout))
+    fusion = _fusion.plan(tuple((a.dtype, a.shape) for a in arrays), layout, k,
+                          engine.fusion.for_layout(layout))
     results: list = [None] * len(arrays)
-    count = len(plan.buckets)
-    for j, bucket in enumerate(plan.buckets):
-        desc, algorithm = descriptor(
-            what, operator, bucket.dtype, (bucket.length,), group, name,
-            params + (f"nest {plan.fingerprint} {j + 1}/{count}",), ctx.num_replicas, spec)
+    count = len(fusion.buckets)
+    for j, bucket in enumerate(fusion.buckets):
+        found = plan(engine, what, operator, bucket.dtype, (bucket.length,), group, name,
+                     params + (f"nest {fusion.fingerprint} {j + 1}/{count}",),
+                     ctx.num_replicas, spec)
         fused = _fusion.pack(bucket, arrays, layout, k, split_dimension)
-        out = engine.replica_call(ctx.local_index, desc, fused, algorithm, group)
+        out = engine.replica_call(ctx.local_index, found, fused)
         for i, result in zip(bucket.indices, _fusion.unpack(
                 bucket, out, layout, k, concat_dimension, split_dimension)):
             results[i] = result

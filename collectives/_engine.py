@@ -1,19 +1,14 @@
-"""The collective engine of one instance: local rendezvous, agreement, then the algorithm.
+"""The collective engine of one instance: the plans of its call signatures, the local
+rendezvous of its replicas, and its transport.
 
-Every local replica deposits its contribution for call number ``seq``
-(:mod:`collectives._rendezvous`); the last to arrive (the leader) checks that all
-descriptors agree, agrees with the other instances (:mod:`collectives._agreement`: every
-instance raises on a mismatch instead of waiting, and a stall names the instances that have
-not arrived), runs the algorithm (local combine in shared memory, exchange over the
-transport), records the call (:mod:`collectives._recording`) and hands each replica its
-result. Only the leader touches the transport, one call at a time.
-
-A small call whose group is every replica moves its data *in* its agreement
-(:mod:`collectives._eager`): one exchange instead of an agreement round and the
-algorithm's rounds, with bit-identical results. An instance with one local replica (the
-common case under MPI) skips the rendezvous and keeps a plan per call signature
-(:class:`collectives._sole.SolePlan`), so a call does only what its number changes: the
-agreement's fingerprint, the data, the records.
+Every call runs its signature's :class:`~collectives._plan.Plan` (made at the signature's
+first call, :meth:`CollectiveEngine.plan`): combine, agree, exchange, finish, recorded. An
+instance with one local replica (the common case under MPI) runs it at once; with several,
+every local replica deposits its value for call number ``seq``
+(:mod:`collectives._rendezvous`), and the last to arrive (the leader) checks that all
+descriptors agree (:meth:`~collectives._agreement.Agreement.check_local`) and runs the plan
+with every replica's value, then hands each replica its result. Only the leader touches the
+transport, one call at a time.
 
 Divergent control flow is caught three ways:
 
@@ -32,33 +27,27 @@ from __future__ import annotations
 
 import logging
 import os
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from collectives._agreement import END_OF_PROGRAM, Agreement, Text
-from collectives._eager import Eager
+from collectives._agreement import END_OF_PROGRAM, Agreement
 from collectives._fusion import FusionLimits
+from collectives._plan import Plan
 from collectives._recording import CallRecorder
 from collectives._rendezvous import Rendezvous, Slot
-from collectives._sole import SolePlan
-from collectives._accounting import CountingCommunicator, Ledger
+from collectives._accounting import Ledger
 from collectives.descriptor import Descriptor
-from collectives.errors import (CollectiveMismatchError, CollectiveTimeoutError,
-                                TransportError)
+from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError
 from collectives.gcl_options import GCLOptions
-from collectives.groups import CommGroup
 from collectives.options import CollectiveOptions
-from collectives.transports.base import Transport
+from collectives.transports.base import Communicator, Transport
 from collectives.waiting import Patience
 
 logger = logging.getLogger("collectives")
-
-#: ``algorithm(engine, descriptor, values) -> results``: values and results per local replica.
-Algorithm = Callable[["CollectiveEngine", Descriptor, Sequence[Any]], list]
 
 #: local reductions and result copies of at least this many bytes run in slices on several
 #: threads (numpy releases the GIL); slices small enough to stay in the CPU cache
@@ -79,7 +68,7 @@ class _Transfer:
 
 
 #: call plans an engine keeps before it starts again (a program calls few signatures; also
-#: the cap of collectives._dispatch's descriptors and common-call plans)
+#: the cap of collectives._dispatch's common-call plans)
 MAX_PLANS = 4096
 
 
@@ -102,8 +91,8 @@ class CollectiveEngine:
         rendezvous: the local replicas' rendezvous (call numbers; the failure that made the
             engine unusable).
         recorder: puts every call in the ledger.
-        routes: the algorithms' per-group plans (:func:`collectives._routing.sole_route`).
-        eager_calls: calls whose data moved in their agreement (:mod:`collectives._eager`).
+        carried_calls: calls whose data moved in their agreement
+            (:attr:`collectives._plan.Plan.carry`).
     """
 
     def __init__(self, num_replicas: int, num_local_replicas: int, replica_index_offset: int,
@@ -122,16 +111,14 @@ class CollectiveEngine:
         self.agreement = Agreement(transport, options, num_local_replicas,
                                    replica_index_offset)
         self.rendezvous = Rendezvous(num_local_replicas, replica_index_offset, options)
-        self._comms: dict[tuple[int, ...], CountingCommunicator] = {}
-        self.recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica,
-                                      self._comms)
+        self.recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica)
         self._finished = False
         self._scratch = np.empty(0, np.uint8)
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
-        self._plans: dict[int, SolePlan] = {}
-        self.eager_calls = 0
-        self.routes: dict = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._plan_lock = threading.Lock()
+        self.carried_calls = 0
 
     @property
     def process_index(self) -> int:
@@ -139,18 +126,38 @@ class CollectiveEngine:
 
     # -- entry points -------------------------------------------------------------------
 
-    def replica_call(self, local_index: int, desc: Descriptor, value: Any,
-                     algorithm: Algorithm, group: CommGroup | None = None) -> Any:
-        """Called by local replica ``local_index``; returns its share of the result.
+    def plan(self, key: tuple, make: Callable[[], Plan]) -> Plan:
+        """The plan of call signature ``key`` (hashable: the op, its arguments, the
+        input's dtype and shape), ``make()`` at its first call (by one local replica at a
+        time: a plan makes the transport's communicators, which every instance must make
+        once, in the same order)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            with self._plan_lock:
+                plan = self._plans.get(key)
+                if plan is None:
+                    plan = make()
+                    if len(self._plans) >= MAX_PLANS:
+                        self.forget_plans()
+                    self._plans[key] = plan
+        return plan
 
-        ``desc.seq`` is filled in here. Raises the collective's error on every replica.
-        """
+    def forget_plans(self) -> None:
+        """Make every call's plan anew at its next call (e.g. after a change of
+        ``CARRIED_MAX_BYTES``); the plans kept elsewhere stop being used (``live``)."""
+        for plan in self._plans.values():
+            plan.live = False
+        self._plans.clear()
+
+    def replica_call(self, local_index: int, plan: Plan, value: Any) -> Any:
+        """Called by local replica ``local_index`` with its input; returns its share of the
+        result. Raises the collective's error on every replica."""
         if self.num_local_replicas == 1:
-            return self.sole_plan(desc, algorithm, value, group)(value)
+            return plan(value)
         rendezvous = self.rendezvous
-        slot, seq, leader = rendezvous.arrive(local_index, desc, value, algorithm, group)
+        slot, seq, leader = rendezvous.arrive(local_index, plan.desc, value, plan)
         if leader:
-            self._lead(slot)
+            self._lead(slot, seq)
         else:
             rendezvous.wait(slot, slot.descs[local_index], local_index, self._lead_error)
         rendezvous.leave(slot, seq)
@@ -158,39 +165,10 @@ class CollectiveEngine:
             raise slot.error
         return slot.results[local_index]
 
-    def sole_plan(self, desc: Descriptor, algorithm: Algorithm, value: Any,
-                  group: CommGroup | None) -> SolePlan:
-        """The :class:`~collectives._sole.SolePlan` that runs the calls of ``desc`` (a
-        descriptor the caller reuses for every call of its signature, ``seq`` 0) with
-        ``algorithm`` on an instance with one local replica; made at the first call."""
-        plan = self._plans.get(id(desc))
-        if plan is None or plan.desc is not desc or plan.algorithm is not algorithm:
-            plan = SolePlan(self, desc, algorithm, value, group)
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()
-            self._plans[id(desc)] = plan
-        return plan
-
-    def forget_plans(self) -> None:
-        """Make every call's plan anew at its next call (e.g. after a change of
-        ``EAGER_MAX_BYTES``); the plans kept elsewhere stop being used (``live``)."""
-        for plan in self._plans.values():
-            plan.live = False
-        self._plans.clear()
-
-    def is_eager(self, desc: Descriptor, algorithm: Algorithm, value: np.ndarray) -> bool:
-        """Whether the call moves its data in its agreement (:mod:`collectives._eager`):
-        an eager algorithm, no error to share, a small payload (``value``: one local
-        replica's input)."""
-        return (isinstance(algorithm, Eager) and not desc.error
-                and algorithm.payload_bytes(self, value) is not None)
-
-    def host_call(self, desc: Descriptor, values: Sequence[Any], algorithm: Algorithm) -> list:
+    def host_call(self, plan: Plan, values: Sequence[Any]) -> list:
         """A collective issued by the instance's host code (outside replica functions), with
         one value per local replica. Host calls have their own sequence numbers."""
-        seq = self.rendezvous.next_host_seq()
-        desc = replace(desc, seq=seq, op=f"host {desc.op}")
-        return self._execute([desc] * self.num_local_replicas, list(values), algorithm, None)
+        return plan.run(list(values), self.rendezvous.next_host_seq())
 
     def run_started(self) -> None:
         """The local replicas are about to run a function (``strategy.run``); called before
@@ -235,13 +213,9 @@ class CollectiveEngine:
 
     # -- for the algorithms ---------------------------------------------------------------
 
-    def communicator(self, instances: tuple[int, ...]) -> CountingCommunicator:
-        """The (counting) communicator of ``instances``; created once per instance set."""
-        comm = self._comms.get(instances)
-        if comm is None:
-            comm = self._comms[instances] = CountingCommunicator(
-                self.transport.communicator(instances))
-        return comm
+    def communicator(self, instances: tuple[int, ...]) -> Communicator:
+        """The transport's communicator of ``instances`` (made once by the transport)."""
+        return self.transport.communicator(instances)
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """A ``uint8[nbytes]`` buffer reused from call to call (the leader's alone: never
@@ -272,23 +246,22 @@ class CollectiveEngine:
         for helper in helpers:
             helper.result()
 
-    def data_patience(self, desc: Descriptor, instances: Sequence[int],
-                      what: object | None = None) -> Patience:
+    def data_patience(self, what: object, instances: Sequence[int]) -> Patience:
         """The wait of a data exchange between ``instances`` (after the call's agreement:
-        every instance has arrived); ``what``: its text in messages (str() when shown),
-        else ``desc``'s label."""
-        return Patience(Text(desc.label) if what is None else what, self.options,
-                        _Transfer(instances), committed=True)
+        every instance has arrived); ``what``: the call, in messages (str() when shown: a
+        plan's :class:`~collectives._plan.CallText`, restarted with the wait at every
+        call)."""
+        return Patience(what, self.options, _Transfer(instances), committed=True)
 
     # -- call execution -----------------------------------------------------------------
 
-    def _lead(self, slot: Slot) -> None:
+    def _lead(self, slot: Slot, seq: int) -> None:
         try:
-            slot.results = self._execute(slot.descs, slot.values, slot.algorithm, slot.group)
+            descs = slot.descs
+            desc = self.agreement.check_local(descs)
+            slot.results = slot.plan.run(slot.values, seq, desc if desc.error else None)
         except BaseException as exc:  # every replica re-raises it
             slot.error = exc
-            if isinstance(exc, (CollectiveTimeoutError, TransportError)):
-                self.abort(exc)  # requests may still be pending: the engine is unusable
         self.rendezvous.done(slot)
 
     def _lead_error(self, slot: Slot, desc: Descriptor, message: str) -> None:
@@ -302,25 +275,3 @@ class CollectiveEngine:
         slot.error = error
         self.abort(error)
         self.rendezvous.done(slot)
-
-    def _execute(self, descs: Sequence[Descriptor], values: Sequence[Any],
-                 algorithm: Algorithm, group: CommGroup | None) -> list:
-        start = time.perf_counter()
-        desc = descs[0] if len(descs) == 1 else self.agreement.check_local(descs)
-        value = values[0]  # (its size is the call's, on every replica)
-        nbytes = value.nbytes if isinstance(value, np.ndarray) else int(np.asarray(value).nbytes)
-        recorder = self.recorder
-        payload = algorithm.payload(self, values) if self.is_eager(desc, algorithm, value) \
-            else None
-        sent = -recorder.bytes_sent()
-        blocks = self.agreement.exchange(desc, payload)
-        if blocks is not None:
-            results = algorithm.results(self, values, blocks)
-            sent += payload.nbytes * (len(blocks) - 1)
-            self.eager_calls += 1
-        else:
-            results = algorithm(self, desc, values)
-        wall = time.perf_counter() - start
-        sent += recorder.bytes_sent()
-        recorder.record(desc, nbytes, group, sent, wall)
-        return results

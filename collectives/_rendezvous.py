@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from collectives.descriptor import Descriptor
 from collectives.errors import CollectiveAbortedError
-from collectives.groups import CommGroup
 from collectives.options import CollectiveOptions
 from collectives.waiting import Patience
 
@@ -23,7 +22,7 @@ class Slot:
     """The rendezvous of the local replicas for one call number."""
 
     __slots__ = ("descs", "values", "arrived", "picked", "leading", "done", "results",
-                 "error", "algorithm", "group")
+                 "error", "plan")
 
     def __init__(self, n: int):
         self.descs: list[Descriptor | None] = [None] * n
@@ -34,8 +33,7 @@ class Slot:
         self.done = False
         self.results: list | None = None
         self.error: BaseException | None = None
-        self.algorithm: Callable | None = None
-        self.group: CommGroup | None = None
+        self.plan: Any = None  # (the first arrival's: the call's plan)
 
 
 class Rendezvous:
@@ -87,10 +85,11 @@ class Rendezvous:
 
     # -- one call -----------------------------------------------------------------------
 
-    def arrive(self, local_index: int, desc: Descriptor, value: Any, algorithm: Callable,
-               group: CommGroup | None) -> tuple[Slot, int, bool]:
-        """Deposit replica ``local_index``'s call; returns ``(slot, seq, leads)``: the
-        slot, the call number, and whether this replica arrived last and leads.
+    def arrive(self, local_index: int, desc: Descriptor, value: Any, plan: Any
+               ) -> tuple[Slot, int, bool]:
+        """Deposit replica ``local_index``'s call (its descriptor, input and plan,
+        :class:`~collectives._plan.Plan`); returns ``(slot, seq, leads)``: the slot, the
+        call number, and whether this replica arrived last and leads.
 
         Raises:
             CollectiveAbortedError: the collectives are unusable.
@@ -107,8 +106,7 @@ class Rendezvous:
                 slot = self._slots[seq] = Slot(self.num_local_replicas)
             slot.descs[local_index] = desc
             slot.values[local_index] = value
-            slot.algorithm = slot.algorithm or algorithm
-            slot.group = slot.group or group
+            slot.plan = slot.plan or plan
             slot.arrived += 1
             leader = slot.arrived == self.num_local_replicas and not slot.leading
             slot.leading = slot.leading or leader

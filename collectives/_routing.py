@@ -1,7 +1,6 @@
-"""Where a group's replicas run, for the algorithms (:mod:`collectives._algorithms`,
-:mod:`collectives._movement`, :mod:`collectives._eager`): which members of a group are on
-this instance, which instances a group spans, the route of a one-replica instance's calls,
-and how results are handed to the local members.
+"""Where a group's replicas run, for the steps of the plans (:mod:`collectives._reduction`,
+:mod:`collectives._movement`): which members of a group are on this instance, which
+instances a group spans, and how results are handed to the local members.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from collectives.groups import CommGroup
 from collectives.tree import Node, block_nodes
 
 __all__ = ["LocalGroups", "ReductionGroups", "give", "instances_of", "local_groups",
-           "local_members", "reduction_groups", "sole_route"]
+           "local_members", "reduction_groups"]
 
 
 def local_members(engine, members: Sequence[int]) -> list[int]:
@@ -76,19 +75,6 @@ def _reduction_groups(num_replicas: int, num_local_replicas: int, offset: int,
     return tuple(found)
 
 
-def sole_route(engine, group: CommGroup) -> tuple:
-    """On an instance with one replica: ``(members, instances, communicator)`` of its
-    group; the communicator is None for a group of one. Computed once per engine and group
-    (the path of every call of a one-replica instance)."""
-    route = engine.routes.get(group)
-    if route is None:
-        ((members, _),) = local_groups(engine, group)
-        instances = instances_of(engine, members)
-        comm = engine.communicator(instances) if len(members) > 1 else None
-        route = engine.routes[group] = (members, instances, comm)
-    return route
-
-
 def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
     """The instances that hold members of a group, increasing."""
     return _instances_of(engine.num_local_replicas, tuple(members))
@@ -111,11 +97,13 @@ def _positions(L: int, members: Sequence[int], instances: Sequence[int]
     return out
 
 
-def give(results: list, engine, members: Sequence[int], value: np.ndarray,
+def give(results: list, engine, local: Sequence[int], value: np.ndarray,
          inputs: Sequence[np.ndarray]) -> None:
-    """Hand ``value`` to the local members of a group: each gets its own array."""
-    local = local_members(engine, members)
-    shared = not any(value is x for x in inputs)  # the first member may take value itself
+    """Hand ``value`` to ``local``, a group's members on this instance (global indices):
+    each gets its own array (``value`` itself for the first, unless it is an input)."""
+    # the first member may take value itself (a new array, not one of the inputs)
+    shared = value is not inputs[0] if len(inputs) == 1 else \
+        not any(value is x for x in inputs)
     copies = len(local) - shared
     if not copies:
         results[local[0] - engine.replica_index_offset] = value

@@ -88,6 +88,14 @@ def combine_into(op: CollectiveOperator, a: np.ndarray, b: np.ndarray, out: np.n
     return np.asarray(ufunc(a, b))
 
 
+def finish_into(op: CollectiveOperator, total: np.ndarray, group_size: int) -> None:
+    """:func:`finish` written into ``total`` itself (an array the caller owns, 1-D or
+    more): the same bytes."""
+    if op is CollectiveOperator.MEAN:
+        divide = np.floor_divide if np.issubdtype(total.dtype, np.integer) else np.true_divide
+        divide(total, total.dtype.type(group_size), out=total)
+
+
 def finish(op: CollectiveOperator, total: np.ndarray, group_size: int) -> np.ndarray:
     """The reduced value after combining (MEAN divides by the group size)."""
     if op is CollectiveOperator.MEAN:

@@ -30,13 +30,12 @@ from ipu_node import clock, current_replica_context, get_system, host_transfer_t
 from ipu_node.optimizers import set_gradient_aggregator
 from ipu_node.replica import set_active_runner
 
-from collectives import _algorithms as algorithms, _movement as movement, _nest as nest
+from collectives import _nest as nest
 from collectives import horovod as hvd
-from collectives.descriptor import Descriptor
+from collectives._dispatch import host_plan
 from collectives.distributed_variables import (MirroredVariable, SyncOnReadVariable,
                                                VariableAggregation, VariableSynchronization,
                                                aggregate_gradients)
-from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator
 from collectives.ops import as_collective_array
 from collectives._runtime import get_engine
@@ -274,19 +273,18 @@ class IPUStrategyBase:
         return rebuild(out)
 
     def _host_broadcast(self, leaf: Any, name: str) -> np.ndarray:
+        """Instance 0's ``leaf`` (global replica 0's) on every local replica."""
         arr = as_collective_array(leaf, "strategy.broadcast")
-        desc = Descriptor(0, "broadcast", "", arr.dtype.name, tuple(arr.shape), "ALL(0)",
-                          name=name)
-        return self._engine.host_call(desc, [arr] * self.num_local_replicas,
-                                      movement.broadcast_from_instance0)[0]
+        plan = host_plan(self._engine, "broadcast", "", arr.dtype, tuple(arr.shape), name,
+                         ("broadcast", 0))
+        return self._engine.host_call(plan, [arr] * self.num_local_replicas)[0]
 
     def _host_reduce(self, values: list, operator: CollectiveOperator, name: str) -> np.ndarray:
         """One array per local replica, reduced over every replica of the job."""
         arrs = [as_collective_array(v, "strategy.reduce", operator) for v in values]
-        desc = Descriptor(0, "reduce", operator.value, arrs[0].dtype.name,
-                          tuple(arrs[0].shape), "ALL(0)", name=name)
-        return self._engine.host_call(
-            desc, arrs, lambda e, d, v: algorithms.allreduce(e, d, v, operator, CommGroup()))[0]
+        plan = host_plan(self._engine, "reduce", operator.value, arrs[0].dtype,
+                         tuple(arrs[0].shape), name, ("allreduce", operator))
+        return self._engine.host_call(plan, arrs)[0]
 
     def reduce(self, reduce_op: ReduceOp | str, per_replica_values: Sequence[Any] | PerReplica,
                axis: None = None) -> Any:

@@ -19,7 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-Combine = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray]
+#: ``combine(a, b, out=None)``: ``a (op) b``, written into ``out`` when not None (called
+#: with ``out`` by keyword: a numpy ufunc is one)
+Combine = Callable[..., np.ndarray]
 
 #: ``(lo, hi)``: the node of the canonical tree that reduces positions ``[lo, hi)``
 Node = tuple[int, int]
@@ -46,38 +48,55 @@ def tree_reduce(items: Sequence[np.ndarray], combine: Combine,
     """
     if not items:
         raise ValueError("tree_reduce of no items")
-    result, _ = _reduce(items, combine, owned or [False] * len(items), 0, len(items), out)
-    if out is not None and result is not out:
-        np.copyto(out, result)  # one item, or a combine that could not write into out
-        return out
-    return result
+    steps = combine_steps(_units(len(items)), tuple(owned or ()))
+    return run_steps(steps, list(items), combine, out)
 
 
 @lru_cache(maxsize=256)
-def tree_steps(n: int) -> tuple[tuple[int, int, int], ...]:
-    """The combines of :func:`tree_reduce` of ``n`` items (n >= 2), in its order, as
-    ``(a, b, dest)`` slots: slots ``[0, n)`` are the items, slots from ``n`` temporaries,
-    each reused once the combine that reads it is made (at most ``ceil(log2 n)`` of them:
-    ``max(dest) + 1 - n``); the last step's ``dest`` is the result's. Running ``dest = a
-    (op) b`` over the steps gives :func:`tree_reduce`'s result bit for bit: the same
-    combines of the same operands in the same order (for a caller that keeps its items'
-    views and its temporaries from call to call, without the recursion and a combine
-    function per step)."""
-    if n < 2:
-        raise ValueError(f"tree_steps of {n} items (at least 2)")
+def _units(n: int) -> tuple[Node, ...]:
+    return tuple((i, i + 1) for i in range(n))
+
+
+@lru_cache(maxsize=1024)
+def combine_steps(nodes: tuple[Node, ...], owned: tuple[bool, ...] = ()
+                  ) -> tuple[tuple[int, int, int], ...]:
+    """The combines of the canonical tree over items that reduce ``nodes`` (nodes of the
+    tree of ``[0, n)`` covering it in position order: every position a node for the tree of
+    n items; an instance's :func:`subtrees` for partials), in the tree's order, as ``(a, b,
+    dest)`` slots for :func:`run_steps`: slots ``[0, len(nodes))`` are the items, slots from
+    ``len(nodes)`` intermediates. A combine writes into its left operand when that is an
+    intermediate or an item marked in ``owned`` (which may be overwritten), else into a
+    slot that a combine has read and freed, else into a new slot; the last step's ``dest``
+    is -1, the result. So the same combines of the same operands in the same order as the
+    recursion over the tree, for every caller: bit for bit the same result.
+
+    Raises:
+        ValueError: the nodes do not cover ``[0, n)`` in order, or one is not a node of
+            its tree.
+    """
+    if not nodes:
+        raise ValueError("combine_steps of no nodes")
+    if nodes[0][0] != 0 or any(a[1] != b[0] for a, b in zip(nodes, nodes[1:])):
+        raise ValueError(f"nodes {list(nodes)} do not cover [0, {nodes[-1][1]}) in order")
+    index = {node: t for t, node in enumerate(nodes)}
+    count, n = len(nodes), nodes[-1][1]
     steps: list[tuple[int, int, int]] = []
     free: list[int] = []
-    top = [n]
+    top = [count]
 
     def walk(lo: int, hi: int) -> int:
-        if hi - lo == 1:
-            return lo
+        at = index.get((lo, hi))
+        if at is not None:
+            return at
+        if hi - lo < 2:
+            raise ValueError(f"nodes {list(nodes)} are not all nodes of the tree of "
+                             f"[0, {n})")
         mid = lo + split_point(hi - lo)
         a, b = walk(lo, mid), walk(mid, hi)
-        if b >= n:
+        if b >= count:
             free.append(b)  # (read by this combine, then free)
-        if a >= n:
-            dest = a  # (as tree_reduce: into the left operand when it is a temporary)
+        if a >= count or (a < len(owned) and owned[a]):
+            dest = a
         elif free:
             dest = free.pop()
         else:
@@ -86,18 +105,34 @@ def tree_steps(n: int) -> tuple[tuple[int, int, int], ...]:
         return dest
 
     walk(0, n)
+    if steps:
+        a, b, _ = steps[-1]
+        steps[-1] = (a, b, -1)
     return tuple(steps)
 
 
-def _reduce(items, combine, owned, lo, hi, out=None):
-    if hi - lo == 1:
-        return items[lo], owned[lo]
-    mid = lo + split_point(hi - lo)
-    left, left_owned = _reduce(items, combine, owned, lo, mid)
-    right, _ = _reduce(items, combine, owned, mid, hi)
-    if out is None and left_owned:
-        out = left
-    return combine(left, right, out), True
+def run_steps(steps: Sequence[tuple[int, int, int]], slots: list, combine: Combine,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Run :func:`combine_steps` ``steps`` over ``slots`` (the items, then the intermediates:
+    arrays to write into, or None, which the combine makes; extended with None where
+    short) with ``combine(a, b, out=...)`` (a numpy ufunc, or a function with an ``out``
+    parameter); the last step writes into ``out`` when given.
+    Returns the result (``out`` when given; the one item itself when there is no step and
+    no ``out``)."""
+    for a, b, dest in steps:
+        if dest < 0:
+            result = combine(slots[a], slots[b], out=out)
+            if out is not None and result is not out:
+                np.copyto(out, result)  # (a combine that could not write into out: 0-d)
+                return out
+            return result
+        if dest >= len(slots):
+            slots.extend([None] * (dest + 1 - len(slots)))
+        slots[dest] = combine(slots[a], slots[b], out=slots[dest])
+    if out is None:
+        return slots[0]
+    np.copyto(out, slots[0])
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -181,27 +216,5 @@ def node_reduce(nodes: Sequence[Node], items: Sequence[np.ndarray], combine: Com
     """
     if not nodes or len(nodes) != len(items):
         raise ValueError(f"node_reduce of {len(items)} items on {len(nodes)} nodes")
-    if nodes[0][0] != 0 or any(a[1] != b[0] for a, b in zip(nodes, nodes[1:])):
-        raise ValueError(f"nodes {list(nodes)} do not cover [0, {nodes[-1][1]}) in order")
-    index = {node: t for t, node in enumerate(nodes)}
-    result, _ = _reduce_nodes(index, items, combine, owned or [False] * len(items), 0,
-                              nodes[-1][1], out)
-    if out is not None and result is not out:
-        np.copyto(out, result)
-        return out
-    return result
-
-
-def _reduce_nodes(index, items, combine, owned, lo, hi, out=None):
-    at = index.get((lo, hi))
-    if at is not None:
-        return items[at], owned[at]
-    if hi - lo < 2:
-        raise ValueError(f"nodes {sorted(index)} are not all nodes of the tree of "
-                         f"[0, {max(h for _, h in index)})")
-    mid = lo + split_point(hi - lo)
-    left, left_owned = _reduce_nodes(index, items, combine, owned, lo, mid)
-    right, _ = _reduce_nodes(index, items, combine, owned, mid, hi)
-    if out is None and left_owned:
-        out = left
-    return combine(left, right, out), True
+    steps = combine_steps(tuple(tuple(node) for node in nodes), tuple(owned or ()))
+    return run_steps(steps, list(items), combine, out)

@@ -1,9 +1,11 @@
 """The data movement of the Horovod collectives on a process set's communicator.
 
-Reductions keep ipupod's canonical order: each member owns a contiguous chunk of the fused
+Reductions keep ipupod's canonical order and are the GCL all-reduce's exchange
+(:class:`collectives._reduction.Exchange`): each member owns a contiguous chunk of the fused
 buffer, receives every member's piece of it (all-to-all), combines the pieces in the tree
-order over process-set positions (:mod:`collectives.tree`), and an all-gather returns the
-chunks: the traffic of a ring allreduce, and bit-identical results on every member.
+order over process-set positions (:mod:`collectives.tree`), scales its chunk, and an
+all-gather returns the chunks: the traffic of a ring allreduce, and bit-identical results
+on every member.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from collectives._reduction import Exchange
 from collectives.horovod._wire import patience_for
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.tree import tree_reduce
@@ -62,19 +65,6 @@ def _adasum(a: np.ndarray, b: np.ndarray, out=None) -> np.ndarray:
     return (ca * a64 + cb * b64).astype(a.dtype).reshape(a.shape)
 
 
-def _parts(arrays: Sequence[np.ndarray], lo: int, hi: int) -> list[np.ndarray]:
-    """Elements ``[lo, hi)`` of the arrays' concatenation, as views of the arrays (1-D)."""
-    out, at = [], 0
-    for a in arrays:
-        n = a.size
-        if at + n > lo and at < hi:
-            out.append(a.reshape(-1)[max(lo - at, 0):min(hi, at + n) - at])
-        at += n
-        if at >= hi:
-            break
-    return out
-
-
 def _scale_into(chunk: np.ndarray, factor: float) -> None:
     """``chunk`` scaled as :func:`scale`, in place (same bytes)."""
     if factor == 1.0:
@@ -91,49 +81,21 @@ def allreduce_group(engine, comm, members: Sequence[int], arrays: Sequence[np.nd
     ``op`` (Sum/Min/Max/Product; Average reduces as Sum), times ``postscale`` (as
     :func:`scale`). Returns one new 1-D array: the arrays' results one after the other.
 
-    Each member's chunk of the concatenation (Horovod's uneven split) travels from and is
-    reduced out of the arrays themselves (the transport's ``alltoallv_parts``), straight
-    into its place in the result, scaled there (1/P of the elements per member), and an
-    in-place all-gather completes the result.
+    The concatenation is the GCL all-reduce's one partial: its exchange
+    (:class:`~collectives._reduction.Exchange`) scales each member's reduced chunk in its
+    place (1/P of the elements per member) before the all-gather completes the result.
     """
     dtype = arrays[0].dtype
-    n = sum(a.size for a in arrays)
-    if comm is None or n == 0:
-        whole = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else \
-            np.zeros(0, dtype)
+    whole = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) != 1 else \
+        np.ascontiguousarray(arrays[0]).reshape(-1)
+    if comm is None or whole.size == 0:
+        whole = whole.copy() if len(arrays) == 1 else whole
         _scale_into(whole, postscale)
         return whole
-    P, me, item = comm.size, comm.rank, dtype.itemsize
-    counts = split_counts(n, P)
-    at = [sum(counts[:j]) for j in range(P + 1)]
-    mine = counts[me]
-    recv = np.empty((P - 1) * mine, dtype)
-    rows = {j: recv[(j - (j > me)) * mine:(j - (j > me) + 1) * mine]
-            for j in range(P) if j != me}
-    own = _parts(arrays, at[me], at[me + 1])
-    sizes = [p.size for p in own]
-    offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
-
-    def split(row):
-        return [row[offsets[k]:offsets[k + 1]].view(np.uint8) for k in range(len(sizes))]
-
-    send_parts = [[] if j == me else [p.view(np.uint8) for p in _parts(arrays, at[j], at[j + 1])]
-                  for j in range(P)]
-    recv_parts = [[] if j == me else split(rows[j]) for j in range(P)]
-    comm.alltoallv_parts(send_parts, recv_parts,
-                         patience_for(engine, "hvd.allreduce", members, True))
-    whole = np.empty(n, dtype)
-    combine, owned = _combiner(op), [j != me for j in range(P)]
-    for k, part in enumerate(own):  # this member's chunk, reduced straight into its place
-        lo, hi = offsets[k], offsets[k + 1]
-        pieces = [part if j == me else rows[j][lo:hi] for j in range(P)]
-        tree_reduce(pieces, combine, owned, out=whole[at[me] + lo:at[me] + hi])
-    _scale_into(whole[at[me]:at[me + 1]], postscale)
-    got = comm.allgatherv_into(whole.view(np.uint8), [c * item for c in counts],
-                               patience_for(engine, "hvd.allreduce", members, True))
-    if not np.shares_memory(got, whole):  # (a transport that returned a new buffer)
-        whole[...] = np.frombuffer(np.asarray(got, np.uint8)[:whole.nbytes], dtype)
-    return whole
+    exchange = Exchange(engine, comm, patience_for(engine, "hvd.allreduce", members, True),
+                        [whole.size], dtype, OPERATORS[op], True,
+                        finish_chunk=lambda chunk: _scale_into(chunk, postscale))
+    return exchange.finish(exchange.start([whole]))[0]
 
 
 def adasum_tensors(engine, comm, members, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -155,9 +117,10 @@ def allgather_bytes(engine, comm, members, send: np.ndarray, counts: list[int]) 
     """Every member's bytes (``counts[j]`` from member j), concatenated, as uint8."""
     if comm is None:
         return send.copy()
-    got = comm.allgatherv(np.ascontiguousarray(send, np.uint8), counts,
-                          patience_for(engine, "hvd.allgather", members, True))
-    return np.asarray(got, np.uint8)[:sum(counts)]
+    got = np.empty(sum(counts), np.uint8)
+    comm.allgatherv(np.ascontiguousarray(send, np.uint8), got, counts,
+                    patience_for(engine, "hvd.allgather", members, True)).wait()
+    return got
 
 
 def alltoall_bytes(engine, comm, members, send: np.ndarray, send_counts: list[int],
@@ -166,18 +129,19 @@ def alltoall_bytes(engine, comm, members, send: np.ndarray, send_counts: list[in
     member received, concatenated in member order."""
     if comm is None:
         return send.copy()
-    got = comm.alltoallv(np.ascontiguousarray(send, np.uint8), send_counts, recv_counts,
-                         patience_for(engine, "hvd.alltoall", members, True))
-    return np.asarray(got, np.uint8)[:sum(recv_counts)].copy()
+    got = np.empty(sum(recv_counts), np.uint8)
+    comm.alltoallv(np.ascontiguousarray(send, np.uint8), send_counts, got, recv_counts,
+                   patience_for(engine, "hvd.alltoall", members, True)).wait()
+    return got
 
 
 def broadcast_bytes(engine, comm, members, data: np.ndarray, root: int) -> np.ndarray:
     """Member ``root``'s bytes on every member (``data`` the same length everywhere)."""
     if comm is None:
         return data.copy()
-    got = comm.broadcast(np.ascontiguousarray(data, np.uint8).copy(), root,
-                         patience_for(engine, "hvd.broadcast", members, True))
-    return np.asarray(got, np.uint8)[:data.nbytes].copy()
+    got = np.ascontiguousarray(data, np.uint8).copy()
+    comm.broadcast(got, root, patience_for(engine, "hvd.broadcast", members, True)).wait()
+    return got
 
 
 def reduce_pieces(pieces: list[np.ndarray], op: str) -> np.ndarray:

@@ -180,7 +180,7 @@ def init() -> None:
 
 
 def _exchange_hosts(engine) -> list[str]:
-    from collectives.horovod._wire import patience_for
+    from collectives.horovod._wire import gather_rows, patience_for
     name = socket.gethostname()
     # the host's name and a digest (names longer than the field still compare whole)
     raw = (hashlib.sha256(name.encode()).hexdigest()[:16] + name)[:_HOST_BYTES]
@@ -189,7 +189,7 @@ def _exchange_hosts(engine) -> list[str]:
     if count == 1:
         return [raw]
     comm = engine.communicator(tuple(range(count)))
-    rows = comm.allgather(send.copy(), patience_for(engine, "hvd.init", comm.members))
+    rows = gather_rows(comm, send.copy(), patience_for(engine, "hvd.init", comm.members))
     return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in rows]
 
 

@@ -43,6 +43,14 @@ def patience_for(engine, what: str, members: Sequence[int], committed: bool = Fa
                     committed=committed, name_absent=names)
 
 
+def gather_rows(comm, send: np.ndarray, patience: Patience) -> np.ndarray:
+    """Every member's ``send`` (``uint8``, the same length on every member), as
+    ``uint8[size, len(send)]`` in member order."""
+    rows = np.empty(comm.size * send.nbytes, np.uint8)
+    comm.allgatherv(send, rows, [send.nbytes] * comm.size, patience).wait()
+    return rows.reshape(comm.size, send.nbytes)
+
+
 @dataclass
 class Signature:
     """What one rank calls: compared across the ranks of the process set.
@@ -142,7 +150,7 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
         header[8:] = np.frombuffer(hashlib.sha256(text).digest(), np.int64)
     what = f"hvd.{sig.kind if sig else 'join'}" + (f" {sig.fields.get('name')!r}"
                                                   if sig and sig.fields.get("name") else "")
-    rows = comm.allgather(header.view(np.uint8), patience_for(engine, what, members))
+    rows = gather_rows(comm, header.view(np.uint8), patience_for(engine, what, members))
     heads = rows.view(np.int64).reshape(len(members), _HEADER)
     joined = [bool(h[2]) for h in heads]
     positions = [int(h[5]) for h in heads]
@@ -178,17 +186,18 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
     if var_len == 0:
         return Agreement(sig, joined, np.zeros((len(members), 0), np.int64), False, positions)
     mine = sizes if sig is not None and sizes.size == var_len else np.zeros(var_len, np.int64)
-    got = comm.allgather(mine.view(np.uint8), patience_for(engine, what, members, True))
+    got = gather_rows(comm, mine.view(np.uint8), patience_for(engine, what, members, True))
     return Agreement(sig, joined, got.view(np.int64).reshape(len(members), var_len), False,
                      positions)
 
 
 def _exchange_texts(engine, comm, members, text: bytes, lengths: list[int], what: str):
     counts = [max(n, 0) for n in lengths]
-    data = comm.allgatherv(np.frombuffer(text, np.uint8).copy(), counts,
-                           patience_for(engine, what, members, True))
+    data = np.empty(sum(counts), np.uint8)
+    comm.allgatherv(np.frombuffer(text, np.uint8).copy(), data, counts,
+                    patience_for(engine, what, members, True)).wait()
     out, pos = [], 0
-    raw = bytes(np.asarray(data, np.uint8))
+    raw = bytes(data)
     for n in counts:
         out.append(raw[pos:pos + n].decode(errors="replace"))
         pos += n

@@ -50,8 +50,8 @@ def _forge(length: int) -> None:
 
     engine = get_engine()
     members = tuple(range(engine.transport.process_count))
-    comm = engine.transport.communicator(members)._ready(
-        engine.data_patience(_Label(), members))
+    comm = engine.transport.communicator(members).ready(
+        engine.data_patience("forged agreement", members))
     tag = mpi_agreement.TAG_ROUND
     block = np.zeros(mpi_agreement._BLOCK_CAPACITY, np.uint8)
     status = MPI.Status()
@@ -64,10 +64,6 @@ def _forge(length: int) -> None:
     words[1] = length  # the first block's payload length
     comm.Send([forged, MPI.BYTE], 0, tag + 1)  # round 2: "two blocks" to instance 0
     print("RESULT forged", flush=True)
-
-
-class _Label:
-    label = "forged agreement"
 
 
 def main(mode: str) -> int:

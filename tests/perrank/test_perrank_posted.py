@@ -1,7 +1,7 @@
-"""Large calls whose messages are posted before their agreement (one replica per instance,
-at least ``EARLY_MIN_MEMBERS`` instances over MPI: ``collectives.transports.mpi_early``),
-run by every instance like test_perrank_collectives.py: a call that does not agree names
-the difference, hangs nobody, and leaves no message that a later call could take."""
+"""Large calls whose messages are posted before their agreement (at least
+``POSTED_MIN_MEMBERS`` instances over MPI: ``collectives.transports.mpi_work``), run by every
+instance like test_perrank_collectives.py: a call that does not agree names the difference,
+hangs nobody, and leaves no message that a later call could take."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from poprun import popdist
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
-#: float32 elements: 4 MiB, above every threshold of the early path
+#: float32 elements: 4 MiB, above every threshold of posting before the agreement
 _N = 1 << 20
 #: the same for an all_to_all: 6 MiB, cut to a multiple of the replica count
 #: (:func:`_n_split`)
@@ -28,30 +28,31 @@ def _n_split(R: int) -> int:
     return _N_SPLIT - _N_SPLIT % R
 
 
-def _posts_early() -> bool:
-    """Whether this job posts its large sole calls early (the MPI transport only)."""
+def _posts() -> bool:
+    """Whether this job posts its large one-replica calls before their agreement (the MPI
+    transport only)."""
     transport = get_engine().transport
     if not hasattr(transport, "orphans"):
         return False
-    from collectives.transports.mpi_early import EARLY_MIN_MEMBERS
+    from collectives.transports.mpi_work import POSTED_MIN_MEMBERS
     return (popdist.getNumLocalReplicas() == 1
-            and popdist.getNumInstances() >= EARLY_MIN_MEMBERS)
+            and popdist.getNumInstances() >= POSTED_MIN_MEMBERS)
 
 
-def test_early_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
+def test_posted_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
     R = strategy.num_replicas_in_sync
     n_split = _n_split(R)
-    # (the communicator's first call makes it, so posts nothing early: not this one)
+    # (the job's communicator exists before this call's plan: its first call made it)
     strategy.run(lambda: C.cross_replica_sum(np.ones(1, np.float32)))
 
-    def step():  # odd replicas post an all_to_all early, even ones a broadcast
+    def step():  # odd replicas post an all_to_all before the agreement, even a broadcast
         r = int(C.replication_index())
         x = np.full(n_split, r, np.float32)
         return _mismatch(lambda: C.all_to_all(x, 0, 0) if r % 2 else C.broadcast(x))
 
     for message in strategy.run(step):
         assert "all_to_all" in message and "broadcast" in message, message
-    if _posts_early() and popdist.getInstanceIndex() % 2:
+    if _posts() and popdist.getInstanceIndex() % 2:
         # its sends to the instances that called broadcast are never received
         assert get_engine().transport.orphans
     # the same signature again, twice: every block comes from this call's senders
@@ -67,7 +68,7 @@ def test_early_sends_of_a_call_that_did_not_agree_reach_no_later_call(strategy):
             assert np.array_equal(result, want), (r, call)
 
 
-def test_early_receives_of_a_call_that_did_not_agree_take_nothing_later(strategy):
+def test_posted_receives_of_a_call_that_did_not_agree_take_nothing_later(strategy):
     R = strategy.num_replicas_in_sync
     last = R - 1
 
@@ -125,42 +126,66 @@ class _Request:
         return self.polls < 0
 
 
-class _Transport:
-    def __init__(self):
+class _Owner:
+    """A stand-in for the MPI communicator of posted messages: its mpi4py communicator
+    hands out ``requests`` in turn (receives first, as Messages posts them); what a
+    withdrawal leaves goes to ``orphans``."""
+
+    def __init__(self, requests):
+        self._requests = iter(requests)
+        self._comm = self
         self.orphans = []
+
+    def Irecv(self, buffer, source, tag):
+        return next(self._requests)
+
+    Isend = Irecv
+
+    def sweep_orphans(self):
+        pass
+
+    def orphan(self, pending, buffers):
+        self.orphans.append((pending, buffers))
+
+    def complete(self, requests, patience, spin=True):
+        pass
+
+
+def _posted(owner, receives: int, sends: int):
+    from collectives.transports import mpi_work
+    buffer = np.zeros(4, np.uint8)
+    return mpi_work.Messages(owner, [(1, buffer)] * sends, [(1, buffer)] * receives, 7, None,
+                             None, posted=True, buffers=(buffer,))
 
 
 def test_withdraw_cancels_receives_and_keeps_the_sends_no_one_takes():
-    from collectives.transports import mpi_early
-    transport = _Transport()
     recvs = [_Request(3), _Request(fails=True)]  # cancelled late; cut short by another call
     stuck_send, sent = _Request(None), _Request(0)
-    call = mpi_early.EarlyCall(transport, recvs, [stuck_send, sent], (np.zeros(4),))
-    call.withdraw()
+    owner = _Owner([*recvs, stuck_send, sent])
+    messages = _posted(owner, 2, 2)
+    messages.withdraw()
     assert all(r.cancelled for r in recvs)
-    assert len(transport.orphans) == 1 and transport.orphans[0][0] == [stuck_send]
-    call.withdraw()  # once only
-    assert len(transport.orphans) == 1
+    assert len(owner.orphans) == 1 and owner.orphans[0][0] == [stuck_send]
+    messages.withdraw()  # once only
+    assert len(owner.orphans) == 1
     with pytest.raises(RuntimeError, match="withdrawn already"):
-        call.take()
+        messages.wait()
 
 
 def test_withdraw_stops_the_collectives_when_a_receive_cannot_be_cancelled(monkeypatch):
-    from collectives.transports import mpi_early
-    monkeypatch.setattr(mpi_early, "WITHDRAW_S", 0.01)
-    transport = _Transport()
+    from collectives.transports import mpi_work
+    monkeypatch.setattr(mpi_work, "WITHDRAW_S", 0.01)
     stuck = _Request(None)
-    call = mpi_early.EarlyCall(transport, [stuck], [], (np.zeros(4),))
+    owner = _Owner([stuck])
     with pytest.raises(C.TransportError, match="could not be cancelled"):
-        call.withdraw()
-    assert transport.orphans == [([stuck], call._buffers)]
+        _posted(owner, 1, 0).withdraw()
+    assert [pending for pending, _ in owner.orphans] == [[stuck]]
 
 
-def test_taken_messages_are_not_withdrawn():
-    from collectives.transports import mpi_early
-    transport = _Transport()
+def test_waited_messages_are_not_withdrawn():
     recv, send = _Request(None), _Request(None)
-    call = mpi_early.EarlyCall(transport, [recv], [send], ())
-    assert call.take() == ([recv], [send])
-    call.withdraw()
-    assert not recv.cancelled and transport.orphans == []
+    owner = _Owner([recv, send])
+    messages = _posted(owner, 1, 1)
+    messages.wait()
+    messages.withdraw()
+    assert not recv.cancelled and owner.orphans == []
