@@ -159,10 +159,12 @@ class Gather(_Moves):
     def finish(self, values: Sequence[np.ndarray], partials, blocks, started) -> list:
         """Step 4: each local replica's ``[k, *shape]``."""
         engine, offset = self._engine, self._engine.replica_index_offset
-        if blocks is not None:
-            out = np.concatenate(blocks).view(self._dtype).reshape(
-                (engine.num_replicas, *self._shape))
-            return self._handed(out, values)
+        if blocks is not None:  # (every instance's values; rows made again for other blocks)
+            if blocks is not self._blocks:
+                row = (len(blocks[0]) // self._nbytes, *self._shape)
+                self._rows = [b.view(self._dtype).reshape(row) for b in blocks]
+                self._blocks = blocks
+            return self._handed(np.concatenate(self._rows), values)
         results: list = [None] * len(values)
         for members, local in self._alone:
             give(results, engine, local, np.stack([values[r - offset] for r in members]),
@@ -299,14 +301,14 @@ class AllToAll(_Moves):
         """The results from every instance's carried payload (its replicas' whole values),
         or, ``indexed``, from every instance's piece for this one."""
         engine, dtype = self._engine, self._dtype
-        if self.carried.piece:
-            results[0] = np.concatenate(blocks).view(dtype).reshape(self._shape)
-            return results
         if len(values) == 1 and self._split == 0 and self._concat == 0:
             if blocks is not self._blocks:  # (rows made again only for other blocks)
-                at, count = engine.replica_index_offset * self._block_bytes, self._block_bytes
-                self._rows, self._blocks = [b[at:at + count] for b in blocks], blocks
-            results[0] = np.concatenate(self._rows).view(dtype).reshape(self._shape)
+                # (indexed: the pieces themselves; else this instance's piece of each)
+                at = 0 if self.carried.piece else engine.replica_index_offset * self._block_bytes
+                self._rows = [b[at:at + self._block_bytes].view(dtype).reshape(self._block_shape)
+                              for b in blocks]
+                self._blocks = blocks
+            results[0] = np.concatenate(self._rows)
             return results
         shape = (len(values), *self._shape)
         senders = [v for b in blocks for v in b.view(dtype).reshape(shape)]

@@ -321,6 +321,7 @@ class Reduction:
         self._local = op is CollectiveOperator.LOCAL
         self._mean = op is CollectiveOperator.MEAN
         self._square = op is CollectiveOperator.SQUARE_ADD
+        self._pad = scatter and self._groups[0].length != n  # (a reduce-scatter's padding)
         # one local replica: its partial of its one group is its value (prepared)
         self._one = engine.num_local_replicas == 1 and len(self._groups) == 1
         self._alone = [g for g in self._groups if len(g.instances) == 1]
@@ -404,10 +405,9 @@ class Reduction:
         block."""
         if self._local:
             return []
-        if self._one:  # (its partial: its value, prepared)
+        if self._one:  # (its partial: its value, prepared; a reduce-scatter's padded)
             partial = values[0] if not self._square else prepare(self._op, values[0])
-            return [padded(partial.reshape(-1), self._groups[0].length) if self._scatter
-                    else partial]
+            return [padded(partial, self._groups[0].length) if self._pad else partial]
         engine, op, out = self._engine, self._op, []
         for g in self._groups:
             parts = [local_partial(engine, values, g.members, op)] if g.mine is None else \
@@ -441,8 +441,12 @@ class Reduction:
     def finish(self, values: Sequence[np.ndarray], partials: list, blocks, started) -> list:
         """Step 4: one result per local replica, from the carried ``blocks``, or from the
         exchanges (``started``: the first one's, started before the agreement, or None)."""
-        if blocks is not None:
-            total = self._from_blocks(blocks)
+        if blocks is not None:  # carried: every instance's partials, in the blocks
+            if blocks is not self._blocks:  # (the rows made again only for other blocks)
+                self._slots, self._blocks = self._rows(blocks), blocks
+            total = run_steps(self._carried_steps, self._slots, self._combine)
+            if not self._scatter and total.shape != self._shape:
+                total = total.reshape(self._shape)
             if self._one:  # (its one result: a new array)
                 return [finish(self._op, total, self._engine.num_replicas) if self._mean
                         else total]
@@ -498,22 +502,18 @@ class Reduction:
             part = total[p * c:(p + 1) * c]
             results[r - offset] = part.copy() if whole else part  # (disjoint slices)
 
-    def _from_blocks(self, blocks) -> np.ndarray:
-        """The reduction of every instance's carried payload (its partials): the whole of
-        it (an all-reduce, shaped) or this instance's chunks (a reduce-scatter, 1-D), a new
-        array. The blocks' typed rows are made again only for another list of blocks (a
-        transport hands the same one while its buffers stay: MPI's reused agreement)."""
-        if blocks is not self._blocks:
-            g, dtype = self._groups[0], self._dtype
-            stride, lo, hi = self._rows_at
-            if stride is None:  # (indexed: the pieces themselves)
-                rows = [b.view(dtype) for b in blocks]
-            elif g.nodes is None:
-                rows = [b.view(dtype)[lo:hi] for b in blocks]
-            else:
-                rows = [b.view(dtype)[t * stride + lo:t * stride + hi]
-                        for b, ns in zip(blocks, g.nodes) for t in range(len(ns))]
-            self._slots, self._blocks = rows, blocks  # (run_steps keeps intermediates there)
-        total = run_steps(self._carried_steps, self._slots, self._combine)
-        return total if self._scatter or total.shape == self._shape else \
-            total.reshape(self._shape)
+    def _rows(self, blocks) -> list[np.ndarray]:
+        """The typed rows of the carried ``blocks`` that this instance combines: every
+        instance's partials (an all-reduce), or their elements of this instance's chunks (a
+        reduce-scatter; indexed: the pieces themselves), in the tree's order. Made again
+        only for another list of blocks: a transport hands the same one again while its
+        views stay valid (MPI's reused agreement), and run_steps keeps its intermediates
+        after the rows."""
+        g, dtype = self._groups[0], self._dtype
+        stride, lo, hi = self._rows_at
+        if stride is None:
+            return [b.view(dtype) for b in blocks]
+        if g.nodes is None:
+            return [b.view(dtype)[lo:hi] for b in blocks]
+        return [b.view(dtype)[t * stride + lo:t * stride + hi]
+                for b, ns in zip(blocks, g.nodes) for t in range(len(ns))]
