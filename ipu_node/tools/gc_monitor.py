@@ -17,10 +17,9 @@ import time
 from ipu_node.occupancy import Holder, Occupancy
 from ipu_node.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, model_or_none, parser
-from ipu_node.tools.gc_info import clock_mhz
+from ipu_node.tools.gc_info import ICU_FW, clock_mhz
 
-#: ICU firmware and server version shown for IPU-M2000s (seed 000:437).
-ICU_FW = "2.1.3"
+#: server version shown for IPU-M2000s (seed 000:437); the ICU firmware is gc-info's
 SERVER_VERSION = "1.5.4"
 
 
