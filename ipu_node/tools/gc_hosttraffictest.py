@@ -26,7 +26,7 @@ from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUError
 from ipu_node.links import GB
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 
 def host_traffic(model: SystemModel, device_id: int) -> dict:
@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--device-id", type=int, default=0, metavar="ID",
                    help="device (a gc-info id; default 0)")
     p.add_argument("-j", "--json-output", action="store_true", help="emit JSON")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     try:

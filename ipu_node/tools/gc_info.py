@@ -16,7 +16,7 @@ from ipu_node.errors import IPUError
 from ipu_node.occupancy import Occupancy
 from ipu_node.chips import chip
 from ipu_node.systems import IPUInfo, SystemModel
-from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: ICU firmware shown for IPU-M2000 (and Bow-2000) IPUs (seed 000:437)
 ICU_FW = "2.1.3"
@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--device-id", type=int, metavar="ID", help="device to describe")
     p.add_argument("-I", "-i", "--device-info", action="store_true",
                    help="print the attributes of the device given with -d")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     if args.list_devices:

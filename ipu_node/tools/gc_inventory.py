@@ -16,7 +16,7 @@ import sys
 from ipu_node.device_ids import gc_devices
 from ipu_node.occupancy import Occupancy
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, parse, parser
 from ipu_node.tools.gc_info import format_device_info
 
 
@@ -31,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the inventory of the emulated system; returns the exit status."""
     p = parser("gc-inventory", "List the devices of the emulated IPU system with their "
                                "attributes (ids, physical parameters, firmware versions).")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     sys.stdout.write(format_inventory(model, Occupancy(model.name)))

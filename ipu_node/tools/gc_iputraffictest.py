@@ -24,7 +24,7 @@ from ipu_node.errors import IPUError
 from ipu_node.links import GB, Link, LinkKind
 from ipu_node.routing import route
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: the source of each kind of link's per-link figure, by the chip's field
 _FIELD = {LinkKind.IPU_LINK: "ipu_link_bytes_per_s", LinkKind.GW_LINK: "gw_link_bytes_per_s",
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device1", type=int, metavar="ID", help="second IPU of the exchange")
     p.add_argument("--all-links", action="store_true", help="every IPU-Link and GW-Link")
     p.add_argument("-j", "--json-output", action="store_true", help="emit JSON")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     if args.all_links:

@@ -29,7 +29,7 @@ from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUBusyError, IPUError
 from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: exit status of a reset refused because the device is in use
 EXIT_IN_USE = 1
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     which = p.add_mutually_exclusive_group()
     which.add_argument("-d", "--device-id", type=int, metavar="ID", help="device to reset")
     which.add_argument("-a", "--all", action="store_true", help="reset every IPU (default)")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     try:
