@@ -165,3 +165,27 @@ def test_importing_horovod_imports_no_torch():
                "collectives.ipu.horovod; sys.exit(1 if 'torch' in sys.modules else 0)"],
               timeout_s=60, env=child_env(), cwd=ROOT)
     assert job.returncode == 0, job.stdout + job.stderr
+
+
+@pytest.mark.slow
+def test_a_torch_job_with_horovod_as_graphcores_poptorch_examples_use_it(tmp_path):
+    # reference poptorch.md §8: broadcast_parameters(model.state_dict()) before training, a
+    # common seed by hvd.broadcast, metrics by grouped_allreduce/allgather; the examples'
+    # sync oracle: every instance's checkpoint the same; and the same training as one
+    # instance on the whole batch (up to the rounding of the shards' mean)
+    import torch
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    prog = ["-m", "tests.programs.hvd_torch_job"]
+    job = run([PYTHON, "-m", "poprun", "-n", "2", PYTHON, *prog, str(two), "4"], timeout_s=120,
+              env=child_env(), cwd=ROOT)
+    assert job.returncode == 0, job.stdout + job.stderr
+    alone = run([PYTHON, *prog, str(one), "4"], timeout_s=120, env=child_env(), cwd=ROOT)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    a, b = (torch.load(two / f"checkpoint-instance-{i}.pt") for i in range(2))
+    c = torch.load(one / "checkpoint-instance-0.pt")
+    assert a["losses"] == b["losses"]
+    for key in a["state"]:
+        assert torch.equal(a["state"][key], b["state"][key]), key
+        torch.testing.assert_close(a["state"][key], c["state"][key], rtol=1e-5, atol=1e-6)
+    assert "[1,0]<stdout>:RESULT loss" in job.stdout and "[1,1]<stdout>:RESULT" not in job.stdout
