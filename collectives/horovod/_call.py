@@ -10,7 +10,6 @@ call it will not make; the rank itself raises its own ``ValueError``/``TypeError
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -56,14 +55,11 @@ class Call:
         self.set._calls += 1
         return agree(self.engine, self.comm, self.members, sig, sizes, join_pos)
 
-    @contextmanager
-    def checking(self):
-        """Check the call's arguments inside: a ``ValueError``/``TypeError`` raised there is
-        the call's argument error: every rank of the set raises it (:meth:`fail`)."""
-        try:
-            yield
-        except (ValueError, TypeError) as exc:
-            self.fail(exc)
+    def checking(self) -> "_Checking":
+        """Check the call's arguments inside (``with call.checking():``): a
+        ``ValueError``/``TypeError`` raised there is the call's argument error: every rank
+        of the set raises it (:meth:`fail`)."""
+        return _Checking(self)
 
     def fail(self, exc: BaseException) -> None:
         """Take part in the agreement with the error ``exc``, then raise it.
@@ -77,6 +73,23 @@ class Call:
             except CollectiveError:
                 pass  # (the others' side of the same failure; this rank raises its own)
         raise exc
+
+
+class _Checking:
+    """The context of :meth:`Call.checking` (a class, not a generator: one per call)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Call):
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, (ValueError, TypeError)):
+            self.call.fail(exc)
+        return False
 
 
 def op_of(op, average, what: str) -> str:

@@ -44,7 +44,8 @@ def _prepared(call: Call, tensors, average, op, compression, pre, post):
     """``(op, arrays, likes, contexts, pre, post)`` of a call's arguments (in
     :meth:`Call.checking`)."""
     op = op_of(op, average, call.what)
-    compressed = [compression.compress(t) for t in tensors]
+    compressed = [(t, None) for t in tensors] if compression is Compression.none else \
+        [compression.compress(t) for t in tensors]
     arrays, likes = zip(*[to_array(c) for c, _ in compressed]) if compressed else ((), ())
     for like in likes:
         reduction_check(like, call.what)
@@ -78,10 +79,13 @@ def _grouped(tensors: Sequence, average, name, compression, op, prescale_factor,
             for target, r in zip(into, results):
                 write_into(target, r)
             return list(into)
+        if compression is Compression.none:
+            return [from_array(r, like) for r, like in zip(results, likes)]
         return [compression.decompress(from_array(r, like), ctx)
                 for r, like, ctx in zip(results, likes, ctxs)]
 
-    if into is not None or not _autograd.wants_graph(tensors):
+    if into is not None or not any(like.is_torch for like in likes) or \
+            not _autograd.wants_graph(tensors):
         return forward()
 
     def backward(*grads):  # horovod.torch's: the gradient allreduced alike

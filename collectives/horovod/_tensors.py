@@ -22,7 +22,7 @@ import numpy as np
 
 def is_torch(x) -> bool:
     """Whether ``x`` is a torch tensor (or Parameter), without importing torch."""
-    return type(x).__module__.split(".", 1)[0] == "torch" and hasattr(x, "detach")
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
 def torch_module():
@@ -61,6 +61,8 @@ def to_array(x) -> tuple[np.ndarray, Like]:
         TypeError: a torch tensor of a dtype numpy has not got (other than bfloat16), or
             something ``np.asarray`` cannot take.
     """
+    if type(x) is np.ndarray and x.flags.c_contiguous:  # (the common case, first)
+        return x, NUMPY
     if is_torch(x):
         torch = torch_module()
         t = x.detach()
