@@ -153,7 +153,7 @@ class CollectiveEngine:
         """Called by local replica ``local_index`` with its input; returns its share of the
         result. Raises the collective's error on every replica."""
         if self.num_local_replicas == 1:
-            return plan(value)
+            return plan.run((value,))[0]
         rendezvous = self.rendezvous
         slot, seq, leader = rendezvous.arrive(local_index, plan.desc, value, plan)
         if leader:

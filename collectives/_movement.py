@@ -42,7 +42,10 @@ class _Moves:
 
     Attributes:
         carried: the payload the plan chose to carry in the agreement, or None.
+        combines: False: there is nothing to combine (:meth:`combine` gives the values).
     """
+
+    combines = False
 
     def __init__(self, engine, text, group: CommGroup, dtype: np.dtype,
                  shape: tuple[int, ...], key=lambda members: ()):

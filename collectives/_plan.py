@@ -134,32 +134,32 @@ class Plan:
             return Carry.indexed(count, piece)
         return carry
 
-    def __call__(self, value: Any) -> Any:
-        """The next call of the instance's one local replica: :meth:`run` of its input."""
-        rendezvous = self._engine.rendezvous
-        if rendezvous.failure is not None:
-            rendezvous.raise_if_failed()
-        seq = rendezvous.seq[0]
-        rendezvous.seq[0] = seq + 1
-        return self.run((value,), seq)[0]
-
-    def run(self, values: Sequence[Any], seq: int, desc: Descriptor | None = None) -> list:
+    def run(self, values: Sequence[Any], seq: int | None = None,
+            desc: Descriptor | None = None) -> list:
         """Call number ``seq`` with one value per local replica: its four steps (module
-        docstring), recorded; one result per local replica. ``desc``: the call's
-        descriptor when it carries an error (a local replica called something else): every
-        instance raises it.
+        docstring), recorded; one result per local replica. ``seq`` None: the next call of
+        the instance's one local replica (no rendezvous: it leads every call). ``desc``: the
+        call's descriptor when it carries an error (a local replica called something
+        else): every instance raises it.
 
         Raises:
-            The collective's errors; a timeout or transport failure also aborts the engine
-            (requests may still be pending: it is unusable).
+            The collective's errors (CollectiveAbortedError once the engine is unusable); a
+            timeout or transport failure also aborts the engine (requests may still be
+            pending: it is unusable).
         """
+        if seq is None:
+            rendezvous = self._engine.rendezvous
+            if rendezvous.failure is not None:
+                rendezvous.raise_if_failed()
+            seq = rendezvous.seq[0]
+            rendezvous.seq[0] = seq + 1
         start = _clock()
         steps, comm = self.steps, self._comm
         self._text.seq = seq
         try:
             if desc is not None and desc.error:
                 self._agreement.exchange_descriptors(desc)
-            partials = steps.combine(values)                        # 1. combine
+            partials = steps.combine(values) if steps.combines else values  # 1. combine
             if comm is None:
                 results = steps.finish(values, partials, None, None)
             else:

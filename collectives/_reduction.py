@@ -324,6 +324,9 @@ class Reduction:
         self._pad = scatter and self._groups[0].length != n  # (a reduce-scatter's padding)
         # one local replica: its partial of its one group is its value (prepared)
         self._one = engine.num_local_replicas == 1 and len(self._groups) == 1
+        #: whether :meth:`combine` does anything (one local replica: its value is its
+        #: partial, unless an operator prepares it or a reduce-scatter pads it)
+        self.combines = not self._one or self._square or self._pad or self._local
         self._alone = [g for g in self._groups if len(g.instances) == 1]
         by_set: dict[tuple, list[_Group]] = {}
         for g in self._groups:

@@ -5,7 +5,6 @@ instances a group spans, and how results are handed to the local members.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -29,12 +28,11 @@ LocalGroups = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
 
 def local_groups(engine, group: CommGroup) -> LocalGroups:
     """``(members, local members)`` of each group this instance takes part in, in group
-    order (the same order on every instance). Computed once per layout and group."""
+    order (the same order on every instance)."""
     return _local_groups(engine.num_replicas, engine.num_local_replicas,
                          engine.replica_index_offset, group)
 
 
-@lru_cache(maxsize=1024)
 def _local_groups(num_replicas: int, num_local_replicas: int, offset: int,
                   group: CommGroup) -> LocalGroups:
     found = []
@@ -58,12 +56,11 @@ def reduction_groups(engine, group: CommGroup) -> ReductionGroups:
     (:func:`instances_of`), each instance's positions ``(lo, hi)``, and what each instance
     reduces ahead (:func:`collectives.tree.block_nodes`: None when one partial per
     instance, combined in instance order, is the canonical tree; always None within one
-    instance). Computed once per layout and group."""
+    instance)."""
     return _reduction_groups(engine.num_replicas, engine.num_local_replicas,
                              engine.replica_index_offset, group)
 
 
-@lru_cache(maxsize=1024)
 def _reduction_groups(num_replicas: int, num_local_replicas: int, offset: int,
                       group: CommGroup) -> ReductionGroups:
     found = []
@@ -80,7 +77,6 @@ def instances_of(engine, members: Sequence[int]) -> tuple[int, ...]:
     return _instances_of(engine.num_local_replicas, tuple(members))
 
 
-@lru_cache(maxsize=4096)
 def _instances_of(num_local_replicas: int, members: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted({r // num_local_replicas for r in members}))
 

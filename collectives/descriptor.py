@@ -12,14 +12,10 @@ import numpy as np
 #: bytes of an encoded descriptor on the wire (fixed, so instances can all-gather them)
 WIRE_BYTES = 512
 #: the wire form: the sequence number (int64, little-endian), then the other fields as JSON,
-#: space-padded; the JSON part depends on the call's signature only, so it is encoded once
+#: space-padded (the JSON part depends on the call's signature only: a call's plan makes its
+#: fingerprint once, and encodes it again only to name a difference)
 _SEQ = struct.Struct("<q")
 _BODY_BYTES = WIRE_BYTES - _SEQ.size
-#: encoded JSON parts by signature (a program calls few distinct signatures)
-_bodies: dict[tuple, bytes] = {}
-_MAX_BODIES = 4096
-#: 63-bit digests of encoded JSON parts (the same bytes objects as in ``_bodies``)
-_digests: dict[bytes, int] = {}
 _MASK63 = (1 << 63) - 1
 #: an odd multiplier (2^64 / golden ratio): ``seq -> seq * _SEQ_MIX mod 2^63`` is one-to-one
 _SEQ_MIX = 0x9E3779B97F4A7C15
@@ -88,8 +84,8 @@ class Descriptor:
 
     def encode(self) -> np.ndarray:
         """The descriptor as ``uint8[WIRE_BYTES]``: the sequence number as an int64, then the
-        other fields as space-padded JSON (never pickled; encoded once per signature)."""
-        return np.frombuffer(_SEQ.pack(self.seq) + self._body_bytes(), dtype=np.uint8)
+        other fields as space-padded JSON (never pickled)."""
+        return np.frombuffer(_SEQ.pack(self.seq) + self._encode_body(), dtype=np.uint8)
 
     def fingerprint(self) -> int:
         """A 63-bit number of the wire form (:meth:`encode`), the same on every process:
@@ -98,25 +94,8 @@ class Descriptor:
         odd constant, modulo 2^63). Non-negative, so that ``-fingerprint`` fits an int64 too
         (the MIN/MAX agreement of :meth:`Communicator.agree
         <collectives.transports.base.Communicator.agree>`)."""
-        body = self._body_bytes()
-        digest = _digests.get(body)
-        if digest is None:
-            digest = int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "little")
-            if len(_digests) >= _MAX_BODIES:
-                _digests.clear()
-            _digests[body] = digest
-        return (digest + self.seq * _SEQ_MIX) & _MASK63
-
-    def _body_bytes(self) -> bytes:
-        key = (self.op, self.operator, self.dtype, self.shape, self.group, self.name,
-               self.params, self.error)
-        body = _bodies.get(key)
-        if body is None:
-            body = self._encode_body()
-            if len(_bodies) >= _MAX_BODIES:
-                _bodies.clear()
-            _bodies[key] = body
-        return body
+        digest = hashlib.blake2b(self._encode_body(), digest_size=8).digest()
+        return (int.from_bytes(digest, "little") + self.seq * _SEQ_MIX) & _MASK63
 
     def _encode_body(self) -> bytes:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seq"}

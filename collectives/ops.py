@@ -84,7 +84,7 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
     plan, common_key = _common(x, replica_group_size, group, name,
                              ("cross_replica_reduce", op) if _plain_operator(op) else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     operator = _operator("cross_replica_reduce", op)
     return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name,
                        common_key)
@@ -102,8 +102,7 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)
     arr = as_collective_array(x, what, operator)
-    return _call(what, arr, g, name, spec, operator._value_,  # (.value runs Python)
-                 common_key=common_key)
+    return _call(what, arr, g, name, spec, operator.value, common_key=common_key)
 
 
 #: the keys of the common calls of cross_replica_sum, cross_replica_mean and all_gather
@@ -132,7 +131,7 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     """
     plan, common_key = _common(x, replica_group_size, group, name, _SUM_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     return _all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
                        group, name, common_key)
 
@@ -147,7 +146,7 @@ def cross_replica_mean(x, replica_group_size: int | None = None, name: str | Non
     """
     plan, common_key = _common(x, replica_group_size, group, name, _MEAN_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     return _all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
                        group, name, common_key)
 
@@ -172,7 +171,7 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     """
     plan, common_key = _common(x, replication_factor, group, name, _GATHER_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replication_factor", replication_factor, group)
     spec = ("all_gather",)
     if _is_nest(x):
@@ -209,7 +208,7 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     plan, common_key = _common(x, replication_factor, group, name,
                              ("reduce_scatter", op) if _plain_operator(op) else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
     spec = ("reduce_scatter", operator)
@@ -224,7 +223,7 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     if _is_nest(x):
         return _call_nest("reduce_scatter", x, g, name, spec, "reduce_scatter", check,
                           operator.value)
-    return _call("reduce_scatter", check(x), g, name, spec, operator._value_,
+    return _call("reduce_scatter", check(x), g, name, spec, operator.value,
                  common_key=common_key)
 
 
@@ -259,7 +258,7 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
         ("all_to_all", split_dimension, concat_dimension)
         if type(split_dimension) is int and type(concat_dimension) is int else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replication_factor", replication_factor, group)
     ctx = require_replica_context("all_to_all")
     k = len(_members("all_to_all", g, ctx.num_replicas)[0])
@@ -315,7 +314,7 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
     plan, common_key = _common(x, None, group, name, ("broadcast", root_replica)
                              if type(root_replica) is int else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replica_group_size", None, group)
     ctx = require_replica_context("broadcast")
     k = len(_members("broadcast", g, ctx.num_replicas)[0])

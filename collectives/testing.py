@@ -121,7 +121,7 @@ class _Checks:
         """``gathered`` carries: the agreement as without, with every member's payload
         (lengths differ, zero and CARRIED_MAX_BYTES included); None after a
         disagreement."""
-        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        n, me = self.comm.size, self.comm.rank
         for name, length in (("uneven", lambda j: 3 * j + 1),
                              ("the largest", lambda j: CARRIED_MAX_BYTES if j == 0 else 0)):
             carry = Carry.gathered([length(j) for j in range(n)])

@@ -52,7 +52,6 @@ def tree_reduce(items: Sequence[np.ndarray], combine: Combine,
     return run_steps(steps, list(items), combine, out)
 
 
-@lru_cache(maxsize=256)
 def _units(n: int) -> tuple[Node, ...]:
     return tuple((i, i + 1) for i in range(n))
 
@@ -135,7 +134,6 @@ def run_steps(steps: Sequence[tuple[int, int, int]], slots: list, combine: Combi
     return out
 
 
-@lru_cache(maxsize=4096)
 def subtrees(lo: int, hi: int, n: int) -> tuple[Node, ...]:
     """The largest nodes of the tree of ``[0, n)`` that lie inside ``[lo, hi)``, in
     position order; together they cover ``[lo, hi)``. ``((lo, hi),)`` exactly when the
@@ -161,7 +159,6 @@ def _cover(a: int, b: int, lo: int, hi: int, found: list) -> None:
         _cover(mid, b, lo, hi, found)
 
 
-@lru_cache(maxsize=1024)
 def block_nodes(n: int, blocks: tuple[tuple[int, int], ...]
                 ) -> tuple[tuple[Node, ...], ...] | None:
     """What the holders of ``blocks`` (consecutive ``(lo, hi)`` covering ``[0, n)``, in

@@ -13,7 +13,6 @@ or more members a large point-to-point operation may be posted before its call's
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -75,7 +74,6 @@ _TAG_ALLGATHERV = 0x1A18
 #: many faster as slower, so an oversubscribed job does not spin. ipupod assumption: 20 us,
 #: about one 64 KiB copy, short enough to cost little when the peer is not running.
 DATA_SPIN_S = 20e-6
-@lru_cache(maxsize=None)
 def data_spin_s(process_count: int) -> float:
     """:data:`DATA_SPIN_S` when ``process_count`` instances fit this machine's cores
     (:func:`~collectives.options.fits_cores`), else 0."""
@@ -121,9 +119,7 @@ class MPICommunicator(Communicator):
         self._other_members = tuple(members[j] for j in self._others)
         self._agreement = Rounds(transport, members, self.rank)
         self._index = IndexRounds(self._agreement)
-        # (once: os.cpu_count() reads /sys at every call, 4.7 us on the 2-core VM, and a
-        # large call waits for its data once or twice)
-        self._data_spin_s = data_spin_s(transport.process_count)
+        self._data_spin_s = data_spin_s(transport.process_count)  # (once: cpu_count reads /sys)
 
     def ready(self, patience: Patience):
         """The mpi4py communicator, made at the first call (waits for the members)."""
