@@ -49,10 +49,7 @@ __all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan"]
 
 #: bytes of a call's result from which its one exchange is posted before its agreement,
 #: where the communicator posts; below, the exchange after the agreement costs less Python
-#: than posting saves. Measured with 4 instances on the 2-core VM (``benchmarks/
-#: collectives.py``, raw fresh / ours, posted -> after the agreement, 3 runs of each in
-#: turn; figures: the commit that set it, 7775719): 1 MiB all five ops as fast or faster
-#: after the agreement, 4 MiB mixed, 16 MiB posted ahead.
+#: than posting saves (``benchmarks/thresholds.py -n 4 --only posted`` times both sides).
 POSTED_MIN_BYTES = 4 << 20
 
 _clock = time.perf_counter  # (a call's wall seconds)

@@ -45,10 +45,8 @@ __all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "Exchange", "Reduction", "local_partial",
 
 #: an all-reduce between two instances of at most this many bytes goes in one round (each
 #: sends its whole partial); larger ones reduce-scatter then all-gather, which halves the
-#: arithmetic and the bytes each instance copies in, for one more round. Measured over MPI
-#: (two instances, one replica each, 2-core VM, interleaved medians, pair / two rounds):
-#: 256 KiB 184 / 264 us, 512 KiB 297 / 323, 768 KiB 410 / 419, 1 MiB 582 / 537,
-#: 4 MiB 3.2 / 2.4 ms.
+#: arithmetic and the bytes each instance copies in, for one more round
+#: (``benchmarks/thresholds.py --only pair`` times both sides).
 PAIR_ALLREDUCE_MAX_BYTES = 768 << 10
 
 

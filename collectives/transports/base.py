@@ -56,10 +56,9 @@ __all__ = ["AGREE_HEADER_BYTES", "CARRIED_MAX_BYTES", "NAMED_GATHER_MAX_BYTES", 
            "index_rounds", "index_sent_bytes", "takes_index"]
 
 #: the most payload bytes per member an agreement carries (:class:`Carry`); a caller passes
-#: a larger payload never (ipupod assumption, measured on the 2-core VM with two MPI ranks:
-#: a 64 KiB all-gather point-to-point costs about 17 us against 34 us for MPI_Allreduce of
-#: the same bytes, so up to here moving every member's bytes to every member is cheaper than
-#: a second round; the receive buffers are P times this)
+#: a larger payload never (ipupod assumption: up to here moving every member's bytes to
+#: every member in the agreement is cheaper than a second round, ``benchmarks/thresholds.py
+#: --only carried``; the receive buffers are P times this)
 CARRIED_MAX_BYTES = 64 << 10
 
 #: an all-gather of equal counts of at most this many bytes a member reports who is missing

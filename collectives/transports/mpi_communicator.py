@@ -41,39 +41,31 @@ _TAG_BROADCAST = 0x1A13
 #: all-gathers whose result has at least this many bytes go point-to-point: one Isend/Irecv
 #: per piece, all posted at once, our own piece copied by numpy while the others move (MPICH
 #: reads each piece straight from its sender's memory, CMA); smaller ones use
-#: MPI_Iallgatherv (fewer messages). All-to-alls always go point-to-point. Measured on the
-#: 2-core VM, the op's data path alone, 1 MiB (4 MiB),
-#: point-to-point / MPI collective: all_gather 4 instances 777 / 874 us (3.9 / 6.7 ms),
-#: 2 instances 287 / 296 (1365 / 1395); all_to_all 4 instances 980 / 1072 (2.4 / 3.6 ms),
-#: 2 instances 339 / 341; at 4-64 KiB the same within noise.
+#: MPI_Iallgatherv (fewer messages). All-to-alls always go point-to-point (measured twice as
+#: fast as MPICH's Ialltoallv). ``benchmarks/thresholds.py --only p2p`` times both sides.
 P2P_MIN_BYTES = 256 << 10
 #: a broadcast of at least P2P_MIN_BYTES among at most this many members goes point-to-point
-#: from the root (MPICommunicator.broadcast: measured 22-27% faster than MPI_Ibcast at 4
-#: instances); beyond, MPI_Ibcast's tree, since a flat one puts every copy on the root's link
-#: (across hosts, where MPICH cannot read the root's memory). ipupod assumption: 4, the most
-#: measured.
+#: from the root (``benchmarks/thresholds.py --only flat_broadcast``); beyond, MPI_Ibcast's
+#: tree, since a flat one puts every copy on the root's link (across hosts, where MPICH
+#: cannot read the root's memory). ipupod assumption: 4, the most measured.
 FLAT_BROADCAST_MAX_MEMBERS = 4
 #: bytes of this member's own piece from which a point-to-point all-gather copies it into
-#: its place in the result first and sends it from
-#: there, so the others read it while it is still in cache (MPICH's own all-gather sends
-#: from its result too); below, the copy runs while the others read the input. Measured on
-#: the 2-core VM, two ranks, plain mpi4py, 2 runs each, against MPI_Allgather into a fresh
-#: result (= 1), copied first / copied meanwhile, by result size: 2 MiB 1.01-1.02 /
-#: 1.00-1.03, 4 MiB 0.98-0.99 / 1.02-1.08, 8 MiB 0.99-1.00 / 1.06-1.09, 12 MiB 0.97-0.99 /
-#: 0.88-0.96, 16 MiB 0.99-1.02 / 0.89-1.06, 32 MiB 1.00-1.02 / 0.94-0.95, 64 MiB 0.98 /
-#: 0.85. ipupod assumption: 5 MiB, between the 4 and 6 MiB pieces measured.
+#: its place in the result first and sends it from there, so the others read it while it is
+#: still in cache (MPICH's own all-gather sends from its result too); below, the copy runs
+#: while the others read the input (``benchmarks/thresholds.py --only copy_first``).
+#: ipupod assumption: 5 MiB, between the 4 and 6 MiB pieces measured when it was set
+#: (311433d).
 COPY_FIRST_MIN_BYTES = 5 << 20
 #: the pieces of a point-to-point data all-gather (allgatherv from P2P_MIN_BYTES)
 _TAG_ALLGATHERV = 0x1A18
 #: wall seconds a data wait polls without yielding the CPU before it yields between polls,
 #: when the job's instances fit this machine's cores (MPICH's own blocking calls poll 1000
-#: times between yields). Measured on the 2-core VM under other jobs' load, the data path
-#: alone, interleaved, 20 us spin / yield at every poll: 2 instances, 64 KiB and 1 MiB, two
-#: runs: 13 of 20 op-size pairs faster (all_to_all 64 KiB 97 / 349 us and 83 / 365, broadcast
-#: 1 MiB 921 / 1740), 3 slower (all_gather 64 KiB 268 / 108); 4 instances on 2 cores: as
-#: many faster as slower, so an oversubscribed job does not spin. ipupod assumption: 20 us,
-#: about one 64 KiB copy, short enough to cost little when the peer is not running.
+#: times between yields; ``benchmarks/thresholds.py --only data_spin``); an oversubscribed
+#: job does not spin. ipupod assumption: 20 us, about one 64 KiB copy, short enough to cost
+#: little when the peer is not running.
 DATA_SPIN_S = 20e-6
+
+
 def data_spin_s(process_count: int) -> float:
     """:data:`DATA_SPIN_S` when ``process_count`` instances fit this machine's cores
     (:func:`~collectives.options.fits_cores`), else 0."""

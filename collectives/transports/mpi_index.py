@@ -52,12 +52,9 @@ logger = logging.getLogger(__name__)
 #: eager limit, ch4 over UCX: a step measured between 8100 and 8200 bytes; past it a
 #: message waits for its receiver, rendezvous); the MPI communicator's
 #: ``Capabilities.index_limit_bytes`` (:func:`~collectives.transports.base.takes_index`).
-#: Measured at 4 instances on the 2-core VM, the agreement alone (40 interleaved rounds of
-#: 50 calls; all-gather / index, us a call): payloads of 4, 8, 12 KiB 31.5 / 19.0, 45.2 /
-#: 19.3, 48.6 / 20.3 (index rounds within the limit); 16, 32, 64 KiB 74.6 / 85.3, 97.5 /
-#: 106.2, 124.9 / 121.8 (index rounds past it, packed into a buffer: the all-gather's
-#: fewer, larger rendezvous messages were as fast or faster). ipupod assumption: 8 KiB,
-#: below that step.
+#: Index rounds past it were as slow as the all-gather's fewer, larger messages
+#: (``benchmarks/thresholds.py -n 4 --only indexed`` times both sides). ipupod assumption:
+#: 8 KiB, below that step.
 EAGER_LIMIT_BYTES = 8 << 10
 #: the most piece sizes whose persistent requests and datatypes a communicator keeps (the
 #: oldest freed first; made again when used again); as the all-gather's layouts
@@ -129,9 +126,8 @@ class IndexRounds:
         """:func:`~collectives.transports.base.takes_index` of pieces of ``piece`` bytes with
         MPICH's eager limit (:data:`EAGER_LIMIT_BYTES`): where every round's message stays
         within it and some round of the all-gather agreement of the whole payloads does
-        not. Where the all-gather's rounds are within it too, it was as fast or faster (the
-        same measurements: 2 instances, 4 KiB payloads, all-gather / index 2.5 / 2.8 us;
-        3 instances, 3 and 6 KiB, 18.4 / 19.3 and 19.1 / 21.5 us)."""
+        not. Where the all-gather's rounds are within it too, it was as fast or faster
+        (``benchmarks/thresholds.py --only indexed``)."""
         return takes_index(self._size, piece, EAGER_LIMIT_BYTES)
 
     def sent_bytes(self, piece: int) -> int:
