@@ -162,7 +162,7 @@ class Agreement:
         def what(d: Descriptor) -> str:
             if d.op == END_OF_PROGRAM:
                 return f"ended its program after {d.seq} collectives"
-            return f"called {d.signature()}"
+            return f"called {d.describe()}"
 
         if END_OF_PROGRAM in (first.op, other.op):
             detail = "an instance stopped calling collectives (divergent control flow)"
@@ -181,7 +181,7 @@ class Agreement:
             if diff:
                 a, b = self.replica_index_offset, self.replica_index_offset + i
                 message = (f"replicas disagree on {first.label()}: replica {a} called "
-                           f"{first.signature()}, replica {b} called {other.signature()} "
+                           f"{first.describe()}, replica {b} called {other.describe()} "
                            f"({'; '.join(diff)})")
                 return replace(first, error=message)
         return first

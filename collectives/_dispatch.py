@@ -151,7 +151,7 @@ def call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, lay
         return rebuild([])
     k = len(members_of(what, group, ctx.num_replicas)[0])
     engine = get_engine()
-    fusion = _fusion.plan(tuple((a.dtype, a.shape) for a in arrays), layout, k,
+    fusion = _fusion.fusion(tuple((a.dtype, a.shape) for a in arrays), layout, k,
                           engine.fusion.for_layout(layout))
     results: list = [None] * len(arrays)
     count = len(fusion.buckets)

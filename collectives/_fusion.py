@@ -15,8 +15,8 @@ array's result is bit for bit the result of calling the op on that array alone:
   block by block, exchanged along dimension 0; each array's received blocks are
   concatenated along the concat dimension in sender order, as alone.
 
-Which buffers (a :class:`Plan`) is fixed by the arrays' dtypes and shapes, the group size
-and the limit, and computed once per such signature. The limits are
+Which buffers (a :class:`Fusion`) is fixed by the arrays' dtypes and shapes, the group size
+and the limit (:func:`fusion`). The limits are
 ``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size`` and
 ``maximum_reduce_scatter_buffer_size`` (seed 004:1822-1829): GCL runs one collective per
 fused buffer, so the engine records (and the cost model charges) one call per buffer.
@@ -35,7 +35,7 @@ import numpy as np
 LAYOUTS = ("elementwise", "all_gather", "reduce_scatter", "all_to_all")
 
 #: ``(dtype, shape)`` of every array of a nest, in nest order
-Signature = tuple[tuple[np.dtype, tuple[int, ...]], ...]
+NestShapes = tuple[tuple[np.dtype, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ class Bucket:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The fused buffers of one nest signature, and its fingerprint (shared in every
-    buffer's descriptor, so replicas whose nests differ raise instead of mixing arrays)."""
+class Fusion:
+    """The fused buffers of a nest, and its fingerprint (shared in every buffer's
+    descriptor, so replicas whose nests differ raise instead of mixing arrays)."""
 
     buckets: tuple[Bucket, ...]
     fingerprint: str
@@ -105,14 +105,14 @@ def _per_member(layout: str, shape: tuple[int, ...], k: int) -> int:
 
 
 @lru_cache(maxsize=512)
-def plan(signature: Signature, layout: str, k: int, limit_bytes: int,
-         split_dimension: int = 0) -> Plan:
+def fusion(shapes: NestShapes, layout: str, k: int, limit_bytes: int,
+           split_dimension: int = 0) -> Fusion:
     """The buckets of a nest: by dtype in order of first appearance, arrays in nest order,
     a new bucket when the next array would take the bucket past ``limit_bytes`` (0: no
     limit). Bytes count the input arrays."""
     by_dtype: dict[np.dtype, list[list[int]]] = {}
     filled: dict[np.dtype, int] = {}
-    for i, (dtype, shape) in enumerate(signature):
+    for i, (dtype, shape) in enumerate(shapes):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         groups = by_dtype.setdefault(dtype, [[]])
         if limit_bytes and groups[-1] and filled[dtype] + nbytes > limit_bytes:
@@ -123,15 +123,15 @@ def plan(signature: Signature, layout: str, k: int, limit_bytes: int,
     buckets = []
     for dtype, groups in by_dtype.items():
         for indices in groups:
-            shapes = tuple(signature[i][1] for i in indices)
-            sizes = tuple(_per_member(layout, s, k) for s in shapes)
+            mine = tuple(shapes[i][1] for i in indices)
+            sizes = tuple(_per_member(layout, s, k) for s in mine)
             offsets = tuple(int(x) for x in np.cumsum((0,) + sizes[:-1]))
             stretch = sum(sizes)
             length = stretch * k if layout in ("reduce_scatter", "all_to_all") else stretch
-            buckets.append(Bucket(dtype, tuple(indices), shapes, sizes, offsets, length))
-    text = repr([(d.str, s) for d, s in signature]) + f"|{layout}|{k}|{limit_bytes}"
+            buckets.append(Bucket(dtype, tuple(indices), mine, sizes, offsets, length))
+    text = repr([(d.str, s) for d, s in shapes]) + f"|{layout}|{k}|{limit_bytes}"
     fingerprint = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-    return Plan(tuple(buckets), fingerprint)
+    return Fusion(tuple(buckets), fingerprint)
 
 
 def pack(bucket: Bucket, arrays: Sequence[np.ndarray], layout: str, k: int,

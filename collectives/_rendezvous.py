@@ -173,7 +173,7 @@ class Rendezvous:
         here = [off + i for i, d in enumerate(slot.descs) if d is not None]
         names = ", ".join(f"replica {off + i} (after {self._finished_at[i]} collectives)"
                           for i in gone)
-        return (f"divergent control flow at {desc.signature()}: {names} returned from its "
+        return (f"divergent control flow at {desc.describe()}: {names} returned from its "
                 f"function without calling it, while replicas {here} called it")
 
     # -- runs ---------------------------------------------------------------------------

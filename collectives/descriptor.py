@@ -58,8 +58,9 @@ class Descriptor:
         named = f" ({self.name!r})" if self.name else ""
         return f"{self.op} #{self.seq}{named}"
 
-    def signature(self) -> str:
-        """The call as a short string: ``float32[4,3] ADD over CONSECUTIVE(2)``."""
+    def describe(self) -> str:
+        """The call as a short string: ``cross_replica_sum #3 float32[4,3] ADD over
+        CONSECUTIVE(2)``."""
         dims = ",".join(str(d) for d in self.shape)
         operator = self.operator.replace("COLLECTIVE_OP_", "")
         return f"{self.op} #{self.seq} {self.dtype}[{dims}] {operator} over {self.group}".replace(
