@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ipu_node import _nest
+from ipu_node import nest as _nest
 from ipu_node.errors import InvalidArgumentError
 
 __all__ = ["Dataset", "TensorSpec", "as_dataset", "INFINITE_CARDINALITY",

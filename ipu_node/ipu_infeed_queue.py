@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ipu_node import _nest
+from ipu_node import nest as _nest
 from ipu_node.data import as_dataset
 from ipu_node.errors import InvalidArgumentError, OutOfRangeError
 from ipu_node.loops import _body_arguments

@@ -44,7 +44,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ipu_node import _nest
+from ipu_node import nest as _nest
 from ipu_node.errors import FailedPreconditionError, InvalidArgumentError
 from ipu_node.ipu_infeed_queue import check_deprecated, check_device_ordinal
 from ipu_node.loops import current_step
