@@ -7,10 +7,9 @@ plan of a one-replica instance's common call, found without the argument checks
 from __future__ import annotations
 
 import numpy as np
-from ipu_node import current_replica_context, require_replica_context
+from ipu_node import current_replica_context, nest, require_replica_context
 
 from collectives import _fusion
-from collectives import _nest
 from collectives._arguments import members_of
 from collectives._engine import MAX_PLANS
 from collectives._movement import AllToAll, Broadcast, Gather
@@ -123,20 +122,21 @@ def is_nest(x) -> bool:
 
 
 def _leaves(what: str, x, check) -> tuple[list[np.ndarray], object]:
-    """The arrays of nest ``x``, each through ``check(leaf) -> ndarray``, and the function
-    that rebuilds the structure. An error of ``check`` names the array's place in ``x``."""
-    leaves, rebuild = _nest.flatten(x)
+    """The arrays of nest ``x``, each through ``check(leaf) -> ndarray``, and the
+    structure's treedef (:mod:`ipu_node.nest`). An error of ``check`` names the array's
+    place in ``x``."""
+    leaves, treedef = nest.flatten(x)
     arrays = []
     for i, leaf in enumerate(leaves):
         try:
             arrays.append(check(leaf))
         except (TypeError, ValueError) as exc:
-            where = f"{what}: x{_nest.leaf_paths(x)[i]}"
+            where = f"{what}: x{nest.leaf_paths(x)[i]}"
             message = str(exc)
             message = (where + message[len(what):] if message.startswith(what)
                        else f"{where}: {message}")
             raise type(exc)(message) from None
-    return arrays, rebuild
+    return arrays, treedef
 
 
 def call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, layout: str,
@@ -146,9 +146,9 @@ def call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, lay
     fails), then one call per fused buffer (:mod:`collectives._fusion`), each of its
     signature's plan."""
     ctx = require_replica_context(what)
-    arrays, rebuild = _leaves(what, x, check)
+    arrays, treedef = _leaves(what, x, check)
     if not arrays:
-        return rebuild([])
+        return nest.unflatten(treedef, [])
     k = len(members_of(what, group, ctx.num_replicas)[0])
     engine = get_engine()
     fusion = _fusion.fusion(tuple((a.dtype, a.shape) for a in arrays), layout, k,
@@ -164,4 +164,4 @@ def call_nest(what: str, x, group: CommGroup, name: str | None, spec: tuple, lay
         for i, result in zip(bucket.indices, _fusion.unpack(
                 bucket, out, layout, k, concat_dimension, split_dimension)):
             results[i] = result
-    return rebuild(results)
+    return nest.unflatten(treedef, results)

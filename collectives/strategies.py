@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from ipu_node import clock, current_replica_context, get_system, host_transfer_time_s
+from ipu_node import clock, current_replica_context, get_system, host_transfer_time_s, nest
 from ipu_node.optimizers import set_gradient_aggregator
 from ipu_node.replica import set_active_runner
 
-from collectives import _nest as nest
 from collectives import horovod as hvd
 from collectives._dispatch import host_plan
 from collectives.distributed_variables import (MirroredVariable, SyncOnReadVariable,
@@ -265,12 +264,12 @@ class IPUStrategyBase:
         ``value`` may be an array-like or a dict/list/tuple of them; the structure, dtypes
         and shapes must agree on every instance (else CollectiveMismatchError).
         """
-        leaves, rebuild = nest.flatten(value)
+        leaves, treedef = nest.flatten(value)
         out = []
         for leaf in leaves:
             result = self._host_broadcast(leaf, "")
             out.append(result if isinstance(leaf, np.ndarray) or result.ndim else result[()])
-        return rebuild(out)
+        return nest.unflatten(treedef, out)
 
     def _host_broadcast(self, leaf: Any, name: str) -> np.ndarray:
         """Instance 0's ``leaf`` (global replica 0's) on every local replica."""
@@ -311,12 +310,12 @@ class IPUStrategyBase:
                              f"{self.num_local_replicas} local replicas")
         operator = CollectiveOperator.ADD if op is ReduceOp.SUM else CollectiveOperator.MEAN
         flat = [nest.flatten(v)[0] for v in values]
-        rebuild = nest.flatten(values[0])[1]
+        treedef = nest.flatten(values[0])[1]
         out = []
         for leaf_index in range(len(flat[0])):
             result = self._host_reduce([f[leaf_index] for f in flat], operator, "")
             out.append(result if result.ndim else result[()])
-        return rebuild(out)
+        return nest.unflatten(treedef, out)
 
 
 class IPUMultiReplicaStrategy(IPUStrategyBase):

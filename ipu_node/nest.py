@@ -1,9 +1,9 @@
-"""Nested structures of arrays (tuples, lists, namedtuples, dicts) for datasets and feeds.
+"""Nested structures of arrays (tuples, lists, namedtuples, dicts): datasets and feeds, and
+the nests the collectives take (``collectives`` uses this module).
 
 A structure's *treedef* is a hashable description of its shape (containers and dict keys, not
 the leaves), so two elements have the same structure exactly when their treedefs are equal.
-Dict keys are taken in sorted order, as ``tf.nest`` does. (``collectives.nest`` has a similar
-flatten; ``ipu_node`` may not import ``collectives``.)
+Dict keys are taken in sorted order, as ``tf.nest`` does.
 """
 
 from __future__ import annotations
@@ -65,3 +65,12 @@ def describe(treedef: Any) -> str:
     if issubclass(kind, list):
         return "[" + ", ".join(parts) + "]"
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def leaf_paths(value: Any) -> list[str]:
+    """Where each leaf of :func:`flatten` sits in ``value``, as index text: ``['w'][0]``."""
+    if isinstance(value, dict):
+        return [f"[{k!r}]{p}" for k in sorted(value) for p in leaf_paths(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [f"[{i}]{p}" for i, v in enumerate(value) for p in leaf_paths(v)]
+    return [""]
