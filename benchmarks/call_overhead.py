@@ -14,7 +14,7 @@ round; the medians are compared.
 
 This is the figure the per-call optimisations of the engine cite (issue 10); the whole
 call over MPI, against mpi4py, is ``benchmarks/collectives.py``. It builds the engine
-itself (``collectives._engine``, ``collectives._runtime``): a benchmark of internals, not
+itself (``collectives._engine.engine``, ``collectives._engine.runtime``): a benchmark of internals, not
 an example of the API.
 """
 
@@ -36,8 +36,8 @@ import ipu_node  # noqa: E402
 from ipu_node import replica as _replica  # noqa: E402
 
 import collectives as C  # noqa: E402
-from collectives import _runtime  # noqa: E402
-from collectives._engine import CollectiveEngine  # noqa: E402
+from collectives._engine import runtime as _runtime  # noqa: E402
+from collectives._engine.engine import CollectiveEngine  # noqa: E402
 from collectives.options import CollectiveOptions  # noqa: E402
 from collectives.transports.base import (Capabilities, Communicator, Done,  # noqa: E402
                                          agree_block_bytes)

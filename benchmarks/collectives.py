@@ -36,7 +36,7 @@
 
    ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
    raw / data path): each instance runs the steps of the op's plan after the agreement
-   (its exchange and finish, ``collectives._plan``) directly, in the same order, outside
+   (its exchange and finish, ``collectives._engine.plan``) directly, in the same order, outside
    ``strategy.run``, without the call's replica checks, agreement and accounting;
    ``ours - data path`` is the fixed cost of a call. Ours is timed as a program calls it,
    inside a replica function: up to 20 calls in one ``strategy.run``
@@ -157,7 +157,7 @@ def _data_paths(strategy, x: np.ndarray) -> dict:
     (its exchange and finish; module docstring, ``--data-path``), as the call's plan runs
     them."""
     import collectives as C
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
 
     calls = {"cross_replica_sum": lambda: C.cross_replica_sum(x),
              "all_gather": lambda: C.all_gather(x),
@@ -175,7 +175,7 @@ def _data_paths(strategy, x: np.ndarray) -> dict:
 
 def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
            gradients: bool, gloo_port: int, out_path: str, data_path: bool = False) -> None:
-    from collectives.memory import keep_freed_memory
+    from collectives._engine.allocator import keep_freed_memory
     keep_freed_memory()  # the same allocator for ours and the raw calls, whichever runs first
 
     import collectives as C

@@ -18,7 +18,7 @@ after a barrier (as ``benchmarks/collectives.py`` does), ``--calls`` calls of:
   ``alltoallv``, ``broadcast``) and its wait, with a data patience (a broadcast's root
   copies its input before the call: ours overlaps that copy with the transfer);
 * ``steps``: the op's exchange and finish as its plan runs them after the agreement
-  (``collectives._movement``), with its result allocation;
+  (``collectives._engine.movement``), with its result allocation;
 * ``agreed``: the agreement of the call (its fingerprint alone) then ``steps``, as the
   call's plan runs them, without the call's other bookkeeping;
 * ``ours``: the op as a program calls it, inside ``strategy.run``.
@@ -27,7 +27,7 @@ It prints the medians over rounds (mean over the instances of each round, micros
 call) and raw / each (>= 1: as fast as raw). Differences between neighbouring columns are
 the cost of one layer.
 
-It uses internals (``collectives._runtime``, the plans of the engine): a probe of the
+It uses internals (``collectives._engine.runtime``, the plans of the engine): a probe of the
 implementation, not an example of the API.
 """
 
@@ -51,7 +51,7 @@ OPS = ("all_gather", "all_to_all", "broadcast")
 def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> dict:
     """``name -> () -> None`` (``calls`` calls each, results kept like a program's)."""
     import collectives as C
-    from collectives.descriptor import seq_fingerprint
+    from collectives._engine.descriptor import seq_fingerprint
     from mpi4py import MPI
 
     call = {"all_gather": lambda: C.all_gather(x),
@@ -176,11 +176,11 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown ops {unknown}; choose from {list(OPS)}")
 
-    from collectives.memory import keep_freed_memory
+    from collectives._engine.allocator import keep_freed_memory
     keep_freed_memory()  # (as the engine does for a multi-instance job, before anything)
     from mpi4py import MPI
 
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     from collectives.strategies import IPUMultiReplicaStrategy
     from ipu_node import IPUConfig
     from poprun import popdist

@@ -11,11 +11,11 @@ interleaved round by round (``benchmarks/collectives.py``'s rounds: a barrier be
 a shuffled order, the mean over the instances, the median over rounds). It prints the
 microseconds of each side, A / B, and the side the threshold picks at that size:
 
-* ``carried``: ``collectives._plan.CARRIED_MAX_BYTES``: the data carried in the agreement
+* ``carried``: ``collectives._engine.plan.CARRIED_MAX_BYTES``: the data carried in the agreement
   (A) or exchanged after it (B);
-* ``pair``: ``collectives._reduction.PAIR_ALLREDUCE_MAX_BYTES`` (two instances): the
+* ``pair``: ``collectives._engine.reduction.PAIR_ALLREDUCE_MAX_BYTES`` (two instances): the
   all-reduce's pair exchange (A) or reduce-scatter then all-gather (B);
-* ``posted``: ``collectives._plan.POSTED_MIN_BYTES`` (three instances or more): the data
+* ``posted``: ``collectives._engine.plan.POSTED_MIN_BYTES`` (three instances or more): the data
   posted before the agreement (A) or exchanged after it (B);
 * ``indexed``: the MPI communicator's ``Capabilities.index_limit_bytes`` (three instances
   or more): each instance's piece carried in Bruck's index rounds (A) or every payload
@@ -77,7 +77,8 @@ class _Forced:
     """Set a threshold to side A or B (:meth:`side`), or back (:meth:`restore`)."""
 
     def __init__(self, name: str, engine):
-        from collectives import _plan, _reduction
+        from collectives._engine import plan as _plan
+        from collectives._engine import reduction as _reduction
         from collectives.transports import mpi_communicator as mc
 
         self.engine = engine
@@ -140,7 +141,7 @@ def worker(names: list[str], quick: bool, out_path: str) -> None:
     from benchmarks.collectives import calls_per_run, rounds
 
     import collectives as C
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     from collectives.strategies import IPUMultiReplicaStrategy
     from ipu_node import IPUConfig
     from poprun import popdist
@@ -215,7 +216,7 @@ def _plan_of(engine, op: str, x: np.ndarray):
 
 def _chosen(name: str, plan, comm, size: int, n: int) -> str:
     """The side (A or B) the threshold picks for this call."""
-    from collectives import _reduction
+    from collectives._engine import reduction as _reduction
     from collectives.transports import mpi_communicator as mc
 
     if name == "carried":

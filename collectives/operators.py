@@ -1,7 +1,7 @@
 """Collective operators (``gcl::CollectiveOperator``; TF-IPU ``COLLECTIVE_OP_*``, seed 004:5313-5334).
 
 A reduction is ``finish(combine(... prepare(x_i) ...))`` with ``combine`` applied in the
-canonical tree order (:mod:`collectives.tree`):
+canonical tree order (:mod:`collectives._engine.tree`):
 
 * ADD, MUL, MIN, MAX: elementwise ``+ * min max``.
 * LOGICAL_AND, LOGICAL_OR: elementwise logic; the result has the input dtype (0/1).

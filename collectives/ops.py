@@ -4,7 +4,7 @@
 Each takes a numpy array-like and returns a new numpy array, or a nest of them (a list,
 tuple or dict of array-likes, nested; arrays of any shapes and dtypes) and returns the same
 structure of results: each array's result is bit for bit what the op gives it alone, and
-the nest moves as few fused buffers per dtype (:mod:`collectives._fusion`, bounded by
+the nest moves as few fused buffers per dtype (:mod:`collectives._engine.fusion`, bounded by
 ``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size`` or, for
 ``reduce_scatter``, ``maximum_reduce_scatter_buffer_size``; 0: one buffer per dtype). Every
 replica of the group must call the same operation, in the same order, with the same dtype,
@@ -34,14 +34,14 @@ from __future__ import annotations
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives._arguments import SUPPORTED_DTYPES, as_collective_array  # noqa: F401 (re-exported)
-from collectives._arguments import group_of as _group
-from collectives._arguments import members_of as _members
-from collectives._arguments import operator_of as _operator
-from collectives._dispatch import call as _call
-from collectives._dispatch import call_nest as _call_nest
-from collectives._dispatch import is_nest as _is_nest
-from collectives._dispatch import common as _common
+from collectives._engine.arguments import SUPPORTED_DTYPES, as_collective_array  # noqa: F401 (re-exported)
+from collectives._engine.arguments import group_of as _group
+from collectives._engine.arguments import members_of as _members
+from collectives._engine.arguments import operator_of as _operator
+from collectives._engine.dispatch import call as _call
+from collectives._engine.dispatch import call_nest as _call_nest
+from collectives._engine.dispatch import is_nest as _is_nest
+from collectives._engine.dispatch import common as _common
 from collectives.errors import CollectiveArgumentError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator
@@ -106,7 +106,7 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
 
 
 #: the keys of the common calls of cross_replica_sum, cross_replica_mean and all_gather
-#: (:func:`collectives._dispatch.common`), made once
+#: (:func:`collectives._engine.dispatch.common`), made once
 _SUM_KEY, _MEAN_KEY, _GATHER_KEY = ("cross_replica_sum",), ("cross_replica_mean",), \
     ("all_gather",)
 

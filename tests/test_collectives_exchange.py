@@ -1,4 +1,4 @@
-"""The exchange of the reductions (``collectives._reduction.Exchange``) between m members
+"""The exchange of the reductions (``collectives._engine.reduction.Exchange``) between m members
 played by threads of this process, over an in-memory communicator: every path (the pair
 exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives the
 canonical tree's bytes for every operator and dtype, at uneven sizes and with several
@@ -17,10 +17,10 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from collectives import _reduction
+from collectives._engine import reduction as _reduction
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
-from collectives.tree import block_nodes
+from collectives._engine.tree import block_nodes
 from collectives.transports.base import Communicator, Done
 from collectives.waiting import Patience
 from tests.procs import PYTHON
@@ -85,7 +85,7 @@ class _Engine:
 
 
 def _exchange(comm, partials, op, patience, bounds=None, gather=True, nodes=None):
-    """The results of an :class:`~collectives._reduction.Exchange` of ``partials``."""
+    """The results of an :class:`~collectives._engine.reduction.Exchange` of ``partials``."""
     first = partials[0] if nodes is None else partials[0][0]
     sizes = [(p if nodes is None else p[0]).size for p in partials]
     exchange = _reduction.Exchange(_Engine(), comm, patience, sizes, first.dtype, op, gather,

@@ -33,7 +33,7 @@ from tests.perrank import layout_prog
 def test_per_rank_suite(instances, replicas):
     # (2, 2), (3, 3), (4, 4): one replica per instance (no local rendezvous; at 3, a member
     # in the middle of every exchange and agreement rounds of uneven reach); small calls
-    # carry their data in the agreement (collectives._plan) at every layout; (3, 6):
+    # carry their data in the agreement (collectives._engine.plan) at every layout; (3, 6):
     # groups of 3 cut unevenly by the instances (CONSECUTIVE(3)'s {3, 4, 5}: one replica on
     # instance 1, two on instance 2, which are not one node of the tree of 3)
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
@@ -48,7 +48,7 @@ def test_per_rank_suite(instances, replicas):
 @pytest.mark.slow
 def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
     # 3 x 6 over gRPC: instances that send one partial per node of their block
-    # (collectives._reduction.Exchange's nodes) through gRPC's alltoallv
+    # (collectives._engine.reduction.Exchange's nodes) through gRPC's alltoallv
     job = poprun(["-n", "3", "--num-replicas", "6", "--launcher", "local", "--transport",
                   "grpc", PYTHON, "-m", "pytest", "tests/perrank", "-q", "-p",
                   "no:cacheprovider"], timeout_s=120)

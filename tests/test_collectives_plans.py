@@ -1,4 +1,4 @@
-"""The common call of a one-replica instance (collectives._dispatch.common, _plan.Plan):
+"""The common call of a one-replica instance (collectives._engine.dispatch.common, _plan.Plan):
 a call found among the plans skips the argument checks its dtype and shape passed, so
 these tests check that what the plan does not cover is still checked, that its calls are
 recorded and charged like any other, and that forgotten plans are not used."""
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import _dispatch
-from collectives._runtime import get_engine
+from collectives._engine import dispatch as _dispatch
+from collectives._engine.runtime import get_engine
 from ipu_node import clock
 
 

@@ -10,14 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from collectives._accounting import Ledger, CallRecord
-from collectives.descriptor import Descriptor
+from collectives._engine.ledger import Ledger, CallRecord
+from collectives._engine.descriptor import Descriptor
 from collectives.errors import CollectiveTimeoutError
 from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions
 from collectives.groups import CommGroup, CommGroupType
 from collectives.options import CollectiveOptions
 from collectives.transports.local import LocalTransport
-from collectives.tree import tree_reduce
+from collectives._engine.tree import tree_reduce
 from collectives.waiting import Patience
 
 
@@ -126,7 +126,7 @@ def test_the_bytes_counted_are_a_rings():
     # what a plan records as sent: the exchange of a reduction, (m-1)/m of the partial out
     # and as much back in the all-gather; a carried payload to every other member; an
     # indexed one as often as its pieces move (Bruck's index rounds)
-    from collectives._reduction import Exchange
+    from collectives._engine.reduction import Exchange
     from collectives.operators import CollectiveOperator
     from collectives.transports.base import Carry, index_sent_bytes
 
@@ -197,7 +197,7 @@ def _ledger_story(ledger: Ledger) -> list:
 def test_deferred_ledger_entries_give_the_figures_of_immediate_ones(monkeypatch):
     # add_signed only appends; the ledger folds its entries in when read (or every
     # _FOLD_EVERY): the same totals and records, bit for bit, as folding each at once
-    import collectives._accounting as accounting
+    import collectives._engine.ledger as accounting
     monkeypatch.setattr(accounting, "_MAX_SIGNED", 3)  # (folds signatures on the way too)
     deferred = _ledger_story(Ledger(keep=700))
     monkeypatch.setattr(accounting, "_FOLD_EVERY", 1)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import ipu_node
-from collectives.descriptor import Descriptor
+from collectives._engine.descriptor import Descriptor
 from collectives.groups import CommGroup, CommGroupType, consecutive
 from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
-from collectives.tree import (block_nodes, combine_steps, node_reduce, run_steps,
+from collectives._engine.tree import (block_nodes, combine_steps, node_reduce, run_steps,
                               split_point, subtrees, tree_reduce)
 from launch.mpirun import instance_command
 from launch.output import LineTagger

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives.tree import block_nodes
+from collectives._engine.tree import block_nodes
 from poprun import popdist
 from tests.collective_cases import Case, all_cases, assert_same, oracle, run_case
 from tests.collective_cases import check_cases
@@ -135,19 +135,19 @@ def test_instance_index_environment():
     assert int(os.environ["POPDIST_NUM_TOTAL_REPLICAS"]) % popdist.getNumInstances() == 0
 
 
-# -- carried calls (collectives._plan): small calls move their data in the agreement ----
+# -- carried calls (collectives._engine.plan): small calls move their data in the agreement ----
 
 def _exchanged(engine, on: bool) -> None:
     """Make every small call exchange its data after its agreement (``on``) or carry it
     again; the plans are made anew."""
-    from collectives import _plan
+    from collectives._engine import plan as _plan
     from collectives.transports.base import CARRIED_MAX_BYTES
     _plan.CARRIED_MAX_BYTES = -1 if on else CARRIED_MAX_BYTES
     engine.forget_plans()
 
 
 def test_carried_results_are_the_exchanged_ones_bit_for_bit(strategy):
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     R = strategy.num_replicas_in_sync
     ALL = C.CommGroup()
     # and what all_cases lacks: 0-d values, 3-D values, an all_to_all along dimension 0 only

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import collectives as C
-from collectives import _reduction
+from collectives._engine import reduction as _reduction
 from poprun import popdist
 from tests.collective_cases import ALL, Case, check_cases
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives._runtime import get_engine
+from collectives._engine.runtime import get_engine
 from poprun import popdist
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),

@@ -45,7 +45,7 @@ def _forge(length: int) -> None:
     """Instance 2's part of MODE ``forged-round`` (module docstring)."""
     from mpi4py import MPI
 
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     from collectives.transports import mpi_agreement
 
     engine = get_engine()
