@@ -13,7 +13,7 @@ microseconds of each side, A / B, and the side the threshold picks at that size:
 
 * ``carried``: ``collectives._engine.plan.CARRIED_MAX_BYTES``: the data carried in the agreement
   (A) or exchanged after it (B);
-* ``pair``: ``collectives._engine.reduction.PAIR_ALLREDUCE_MAX_BYTES`` (two instances): the
+* ``pair``: ``collectives._engine.exchange.PAIR_ALLREDUCE_MAX_BYTES`` (two instances): the
   all-reduce's pair exchange (A) or reduce-scatter then all-gather (B);
 * ``posted``: ``collectives._engine.plan.POSTED_MIN_BYTES`` (three instances or more): the data
   posted before the agreement (A) or exchanged after it (B);
@@ -78,7 +78,7 @@ class _Forced:
 
     def __init__(self, name: str, engine):
         from collectives._engine import plan as _plan
-        from collectives._engine import reduction as _reduction
+        from collectives._engine import exchange as _exchange
         from collectives.transports import mpi_communicator as mc
 
         self.engine = engine
@@ -87,8 +87,8 @@ class _Forced:
         self._sides = {
             "carried": (_const(_plan, "CARRIED_MAX_BYTES", _plan.CARRIED_MAX_BYTES),
                         _const(_plan, "CARRIED_MAX_BYTES", -1)),
-            "pair": (_const(_reduction, "PAIR_ALLREDUCE_MAX_BYTES", 1 << 62),
-                     _const(_reduction, "PAIR_ALLREDUCE_MAX_BYTES", 0)),
+            "pair": (_const(_exchange, "PAIR_ALLREDUCE_MAX_BYTES", 1 << 62),
+                     _const(_exchange, "PAIR_ALLREDUCE_MAX_BYTES", 0)),
             "posted": (_const(_plan, "POSTED_MIN_BYTES", 0),
                        _const(_plan, "POSTED_MIN_BYTES", 1 << 62)),
             "indexed": (self._caps(caps), self._caps(
@@ -102,8 +102,8 @@ class _Forced:
         }[name]
         self._restore = {
             "carried": _const(_plan, "CARRIED_MAX_BYTES", _plan.CARRIED_MAX_BYTES),
-            "pair": _const(_reduction, "PAIR_ALLREDUCE_MAX_BYTES",
-                           _reduction.PAIR_ALLREDUCE_MAX_BYTES),
+            "pair": _const(_exchange, "PAIR_ALLREDUCE_MAX_BYTES",
+                           _exchange.PAIR_ALLREDUCE_MAX_BYTES),
             "posted": _const(_plan, "POSTED_MIN_BYTES", _plan.POSTED_MIN_BYTES),
             "indexed": self._caps(caps),
             "p2p": _const(mc, "P2P_MIN_BYTES", mc.P2P_MIN_BYTES),
@@ -216,7 +216,7 @@ def _plan_of(engine, op: str, x: np.ndarray):
 
 def _chosen(name: str, plan, comm, size: int, n: int) -> str:
     """The side (A or B) the threshold picks for this call."""
-    from collectives._engine import reduction as _reduction
+    from collectives._engine import exchange as _exchange
     from collectives.transports import mpi_communicator as mc
 
     if name == "carried":
@@ -226,7 +226,7 @@ def _chosen(name: str, plan, comm, size: int, n: int) -> str:
     if name == "posted":
         return "A" if plan.posts else "B"
     if name == "pair":
-        return "A" if size <= _reduction.PAIR_ALLREDUCE_MAX_BYTES else "B"
+        return "A" if size <= _exchange.PAIR_ALLREDUCE_MAX_BYTES else "B"
     if name == "p2p":
         return "A" if size >= mc.P2P_MIN_BYTES else "B"
     if name == "copy_first":

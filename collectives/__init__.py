@@ -15,7 +15,8 @@ from collectives import _paths
 
 _paths.install()
 
-from collectives._engine.ledger import CallRecord, OpStats, set_cost_model  # noqa: E402
+from collectives._engine.ledger import set_cost_model  # noqa: E402
+from collectives.records import CallRecord, OpStats  # noqa: E402
 from collectives.errors import (CollectiveAbortedError, CollectiveArgumentError,
                                 CollectiveError, CollectiveMismatchError,
                                 CollectiveTimeoutError, CollectiveTypeError, PeerLostError,

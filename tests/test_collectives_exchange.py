@@ -1,4 +1,4 @@
-"""The exchange of the reductions (``collectives._engine.reduction.Exchange``) between m members
+"""The exchange of the reductions (``collectives._engine.exchange.Exchange``) between m members
 played by threads of this process, over an in-memory communicator: every path (the pair
 exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives the
 canonical tree's bytes for every operator and dtype, at uneven sizes and with several
@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from collectives._engine import reduction as _reduction
+from collectives._engine import exchange
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
 from collectives._engine.tree import block_nodes
@@ -85,12 +85,12 @@ class _Engine:
 
 
 def _exchange(comm, partials, op, patience, bounds=None, gather=True, nodes=None):
-    """The results of an :class:`~collectives._engine.reduction.Exchange` of ``partials``."""
+    """The results of an :class:`~collectives._engine.exchange.Exchange` of ``partials``."""
     first = partials[0] if nodes is None else partials[0][0]
     sizes = [(p if nodes is None else p[0]).size for p in partials]
-    exchange = _reduction.Exchange(_Engine(), comm, patience, sizes, first.dtype, op, gather,
-                                   bounds, nodes)
-    return exchange.finish(exchange.start(partials))
+    ex = exchange.Exchange(_Engine(), comm, patience, sizes, first.dtype, op, gather, bounds,
+                           nodes)
+    return ex.finish(ex.start(partials))
 
 
 def _in_threads(m: int, work) -> list:
@@ -154,7 +154,7 @@ def test_every_allreduce_path_gives_the_tree(monkeypatch, m, op, dtype):
     want = [_tree([partials[j][i] for j in range(m)], op) for i in range(len(sizes))]
     options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
     for limit in (0, 1 << 40):  # reduce-scatter + all-gather; the pair exchange (m = 2)
-        monkeypatch.setattr(_reduction, "PAIR_ALLREDUCE_MAX_BYTES", limit)
+        monkeypatch.setattr(exchange, "PAIR_ALLREDUCE_MAX_BYTES", limit)
         for single in (True, False):
             chosen = sizes[-1:] if single else sizes
             index = [sizes.index(n) for n in chosen]

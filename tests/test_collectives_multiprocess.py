@@ -48,7 +48,7 @@ def test_per_rank_suite(instances, replicas):
 @pytest.mark.slow
 def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
     # 3 x 6 over gRPC: instances that send one partial per node of their block
-    # (collectives._engine.reduction.Exchange's nodes) through gRPC's alltoallv
+    # (collectives._engine.exchange.Exchange's nodes) through gRPC's alltoallv
     job = poprun(["-n", "3", "--num-replicas", "6", "--launcher", "local", "--transport",
                   "grpc", PYTHON, "-m", "pytest", "tests/perrank", "-q", "-p",
                   "no:cacheprovider"], timeout_s=120)

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from collectives._engine.ledger import Ledger, CallRecord
+from collectives._engine.ledger import Ledger
+from collectives.records import CallRecord
 from collectives._engine.descriptor import Descriptor
 from collectives.errors import CollectiveTimeoutError
 from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions
@@ -126,7 +127,7 @@ def test_the_bytes_counted_are_a_rings():
     # what a plan records as sent: the exchange of a reduction, (m-1)/m of the partial out
     # and as much back in the all-gather; a carried payload to every other member; an
     # indexed one as often as its pieces move (Bruck's index rounds)
-    from collectives._engine.reduction import Exchange
+    from collectives._engine.exchange import Exchange
     from collectives.operators import CollectiveOperator
     from collectives.transports.base import Carry, index_sent_bytes
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives._engine.ledger import CallRecord, total
+from collectives.records import CallRecord, total
 from collectives.cost_model import (HOST_NETWORK_BYTES_PER_S, HOST_NETWORK_LATENCY_S,
                                     HardwareCostModel)
 from collectives.performance.link_flows import mirrored_ring

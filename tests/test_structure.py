@@ -137,6 +137,43 @@ def test_no_import_cycle_inside_a_package(package):
     assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
 
 
+#: the parts of collectives, each a subpackage (or the leaf types at the top): the part of a
+#: module by its longest prefix
+_PARTS = {"collectives._engine": "engine", "collectives.transports": "transports",
+          "collectives.performance": "performance", "collectives.framework": "framework",
+          "collectives.ipu": "framework", "collectives.ops": "api", "collectives": "api",
+          "collectives._paths": "api", "collectives.testing": "api"}
+_LEAVES = ("errors", "options", "waiting", "records", "groups", "operators", "gcl_options")
+#: what each part may import (besides itself): imports point down, and a transport reaches
+#: the leaf types without the engine
+_PART_IMPORTS = {
+    "leaf": set(),
+    "transports": {"leaf"},
+    "performance": {"leaf"},
+    "engine": {"leaf", "transports", "performance"},
+    "framework": {"leaf", "transports", "performance", "engine", "api"},
+    "api": {"leaf", "transports", "performance", "engine"},
+}
+
+
+def _part(module: str) -> str:
+    if module.rpartition(".")[2] in _LEAVES and module.count(".") == 1:
+        return "leaf"
+    return next(part for prefix, part in sorted(_PARTS.items(), key=lambda p: -len(p[0]))
+                if module == prefix or module.startswith(prefix + "."))
+
+
+def test_the_parts_of_collectives_import_downwards():
+    wrong = []
+    for module, imported in _import_graph("collectives").items():
+        here = _part(module)
+        for other in imported:
+            there = _part(other)
+            if there != here and there not in _PART_IMPORTS[here]:
+                wrong.append(f"{module} ({here}) imports {other} ({there})")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": set()}
     assert _cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]

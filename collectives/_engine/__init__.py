@@ -7,7 +7,8 @@
 * :mod:`~collectives._engine.plan`: the plan of a call signature, its four steps (combine,
   agree, exchange, finish) and its two choices (carry the data in the agreement; post it
   before); the op's steps: :mod:`~collectives._engine.reduction` (with its exchange,
-  :mod:`~collectives._engine.exchange`) and :mod:`~collectives._engine.movement`, on where
+  :mod:`~collectives._engine.exchange`), :mod:`~collectives._engine.movement` and
+  :mod:`~collectives._engine.alltoall`, on where
   a group's replicas run (:mod:`~collectives._engine.members`) and the canonical order of a
   reduction (:mod:`~collectives._engine.tree`).
 * :mod:`~collectives._engine.engine`: one instance's engine (its plans, its transport, the

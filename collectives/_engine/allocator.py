@@ -24,7 +24,8 @@ def keep_freed_memory() -> None:
     each is paid again in page faults (zeroing 256 pages per MiB). Measured here: a loopback
     grpcio stream, 4 MiB exchanges 10 -> 5.8 ms, 64 MiB 81 -> 46 ms; a numpy copy into fresh
     16 MiB arrays 19.7 ms vs 9.1 ms into reused ones. The cost: the process keeps up to its peak
-    of freed memory (past 1 GiB only what sits at the top of the heap is returned). Once per process;
+    of freed memory (past 1 GiB only what sits at the top of the heap is returned). Once per
+    process;
     nothing on other C libraries.
     """
     global _malloc_tuned

@@ -12,7 +12,8 @@ from ipu_node import current_replica_context, nest, require_replica_context
 from collectives._engine import fusion as _fusion
 from collectives._engine.arguments import members_of
 from collectives._engine.engine import MAX_PLANS
-from collectives._engine.movement import AllToAll, Broadcast, Gather
+from collectives._engine.alltoall import AllToAll
+from collectives._engine.movement import Broadcast, Gather
 from collectives._engine.plan import Plan
 from collectives._engine.reduction import Reduction
 from collectives._engine.descriptor import Descriptor

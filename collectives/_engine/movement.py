@@ -1,6 +1,6 @@
 """The data movement as the steps of a plan (:mod:`collectives._engine.plan`): ``all_gather``
-(:class:`Gather`), ``all_to_all`` (:class:`AllToAll`) and ``broadcast`` (:class:`Broadcast`).
-No arithmetic, so every layout gives the same bytes.
+(:class:`Gather`) and ``broadcast`` (:class:`Broadcast`) here, ``all_to_all`` in
+:mod:`collectives._engine.alltoall`. No arithmetic, so every layout gives the same bytes.
 
 The steps, as the reductions' (:mod:`collectives._engine.reduction`): **combine** has nothing to
 combine (the local replicas' values are the partials); a small call over every instance
@@ -21,7 +21,7 @@ from collectives._engine.members import give, instances_of, local_groups
 from collectives.groups import CommGroup
 from collectives.transports.base import Carry
 
-__all__ = ["AllToAll", "Broadcast", "Gather", "flat_bytes"]
+__all__ = ["Broadcast", "Gather", "Moves", "flat_bytes", "on_instance"]
 
 
 def flat_bytes(x: np.ndarray) -> np.ndarray:
@@ -30,12 +30,12 @@ def flat_bytes(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
 
-def _on(L: int, members: Sequence[int], instance: int) -> list[int]:
+def on_instance(L: int, members: Sequence[int], instance: int) -> list[int]:
     """Positions in the group of the members on ``instance`` (``L`` replicas each)."""
     return [p for p, r in enumerate(members) if r // L == instance]
 
 
-class _Moves:
+class Moves:
     """What the three ops share: the groups by where they run (``(members, local members)``
     each), the exchanges' communicators and waits, the choices' inputs (:meth:`carry`,
     :meth:`piece`), and the carried payload's send buffer.
@@ -117,7 +117,7 @@ class _Moves:
         return results
 
 
-class Gather(_Moves):
+class Gather(Moves):
     """``all_gather`` over ``group``: every member of a group of k gets ``[k, *shape]``,
     the members' values in position order.
 
@@ -132,7 +132,7 @@ class Gather(_Moves):
         self._counts = []
         self.sent = 0
         for (instances,), groups in self._sets:
-            counts = [sum(len(_on(L, m, i)) for m, _ in groups) * self._nbytes
+            counts = [sum(len(on_instance(L, m, i)) for m, _ in groups) * self._nbytes
                       for i in instances]
             self._counts.append(counts)
             self.sent += counts[instances.index(engine.process_index)] * (len(instances) - 1)
@@ -187,7 +187,7 @@ class Gather(_Moves):
             start = 0
             for instance in instances:
                 for out, (members, _) in zip(outs, groups):
-                    for p in _on(L, members, instance):
+                    for p in on_instance(L, members, instance):
                         out[p] = gathered[start:start + size].reshape(self._shape)
                         start += size
             for out, (_, local) in zip(outs, groups):
@@ -195,136 +195,7 @@ class Gather(_Moves):
         return results
 
 
-class AllToAll(_Moves):
-    """XLA AllToAll in each group of k over ``group``: member p splits its value along
-    ``split_dimension`` into k blocks and sends block q to member q; member q concatenates
-    the blocks it gets along ``concat_dimension`` in sender order."""
-
-    def __init__(self, engine, text, group: CommGroup, dtype: np.dtype,
-                 shape: tuple[int, ...], split_dimension: int, concat_dimension: int):
-        super().__init__(engine, text, group, dtype, shape)
-        self._split, self._concat = split_dimension, concat_dimension
-        L, me = engine.num_local_replicas, engine.process_index
-        self._k = k = len(self._groups[0][0])
-        self._block_shape = shape[:split_dimension] + (shape[split_dimension] // k,) + \
-            shape[split_dimension + 1:]
-        self._block_bytes = self._nbytes // k
-        self._counts, self.sent = [], 0
-        self._single = []  # per exchange: its one group has one member here
-        for (instances,), groups in self._sets:
-            counts = [sum(len(local) * len(_on(L, m, i)) for m, local in groups)
-                      * self._block_bytes for i in instances]
-            self._counts.append(counts)
-            self.sent += sum(counts) - counts[instances.index(me)]
-            self._single.append(len(groups) == 1 and len(groups[0][1]) == 1)
-
-    def piece(self, engine) -> int:
-        """Each instance's piece of every value, when each needs only its own: along
-        dimension 0 with one replica per instance (the blocks in memory order)."""
-        if engine.num_local_replicas != 1 or self._split or self._concat:
-            return 0
-        return self._block_bytes
-
-    def result_bytes(self) -> int:
-        return self._nbytes
-
-    def _blocks_of(self, values: Sequence[np.ndarray]) -> dict[int, list[np.ndarray]]:
-        """Every local replica's value split into its k blocks."""
-        offset = self._engine.replica_index_offset
-        return {r: np.split(values[r - offset], self._k, axis=self._split)
-                for _, local in self._groups for r in local}
-
-    def start(self, values: Sequence[np.ndarray], posted: int | None = None, i: int = 0):
-        """Step 3 of exchange ``i``: every local replica's blocks to their members'
-        instances; a single sender here along dimension 0 sends its value as it lies (its
-        blocks in destination order), and a single receiver here along dimension 0
-        receives straight into its result (the blocks arrive in sender order)."""
-        L, offset = self._engine.num_local_replicas, self._engine.replica_index_offset
-        (instances,), groups = self._sets[i]
-        single, split = self._single[i], None
-        if single and self._split == 0:
-            send = flat_bytes(values[groups[0][1][0] - offset])
-        else:
-            split = self._blocks_of(values)
-            parts = [split[s][members.index(q)] for j in instances for members, local in groups
-                     for s in local for q in (members[p] for p in _on(L, members, j))]
-            send = np.concatenate([flat_bytes(p) for p in parts])
-        counts = self._counts[i]
-        out = None
-        if single and self._concat == 0:
-            shape = (self._block_shape[0] * len(groups[0][0]), *self._block_shape[1:])
-            out = np.empty(shape, self._dtype)
-            recv = out.reshape(-1).view(np.uint8)
-        else:
-            recv = np.empty(sum(counts), np.uint8)
-        patience = self._patiences[i]
-        patience.restart()
-        work = self._comms[i].alltoallv(send, counts, recv, counts, patience, posted=posted)
-        return work, out, split
-
-    def finish(self, values: Sequence[np.ndarray], partials, blocks, started) -> list:
-        """Step 4: each local replica's blocks, concatenated in sender order."""
-        engine, L = self._engine, self._engine.num_local_replicas
-        offset = engine.replica_index_offset
-        results: list = [None] * len(values)
-        if blocks is not None:
-            return self._carried(values, blocks, results)
-        mine = self._blocks_of(values) if self._alone else {}
-        for members, local in self._alone:
-            for r in local:
-                q = members.index(r)
-                results[r - offset] = np.concatenate([mine[s][q] for s in members],
-                                                     axis=self._concat)
-        for i, ((instances,), groups) in enumerate(self._sets):
-            if i or started is None:
-                started = self.start(values, None, i)
-            work, out, split = started
-            received = work.wait()
-            if out is not None:
-                results[groups[0][1][0] - offset] = out
-                continue
-            split = split or self._blocks_of(values)
-            incoming: dict[tuple[int, int], np.ndarray] = {}  # (sender, receiver) -> block
-            start, size = 0, self._block_bytes
-            for instance in instances:
-                for members, local in groups:
-                    for s in (members[p] for p in _on(L, members, instance)):
-                        for q in local:
-                            incoming[(s, q)] = (received[start:start + size]
-                                                .view(self._dtype).reshape(self._block_shape))
-                            start += size
-            for members, local in groups:
-                for q in local:
-                    pieces = [split[s][members.index(q)] if (s, q) not in incoming
-                              else incoming[(s, q)] for s in members]
-                    results[q - offset] = np.concatenate(pieces, axis=self._concat)
-        return results
-
-    def _carried(self, values, blocks, results: list) -> list:
-        """The results from every instance's carried payload (its replicas' whole values),
-        or, ``indexed``, from every instance's piece for this one."""
-        engine, dtype = self._engine, self._dtype
-        if len(values) == 1 and self._split == 0 and self._concat == 0:
-            if blocks is not self._blocks:  # (rows made again only for other blocks)
-                # (indexed: the pieces themselves; else this instance's piece of each)
-                at = 0 if self.carried.piece else engine.replica_index_offset * self._block_bytes
-                self._rows = [b[at:at + self._block_bytes].view(dtype).reshape(self._block_shape)
-                              for b in blocks]
-                self._blocks = blocks
-            results[0] = np.concatenate(self._rows)
-            return results
-        shape = (len(values), *self._shape)
-        senders = [v for b in blocks for v in b.view(dtype).reshape(shape)]
-        step = self._shape[self._split] // engine.num_replicas
-        lead = (slice(None),) * self._split
-        for i, r in enumerate(range(engine.replica_index_offset,
-                                    engine.replica_index_offset + len(values))):
-            piece = lead + (slice(r * step, (r + 1) * step),)
-            results[i] = np.concatenate([s[piece] for s in senders], axis=self._concat)
-        return results
-
-
-class Broadcast(_Moves):
+class Broadcast(Moves):
     """``broadcast`` over ``group`` from position ``root``: every member of a group gets the
     value of the member at position ``root``."""
 

@@ -9,7 +9,7 @@ import threading
 from ipu_node import get_system
 from ipu_node.system import IPUSystem
 
-from collectives._engine.ledger import CallRecord, OpStats, format_table, total
+from collectives.records import CallRecord, OpStats, format_table, total
 from collectives.performance.cost_model import HardwareCostModel
 from collectives._engine.engine import CollectiveEngine
 from collectives._engine.fusion import FusionLimits
@@ -33,8 +33,8 @@ def get_engine(system: IPUSystem | None = None) -> CollectiveEngine:
     aborts the engine: replicas waiting for the failed one get CollectiveAbortedError.
     At interpreter exit the engine tells the other instances that this one has ended
     (:meth:`CollectiveEngine.finish`). The engine's ledger gets the
-    :class:`~collectives.performance.cost_model.HardwareCostModel` of the system's POD and layout, so
-    every call records its modelled seconds.
+    :class:`~collectives.performance.cost_model.HardwareCostModel` of the system's POD and
+    layout, so every call records its modelled seconds.
 
     Raises:
         ipu_node.NotConfiguredError: no IPU system is configured.

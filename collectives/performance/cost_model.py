@@ -96,7 +96,7 @@ from ipu_node.routing import routes_from
 from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.systems import SystemModel
 
-from collectives._engine.ledger import CallRecord
+from collectives.records import CallRecord
 from collectives.gcl_options import METHODS
 from collectives.performance.link_flows import StepProfile, mirrored_ring, step_profile
 from collectives.performance.pricing import Pricer as _Pricer, folded_order, split_groups

@@ -44,7 +44,7 @@ from ipu_node.chips import chip_of_system
 from ipu_node.links import IPU_LINK_LATENCY_S
 from ipu_node.systems import get_system_model
 
-from collectives._engine.ledger import CallRecord
+from collectives.records import CallRecord
 
 __all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
            "enable_at_exit", "use_model_card"]

@@ -272,4 +272,3 @@ class IndexRounds:
                 "an agreement whose fingerprints agree but whose pieces did not arrive as "
                 "sent (a peer that is not this version of ipupod?)")
         return False, None
-

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 
 import collectives as C
-from collectives._engine import reduction as _reduction
+from collectives._engine import exchange as _exchange
 from poprun import popdist
 from tests.collective_cases import ALL, Case, check_cases
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
 
-_PAIR = _reduction.PAIR_ALLREDUCE_MAX_BYTES
+_PAIR = _exchange.PAIR_ALLREDUCE_MAX_BYTES
 
 
 def _groups(R: int) -> list:

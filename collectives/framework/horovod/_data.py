@@ -1,7 +1,7 @@
 """The data movement of the Horovod collectives on a process set's communicator.
 
 Reductions keep ipupod's canonical order and are the GCL all-reduce's exchange
-(:class:`collectives._engine.reduction.Exchange`): each member owns a contiguous chunk of the fused
+(:class:`collectives._engine.exchange.Exchange`): each member owns a contiguous chunk of the fused
 buffer, receives every member's piece of it (all-to-all), combines the pieces in the tree
 order over process-set positions (:mod:`collectives._engine.tree`), scales its chunk, and an
 all-gather returns the chunks: the traffic of a ring allreduce, and bit-identical results
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._engine.reduction import Exchange
+from collectives._engine.exchange import Exchange
 from collectives.framework.horovod._wire import patience_for
 from collectives.operators import CollectiveOperator, combine_into
 from collectives._engine.tree import tree_reduce
@@ -82,7 +82,7 @@ def allreduce_group(engine, comm, members: Sequence[int], arrays: Sequence[np.nd
     :func:`scale`). Returns one new 1-D array: the arrays' results one after the other.
 
     The concatenation is the GCL all-reduce's one partial: its exchange
-    (:class:`~collectives._engine.reduction.Exchange`) scales each member's reduced chunk in its
+    (:class:`~collectives._engine.exchange.Exchange`) scales each member's reduced chunk in its
     place (1/P of the elements per member) before the all-gather completes the result.
     """
     dtype = arrays[0].dtype
