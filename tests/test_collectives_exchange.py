@@ -76,20 +76,12 @@ class _ThreadCommunicator(Communicator):
         return Done(data)
 
 
-class _Engine:
-    """What an exchange asks of its engine: a scratch buffer (one per member thread)."""
-
-    @staticmethod
-    def scratch(nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
-
-
 def _exchange(comm, partials, op, patience, bounds=None, gather=True, nodes=None):
     """The results of an :class:`~collectives._engine.exchange.Exchange` of ``partials``."""
     first = partials[0] if nodes is None else partials[0][0]
     sizes = [(p if nodes is None else p[0]).size for p in partials]
-    ex = exchange.Exchange(_Engine(), comm, patience, sizes, first.dtype, op, gather, bounds,
-                           nodes)
+    ex = exchange.Exchange(exchange.Scratch(), comm, patience, sizes, first.dtype, op, gather,
+                           bounds, nodes)
     return ex.finish(ex.start(partials))
 
 

@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from collectives._engine.agreement import END_OF_PROGRAM, Agreement
+from collectives._engine.exchange import Scratch
 from collectives._engine.fusion import FusionLimits
 from collectives._engine.plan import Plan
 from collectives._engine.recording import CallRecorder
@@ -91,6 +91,8 @@ class CollectiveEngine:
         rendezvous: the local replicas' rendezvous (call numbers; the failure that made the
             engine unusable).
         recorder: puts every call in the ledger.
+        scratch: where the reductions' exchanges receive (one buffer, reused: the
+            leader's alone).
         carried_calls: calls whose data moved in their agreement
             (:attr:`collectives._engine.plan.Plan.carry`).
     """
@@ -113,7 +115,7 @@ class CollectiveEngine:
         self.rendezvous = Rendezvous(num_local_replicas, replica_index_offset, options)
         self.recorder = CallRecorder(self.ledger, self.gcl, num_replicas, ipus_per_replica)
         self._finished = False
-        self._scratch = np.empty(0, np.uint8)
+        self.scratch = Scratch()
         self._workers = min(os.cpu_count() or 1, 8)
         self._pool: ThreadPoolExecutor | None = None
         self._plans: dict[tuple, Plan] = {}
@@ -216,13 +218,6 @@ class CollectiveEngine:
     def communicator(self, instances: tuple[int, ...]) -> Communicator:
         """The transport's communicator of ``instances`` (made once by the transport)."""
         return self.transport.communicator(instances)
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        """A ``uint8[nbytes]`` buffer reused from call to call (the leader's alone: never
-        hand it to a replica). Saves the page faults of a fresh large buffer per call."""
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes]
 
     def in_slices(self, size: int, itemsize: int, work: Callable[[int, int], None]) -> None:
         """Run ``work(lo, hi)`` over element slices covering ``[0, size)``: on the caller and

@@ -20,7 +20,7 @@ import numpy as np
 from collectives._engine.tree import Node, combine_steps, run_steps
 from collectives.operators import CollectiveOperator, combine_into, direct_ufunc
 
-__all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "Exchange", "combiner"]
+__all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "Exchange", "Scratch", "combiner"]
 
 #: an all-reduce between two instances of at most this many bytes goes in one round (each
 #: sends its whole partial); larger ones reduce-scatter then all-gather, which halves the
@@ -39,6 +39,23 @@ def combiner(op: CollectiveOperator, dtype: np.dtype):
     return ufunc
 
 
+class Scratch:
+    """A ``uint8`` buffer the pieces an exchange receives go into, reused from call to call
+    (the engine's leader's alone, one call at a time: never handed to a replica). Saves the
+    page faults of a fresh large buffer per call."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self):
+        self._buffer = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``uint8[nbytes]``, the buffer's first bytes (grown when short)."""
+        if self._buffer.nbytes < nbytes:
+            self._buffer = np.empty(nbytes, np.uint8)
+        return self._buffer[:nbytes]
+
+
 class Exchange:
     """The exchange of the partials of some groups between the instances they span (one
     communicator), with its layout worked out once: member j owns elements ``[b[j],
@@ -52,7 +69,7 @@ class Exchange:
     :data:`PAIR_ALLREDUCE_MAX_BYTES` sends its whole partials instead (``pair``).
 
     Args:
-        engine: the engine (its scratch buffer receives the pieces).
+        scratch: where the received pieces go (:class:`Scratch`: the engine's).
         comm: the instances' communicator.
         patience: the wait of its data (restarted at every call).
         sizes: elements of each partial (flattened).
@@ -69,13 +86,13 @@ class Exchange:
         sent: bytes this member sends in one call.
     """
 
-    def __init__(self, engine, comm, patience, sizes: Sequence[int], dtype: np.dtype,
+    def __init__(self, scratch: Scratch, comm, patience, sizes: Sequence[int], dtype: np.dtype,
                  op: CollectiveOperator, gather: bool,
                  bounds: Sequence[Sequence[int]] | None = None,
                  nodes: Sequence[Sequence[Node]] | None = None, finish_chunk=None,
                  shapes: Sequence[tuple[int, ...]] | None = None):
         m, me, itemsize = comm.size, comm.rank, dtype.itemsize
-        self._engine, self._comm, self._dtype, self._gather = engine, comm, dtype, gather
+        self._scratch, self._comm, self._dtype, self._gather = scratch, comm, dtype, gather
         self.patience = patience
         self._finish_chunk = finish_chunk
         self._shapes = [(n,) for n in sizes] if shapes is None else list(shapes)
@@ -160,7 +177,7 @@ class Exchange:
         outgoing = send
         if self._skip:
             outgoing = send[at[1]:] if me == 0 else send[:at[me]]
-        recv = self._engine.scratch(sum(self._recv_counts))
+        recv = self._scratch.take(sum(self._recv_counts))
         patience = self.patience
         patience.restart()
         work = self._comm.alltoallv(outgoing.view(np.uint8), self._send_counts, recv,

@@ -137,7 +137,8 @@ class Reduction:
         for groups in self._sets:
             instances, nodes, k = groups[0].instances, groups[0].nodes, len(groups[0].members)
             self.exchanges.append(Exchange(
-                engine, engine.communicator(instances), engine.data_patience(text, instances),
+                engine.scratch, engine.communicator(instances),
+                engine.data_patience(text, instances),
                 [g.length for g in groups], self._dtype, op, not scatter,
                 [g.bounds for g in groups] if scatter else None, nodes,
                 (lambda chunk, k=k: finish_into(op, chunk, k)) if self._mean and not scatter
@@ -295,7 +296,10 @@ class Reduction:
         if self._mean and not finished:
             total = finish(self._op, total, len(g.members))
         if not self._scatter:
-            give(results, engine, g.local, total, values)
+            if self._one and not whole:  # (its one result: a new array)
+                results[0] = total
+            else:
+                give(results, engine, g.local, total, values)
             return
         c, offset = g.c, engine.replica_index_offset
         first = 0 if whole else \

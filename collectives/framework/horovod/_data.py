@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._engine.exchange import Exchange
+from collectives._engine.exchange import Exchange, Scratch
 from collectives.framework.horovod._wire import patience_for
 from collectives.operators import CollectiveOperator, combine_into
 from collectives._engine.tree import tree_reduce
@@ -92,7 +92,7 @@ def allreduce_group(engine, comm, members: Sequence[int], arrays: Sequence[np.nd
         whole = whole.copy() if len(arrays) == 1 else whole
         _scale_into(whole, postscale)
         return whole
-    exchange = Exchange(engine, comm, patience_for(engine, "hvd.allreduce", members, True),
+    exchange = Exchange(Scratch(), comm, patience_for(engine, "hvd.allreduce", members, True),
                         [whole.size], dtype, OPERATORS[op], True,
                         finish_chunk=lambda chunk: _scale_into(chunk, postscale))
     return exchange.finish(exchange.start([whole]))[0]
