@@ -252,7 +252,10 @@ class Communicator(ABC):
             every member; ``blocks`` (when agreed with a carry) every member's payload in
             member order (``gathered``), or every member's piece for this member
             (``indexed``), ``uint8`` views valid until the next agreement on this
-            communicator, else None.
+            communicator, else None. A communicator may hand the same list again for an
+            equal carry (MPI, while it reuses its agreement's layout): its views then hold
+            that call's payloads (a plan keeps its typed rows of a list it has seen;
+            :mod:`collectives.testing` checks the payloads of a reused agreement).
 
         This default all-gathers the fingerprints (8 bytes a member) and carries nothing;
         transports override it with rounds whose time grows with log P.

@@ -151,7 +151,7 @@ class GrpcCommunicator(Communicator):
 
     @staticmethod
     def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
-        """The ``count`` blocks of an :meth:`agree_gather` message from instance ``source``.
+        """The ``count`` blocks of an agreement message (:meth:`agree`) from instance ``source``.
 
         Raises:
             TransportError: the message is not ``count`` well-formed blocks.
