@@ -9,6 +9,7 @@ outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's m
 other ipupod package.
 """
 
+from ipu_node.attach import Attachment, attach_free_device
 from ipu_node.config import IPUConfig, MergeRemoteBuffersBehaviour, SelectionOrder
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.device_ids import GcDevice, gc_device, gc_devices
@@ -47,7 +48,7 @@ __all__ = [
     "order_ipus", "assign_instance_ipus", "layout_replicas", "Link", "LinkKind", "route", "hops",
     "transfer_time_s", "host_transfer_time_s", "IPUMemory", "MemoryUsage", "place", "free",
     "memory_usage", "format_topology_table", "IPUPOD_SYSTEM", "IPUPOD_OCCUPANCY_DIR",
-    "IPUPOD_JOB_ID", "DEFAULT_SYSTEM",
+    "IPUPOD_JOB_ID", "DEFAULT_SYSTEM", "Attachment", "attach_free_device",
     # execution model (feeds, loops, compile, scopes)
     "data", "ipu_compiler", "ipu_infeed_queue", "ipu_outfeed_queue", "loops", "scopes",
     "Dataset", "IPUInfeedQueue", "IPUOutfeedQueue", "IPUOutfeedMode", "Operation",

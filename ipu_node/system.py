@@ -61,6 +61,7 @@ class IPUSystem:
             transport = "mpi" if self.process_count > 1 else "local"
         self.transport = transport
         self._closers: list[Callable[[], None]] = []
+        self._attachment = attachment
         if attachment is not None:
             self._closers.append(attachment.release)  # closers run last-first: freed last
         self.executor = ReplicaExecutor(
@@ -82,6 +83,31 @@ class IPUSystem:
                      kwargs: Sequence[dict]) -> list:
         """Run ``fn`` once per local replica (see :meth:`ReplicaExecutor.run`)."""
         return self.executor.run(fn, args, kwargs)
+
+    @property
+    def ipus_attached(self) -> bool:
+        """Whether this system holds its IPUs (True unless :meth:`release_ipus` let them go
+        and :meth:`reattach_ipus` has not taken them back; True when built without an
+        attachment)."""
+        return self._attachment is None or self._attachment.attached
+
+    def release_ipus(self) -> None:
+        """Let the IPUs go (other processes and attachments may take them, ``gc-monitor``
+        no longer lists them) while the system stays configured: its replica contexts,
+        memories and whatever serves its replicas (the collective engine, its transport)
+        stay. PopTorch's ``detachFromDevice`` (poptorch reference §5.6). Idempotent."""
+        if self._attachment is not None:
+            self._attachment.release()
+
+    def reattach_ipus(self) -> None:
+        """Hold the same IPUs again after :meth:`release_ipus` (PopTorch's
+        ``attachToDevice``); nothing happens while they are held.
+
+        Raises:
+            IPUBusyError: one of them is attached by another process or attachment now.
+        """
+        if self._attachment is not None:
+            self._attachment.reattach()
 
     def add_closer(self, closer: Callable[[], None]) -> None:
         """Call ``closer()`` when this system is replaced or reset (e.g. to close a transport)."""
