@@ -1,0 +1,73 @@
+"""``trainingModel`` and ``inferenceModel`` (poptorch reference §5.1).
+
+Both wrap ``copy.copy(model)`` (shares the user's submodules, parameters and buffers, not
+the top-level ``training`` flag). A module may be wrapped by one training model at a time
+(until ``destroy()``), and by any number of inference models.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import torch
+
+from poptorch._executor import PoplarExecutor
+from poptorch._options import Options
+
+__all__ = ["trainingModel", "inferenceModel", "unwrap"]
+
+#: user modules wrapped by a training model now
+_wrapped: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | None = None,
+                  optimizer: torch.optim.Optimizer | None = None) -> PoplarExecutor:
+    """A training model: each call runs ``deviceIterations`` optimizer steps on every
+    replica (default optimizer ``poptorch.optim.SGD(lr=0.01)``).
+
+    Raises:
+        RuntimeError: ``model`` is wrapped by a training model already.
+        poptorch.Error: ``options`` is not a ``poptorch.Options``.
+        AssertionError: an unsupported optimizer.
+    """
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    if model in _wrapped:
+        raise RuntimeError("Model has already been wrapped in 'poptorch.trainingModel'. Call "
+                           "model.destroy() on the model to unwrap before wrapping again.")
+    _check_buffers(model)
+    executor = PoplarExecutor(copy.copy(model), options, True, optimizer, user_model=model)
+    _wrapped.add(model)
+    return executor
+
+
+def inferenceModel(model: torch.nn.Module | PoplarExecutor,
+                   options: Options | None = None) -> PoplarExecutor:
+    """An inference model: each call runs ``deviceIterations`` batches on every replica.
+    Built from a module that a training model trains, it sees the trained weights.
+
+    Raises:
+        poptorch.Error: ``options`` is not a ``poptorch.Options``, or gradient accumulation
+            is not 1.
+    """
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    return PoplarExecutor(copy.copy(model), options, False, user_model=model)
+
+
+def unwrap(model: torch.nn.Module) -> None:
+    """Forget that ``model`` is wrapped by a training model.
+
+    Raises:
+        RuntimeError: it is not ("model was never wrapped").
+    """
+    if model not in _wrapped:
+        raise RuntimeError("model was never wrapped")
+    _wrapped.discard(model)
+
+
+def _check_buffers(model: torch.nn.Module) -> None:
+    for _, buffer in model.named_buffers():
+        if buffer is not None and not isinstance(buffer, torch.Tensor):
+            raise RuntimeError("All buffers must be an instance of torch.Tensor")
