@@ -48,7 +48,7 @@ class Options(poptorch.Options):
 
     def __init__(self, ipus_per_replica: int | None = None) -> None:
         super().__init__()
-        _popdist.check_popdist_env()
+        _popdist.init()  # the POPDIST_* values agree with each other
         if ipus_per_replica is None:
             ipus_per_replica = _popdist.getNumIpusPerReplica()
         if not _popdist.checkNumIpusPerReplica(ipus_per_replica):

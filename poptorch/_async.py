@@ -188,16 +188,18 @@ class AsynchronousDataAccessor:
             return length * getattr(self._dataset, "batch_size", 1) // self.rebatched_size
         return length
 
-    def __iter__(self) -> "AsynchronousDataAccessor":
+    def __iter__(self) -> "_Epoch":
+        """An iterator over the next epoch (a new one from the start when an epoch was
+        under way)."""
         worker = self._worker
         if worker is None or self._in_epoch or not worker.is_alive() and \
                 self._queue.empty():
             self.terminate()
             self._start()
         self._in_epoch = True
-        return self
+        return _Epoch(self)
 
-    def __next__(self) -> Any:
+    def _next(self) -> Any:
         if self._worker is None or not self._in_epoch:
             raise StopIteration
         while True:
@@ -221,3 +223,16 @@ class AsynchronousDataAccessor:
             raise createPoptorchError(f"AsynchronousDataAccessor worker thread {what}: "
                                       f"{type(item.exc).__name__}: {item.exc}") from item.exc
         return item
+
+
+class _Epoch:
+    """The iterator of one epoch of an :class:`AsynchronousDataAccessor`."""
+
+    def __init__(self, accessor: AsynchronousDataAccessor):
+        self._accessor = accessor
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        return self._accessor._next()

@@ -88,6 +88,16 @@ class Device:
     def attached(self) -> bool:
         return self._attached()
 
+    @property
+    def stale(self) -> bool:
+        """A job device whose IPU system was replaced (by another model's) since."""
+        if self.job_system is None:
+            return False
+        try:
+            return ipu_node.get_system() is not self.job_system
+        except ipu_node.NotConfiguredError:
+            return True
+
     def release(self) -> None:
         """Free the tensors placed and let the IPUs go."""
         self.free_tensors()
@@ -204,8 +214,10 @@ def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int
         try:
             system.reattach_ipus()
         except ipu_node.IPUError as exc:
-            raise _failed(count, exc) from None
-    else:
+            if num_processes > 1:  # an instance's IPUs are its own: busy is an error
+                raise _failed(count, exc) from None
+            same = False  # its IPUs were taken meanwhile: configure on free ones
+    if not same:
         if current is system and system is not None:
             _claim(system, owner)  # refuses while another model uses it
         system = _configure(replicas, ipus_per_replica, process_id, num_processes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from poptorch._signature import CompiledInputs
 from poptorch._step import SingleStage, TrainPlan, infer_replica, train_replica
 from poptorch._threads import threads_per_replica
 from poptorch._tracing import ReplicaRNG, Trace
+from poptorch._wrapped import unwrap
 
 __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
 
@@ -180,6 +182,8 @@ class PoplarExecutor:
             ipu_id = self._options.ipu_id if self._options.exists("ipu_id") else None
             self._device = attach_free(replicas, _IPUS_PER_REPLICA, count, label, ipu_id)
         self._attached = True
+        # a model that is garbage collected lets its IPUs go (PopTorch's executable does)
+        weakref.finalize(self, self._device.release)
 
     def _name(self) -> str:
         opts = self._options
@@ -299,16 +303,26 @@ class PoplarExecutor:
     # -- weights and optimizer ----------------------------------------------------------
     def copyWeightsToDevice(self) -> None:
         """Host weights (and optimizer state) to every replica. Replica 0's weights are the
-        host's; the others get copies."""
-        if self._replicas is None:
-            return
+        host's; the others get copies.
+
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        if not self._compiled:
+            raise createPoptorchError(NO_EXECUTABLE_ERR)
         self._replicas.upload()
         for r in range(1, len(self._optimizers)):
             load_state(self._optimizers[r], self._optimizer, self._replicas.mapping(r))
 
     def copyWeightsToHost(self) -> None:
         """Device weights to the host: nothing to copy, the host's weights are replica 0's
-        (always up to date after a call)."""
+        (always up to date after a call).
+
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        if not self._compiled:
+            raise createPoptorchError(NO_EXECUTABLE_ERR)
 
     def copyWeightsToHostIfNeeded(self) -> bool:
         """False: the host weights are never out of date (see :meth:`copyWeightsToHost`)."""
@@ -405,15 +419,16 @@ class PoplarExecutor:
                                  "(ConnectionType.Never)")
         if self._attached:
             raise createPoptorchError("Device is already attached")
-        if self._device is None:
-            procs = self._options.Distributed.numProcesses
-            self._attach_new(self._options.replication_factor,
-                             ipus_to_reserve(self._options.replication_factor, 1,
-                                             self._options.auto_round_num_ipus),
-                             procs, self._options.Distributed.processId)
+        if self._device is None or self._device.stale:
+            opts = self._options
+            replicas = opts.replication_factor
+            self._attach_new(replicas, ipus_to_reserve(replicas, _IPUS_PER_REPLICA,
+                                                       opts.auto_round_num_ipus),
+                             opts.Distributed.numProcesses, opts.Distributed.processId)
+            threads = self._runner.threads
             self._runner.close()
-            self._runner = (JobRunner(self._runner.threads) if self._device.job_system
-                            is not None else self._runner)
+            self._runner = (JobRunner(threads) if self._device.job_system is not None
+                            else LocalRunner(replicas, threads))
         else:
             self._device.reattach(self)
             self._attached = True
@@ -427,7 +442,6 @@ class PoplarExecutor:
             return
         self._drop_executable()
         if self._training:
-            from poptorch._wrap import unwrap
             unwrap(self._user_model)
 
     def _drop_executable(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from typing import Any
 
 import torch
@@ -385,7 +386,7 @@ class Options(OptionsDict):
             ConfigFileError: a line is not valid Python ("SyntaxError at line N of
                 <file>: ...").
         """
-        import poptorch
+        poptorch = sys.modules["poptorch"]  # the package (not imported here: no cycle)
         with open(filepath) as f:
             filename = os.path.basename(f.name)
             cmds = ["options." + line.strip() for line in f

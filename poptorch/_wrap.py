@@ -8,17 +8,14 @@ the top-level ``training`` flag). A module may be wrapped by one training model 
 from __future__ import annotations
 
 import copy
-import weakref
 
 import torch
 
 from poptorch._executor import PoplarExecutor
 from poptorch._options import Options
+from poptorch._wrapped import is_wrapped, mark_wrapped
 
-__all__ = ["trainingModel", "inferenceModel", "unwrap"]
-
-#: user modules wrapped by a training model now
-_wrapped: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+__all__ = ["trainingModel", "inferenceModel"]
 
 
 def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | None = None,
@@ -33,12 +30,12 @@ def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | No
     """
     if isinstance(model, PoplarExecutor):
         model = model._user_model
-    if model in _wrapped:
+    if is_wrapped(model):
         raise RuntimeError("Model has already been wrapped in 'poptorch.trainingModel'. Call "
                            "model.destroy() on the model to unwrap before wrapping again.")
     _check_buffers(model)
     executor = PoplarExecutor(copy.copy(model), options, True, optimizer, user_model=model)
-    _wrapped.add(model)
+    mark_wrapped(model)
     return executor
 
 
@@ -54,17 +51,6 @@ def inferenceModel(model: torch.nn.Module | PoplarExecutor,
     if isinstance(model, PoplarExecutor):
         model = model._user_model
     return PoplarExecutor(copy.copy(model), options, False, user_model=model)
-
-
-def unwrap(model: torch.nn.Module) -> None:
-    """Forget that ``model`` is wrapped by a training model.
-
-    Raises:
-        RuntimeError: it is not ("model was never wrapped").
-    """
-    if model not in _wrapped:
-        raise RuntimeError("model was never wrapped")
-    _wrapped.discard(model)
 
 
 def _check_buffers(model: torch.nn.Module) -> None:
