@@ -133,17 +133,18 @@ class OutputCollector:
                 raise createPoptorchError("Return period must be a factor of the number of "
                                           "batches per step")
         self.layout, self.mode, self.period = layout, mode, period
+        self._every = mode in (enums.OutputMode.All, enums.OutputMode.Sum)
+        self._final = mode == enums.OutputMode.Final
         self._kept: dict[tuple[int, int, int], list] = {}
         self._sums: dict[int, list] = {}
         self._rebuild: Callable | None = None
 
     def wants(self, d: int, g: int) -> bool:
         """Whether the results of device iteration d, step g are kept (else skip them)."""
-        L, mode = self.layout, self.mode
-        if mode == enums.OutputMode.All or mode == enums.OutputMode.Sum:
+        if self._every:
             return True
-        if mode == enums.OutputMode.Final:
-            return d == L.di - 1 and g == L.G - 1
+        if self._final:
+            return d == self.layout.di - 1 and g == self.layout.G - 1
         return (d + 1) % self.period == 0
 
     def add(self, d: int, g: int, r: int, output: Any) -> None:

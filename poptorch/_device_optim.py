@@ -178,6 +178,7 @@ class ReplicaOptimizer:
             self.opt.state = _copy_state(user, mapping)
         self.max_grad_norm = float(getattr(user, "max_grad_norm", math.inf))
         self.dtypes = _state_dtypes(user)
+        self._params = [p for g in self.opt.param_groups for p in g["params"]]
 
     def refresh(self, user: torch.optim.Optimizer) -> None:
         """Take the user optimizer's hyper-parameters again (``setOptimizer``)."""
@@ -190,26 +191,30 @@ class ReplicaOptimizer:
         self.max_grad_norm = float(getattr(user, "max_grad_norm", math.inf))
 
     def params(self) -> list[torch.Tensor]:
-        return [p for g in self.opt.param_groups for p in g["params"]]
+        """The replica's parameters, group by group."""
+        return self._params
 
     @torch.no_grad()
     def step(self) -> None:
         """Clip, update, and keep the state in its accumulator dtypes."""
-        params = [p for p in self.params() if p.grad is not None]
-        if math.isfinite(self.max_grad_norm) and params:
-            norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
-            if norm > self.max_grad_norm:
-                for p in params:
-                    p.grad.mul_(self.max_grad_norm / norm)
+        if math.isfinite(self.max_grad_norm):
+            self._clip([p for p in self._params if p.grad is not None])
         if self.dtypes:
             self._cast_state(up=True)
         self.opt.step()
         if self.dtypes:
             self._cast_state(up=False)
 
+    def _clip(self, params: list[torch.Tensor]) -> None:
+        if params:
+            norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+            if norm > self.max_grad_norm:
+                for p in params:
+                    p.grad.mul_(self.max_grad_norm / norm)
+
     def _cast_state(self, up: bool) -> None:
-        for p in self.params():
+        for p in self._params:
             state = self.opt.state.get(p)
             if not state:
                 continue
@@ -219,7 +224,7 @@ class ReplicaOptimizer:
                     state[key] = value.to(p.dtype if up else dtype)
 
     def zero_grad(self) -> None:
-        for p in self.params():
+        for p in self._params:
             p.grad = None
 
 

@@ -27,6 +27,7 @@ from poptorch._device_optim import (ReplicaOptimizer, check_constants, constant_
                                     state_nbytes_per_param)
 from poptorch._errors import createPoptorchError
 from poptorch._logging import logger
+from poptorch._nest import flatten
 from poptorch._options import Options
 from poptorch._popart_options import validate as validate_popart
 from poptorch._replicas import Replicas
@@ -90,6 +91,7 @@ class PoplarExecutor:
         self._rngs: list[ReplicaRNG] = []
         self._inputs: CompiledInputs | None = None
         self._layout: Layout | None = None
+        self._stage: SingleStage | None = None
         self._compile_time: datetime.timedelta | None = None
         self._perf: dict[str, list] = {k: [[]] for k in
                                        ("input", "input_complete", "output", "output_complete")}
@@ -227,9 +229,14 @@ class PoplarExecutor:
         flags = self._replicas.enter_compiled_mode()
         try:
             with torch.enable_grad() if self._training else torch.no_grad(), Trace(rng) as trace:
-                module(*micro.get(0, 0, 0)[0], **micro.get(0, 0, 0)[1])
+                output = module(*micro.get(0, 0, 0)[0], **micro.get(0, 0, 0)[1])
+            loss_index = None
             if self._training:
-                trace.final_loss()
+                loss = trace.final_loss()
+                leaves = flatten(output)[0]
+                loss_index = next((i for i, leaf in enumerate(leaves) if leaf is loss), None)
+            self._stage = SingleStage(loss_index, traced=trace.random_calls > 0 or
+                                      (self._training and loss_index is None))
             changed = self._replicas.changed_buffers(versions)
             if changed and self._options.replication_factor > 1 and \
                     self._options.broadcast_buffers:
@@ -265,7 +272,7 @@ class PoplarExecutor:
         collector = OutputCollector(layout, enums.OutputMode(opts.output_mode),
                                     opts.output_return_period)
         t_ready = time.perf_counter()
-        modules, rngs, stage = self._replicas.modules, self._rngs, SingleStage()
+        modules, rngs, stage = self._replicas.modules, self._rngs, self._stage
         flags = self._replicas.enter_compiled_mode()
         try:
             if self._training:

@@ -23,21 +23,37 @@ import torch
 
 from poptorch import enums
 from poptorch._batching import MicroBatches, OutputCollector
+from poptorch._nest import flatten
 from poptorch._tracing import ReplicaRNG, Trace
 
 __all__ = ["SingleStage", "TrainPlan", "train_replica", "infer_replica"]
 
 
 class SingleStage:
-    """The unsplit model as one stage on the replica's first IPU."""
+    """The unsplit model as one stage on the replica's first IPU.
+
+    Args:
+        loss_index: where the final loss is among the leaves of the forward's outputs, as
+            the compile-time trace found it (None: not an output, find it by tracing).
+        traced: trace every forward (the model draws random numbers, which must come from
+            the replica's generator, or its loss is not an output). Otherwise the forward
+            runs untraced, PopTorch's graph being the one compiled.
+    """
+
+    def __init__(self, loss_index: int | None = None, traced: bool = True):
+        self.loss_index, self.traced = loss_index, traced or loss_index is None
 
     def train_micro(self, module: torch.nn.Module, args: tuple, kwargs: dict,
                     rng: ReplicaRNG | None, loss_scaling: float) -> Any:
         """Forward and backward of one micro-batch; returns the forward's outputs (the
         gradients accumulate into ``.grad``)."""
-        with Trace(rng) as trace:
+        if self.traced:
+            with Trace(rng) as trace:
+                output = module(*args, **kwargs)
+            loss = trace.final_loss()
+        else:
             output = module(*args, **kwargs)
-        loss = trace.final_loss()
+            loss = flatten(output)[0][self.loss_index]
         if loss_scaling != 1.0:
             loss = loss * loss_scaling
         loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
@@ -45,8 +61,11 @@ class SingleStage:
 
     def infer_micro(self, module: torch.nn.Module, args: tuple, kwargs: dict,
                     rng: ReplicaRNG | None) -> Any:
-        with torch.no_grad(), Trace(rng):
-            return module(*args, **kwargs)
+        with torch.no_grad():
+            if not self.traced:
+                return module(*args, **kwargs)
+            with Trace(rng):
+                return module(*args, **kwargs)
 
 
 @dataclass
@@ -110,7 +129,7 @@ def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, step: int,
         if mine is None and not total.any():
             p.grad = None  # used by no replica: left alone by the optimizer, as in PyTorch
         else:
-            p.grad = total / divisor if divisor != 1 else total.clone()
+            p.grad = total / divisor if divisor != 1 else total
 
 
 def infer_replica(r: int, micro: MicroBatches, collector: OutputCollector, stage: SingleStage,

@@ -87,6 +87,7 @@ class Trace(TorchFunctionMode):
         super().__init__()
         self.rng = rng
         self.losses: list[torch.Tensor] = []
+        self.random_calls = 0
 
     def __enter__(self):
         self._previous = getattr(_current, "trace", None)
@@ -99,8 +100,10 @@ class Trace(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.rng is not None and func in RANDOM_FUNCTIONS:
-            out = self.rng.call(func, args, kwargs)
+        if func in RANDOM_FUNCTIONS:
+            self.random_calls += 1
+            out = self.rng.call(func, args, kwargs) if self.rng is not None else \
+                func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
         if func in LOSS_FUNCTIONS and isinstance(out, torch.Tensor):
