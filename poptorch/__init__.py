@@ -32,7 +32,8 @@ from poptorch._ops import (for_loop, identity_loss, ipu_print_tensor, ipuHardwar
                            serializedMatMul, set_available_memory)
 from poptorch._options import Options
 from poptorch._options_groups import TensorLocationSettings
-from poptorch._wrap import inferenceModel, trainingModel
+from poptorch._version import __version__
+from poptorch._wrap import inferenceModel, load, trainingModel
 from poptorch.enums import (AutoStage, CommGroupType, ConnectionType, DataLoaderMode, Liveness,
                             MatMulSerializationMode, MeanReductionStrategy, MultiConvPlanType,
                             OutputMode, OverlapMode, ReductionType, SharingStrategy,
@@ -41,12 +42,10 @@ from poptorch.enums import (AutoStage, CommGroupType, ConnectionType, DataLoader
 #: SDK 2.x's name of :class:`OutputMode` (removed in SDK 2.5; kept for older programs)
 AnchorMode = OutputMode
 
-#: the PopTorch release whose API this emulates
-__version__ = "3.4.0+ipupod"
 
 __all__ = [
     "Options", "TensorLocationSettings", "DataLoader", "AsynchronousDataAccessor",
-    "trainingModel", "inferenceModel", "PoplarExecutor", "NO_EXECUTABLE_ERR",
+    "trainingModel", "inferenceModel", "PoplarExecutor", "NO_EXECUTABLE_ERR", "load",
     "identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
     "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "setLogLevel", "logger",

@@ -22,16 +22,18 @@ import torch
 from poptorch import enums
 from poptorch._batching import Layout, MicroBatches, OutputCollector, check_batch
 from poptorch._device import attach_free, attach_job, ipus_to_reserve
-from poptorch._device_optim import (ReplicaOptimizer, check_constants, constant_attributes,
-                                    load_state, native_class, needs_running_mean,
-                                    state_nbytes_per_param)
+from poptorch._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
+                                    needs_running_mean, state_nbytes_per_param)
 from poptorch._errors import createPoptorchError
+from poptorch._executor_info import ExecutorInfo
+from poptorch._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
+from poptorch._export import ExecutorExport
 from poptorch._logging import logger
 from poptorch._nest import flatten
 from poptorch._options import Options
 from poptorch._popart_options import validate as validate_popart
 from poptorch._replicas import Replicas
-from poptorch._report import describe_options, register_model
+from poptorch._report import register_model
 from poptorch._runner import JobRunner, LocalRunner
 from poptorch._signature import CompiledInputs
 from poptorch._step import SingleStage, TrainPlan, infer_replica, train_replica
@@ -41,14 +43,16 @@ from poptorch._wrapped import unwrap
 
 __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
 
-NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
 #: IPUs each replica of an unannotated model uses (issue 23: blocks and stages)
 _IPUS_PER_REPLICA = 1
 
 
-class PoplarExecutor:
+class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
     """A PyTorch model running on emulated IPUs (make one with ``poptorch.trainingModel``
-    or ``poptorch.inferenceModel``). Attributes not found here are the user model's."""
+    or ``poptorch.inferenceModel``). Attributes not found here are the user model's.
+    Weight and optimizer methods: :class:`~poptorch._executor_weights.ExecutorWeights`;
+    reporting: :class:`~poptorch._executor_info.ExecutorInfo`; precompilation:
+    :class:`~poptorch._export.ExecutorExport`."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
                  optimizer: torch.optim.Optimizer | None = None,
@@ -93,6 +97,7 @@ class PoplarExecutor:
         self._layout: Layout | None = None
         self._stage: SingleStage | None = None
         self._compile_time: datetime.timedelta | None = None
+        self._pending_rng_state: list | None = None  # poptorch.load's, set at compile
         self._perf: dict[str, list] = {k: [[]] for k in
                                        ("input", "input_complete", "output", "output_complete")}
         register_model(self)
@@ -157,6 +162,8 @@ class PoplarExecutor:
         self._replicas = Replicas(self._model, replicas)
         seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
         self._rngs = [ReplicaRNG(seed, pid * replicas + r) for r in range(replicas)]
+        if self._pending_rng_state:
+            self.rng_state, self._pending_rng_state = self._pending_rng_state, None
         threads = threads_per_replica(replicas * procs)
         try:
             if opts.connection_type != enums.ConnectionType.Never:
@@ -299,104 +306,6 @@ class PoplarExecutor:
         self._record_perf(t_input, t_ready, t_output, time.perf_counter(), args, result)
         return result
 
-    def _record_perf(self, t_in, t_ready, t_out, t_done, args, result) -> None:
-        di = self._layout.di
-        n_in = max(1, sum(isinstance(a, torch.Tensor) for a in args))
-        n_out = 1 if isinstance(result, torch.Tensor) else max(1, len(result or ()))
-        for key, stamp, n in (("input", t_in, n_in), ("input_complete", t_ready, n_in),
-                              ("output", t_out, n_out), ("output_complete", t_done, n_out)):
-            self._perf[key] = [[stamp] * di for _ in range(n)]
-
-    # -- weights and optimizer ----------------------------------------------------------
-    def copyWeightsToDevice(self) -> None:
-        """Host weights (and optimizer state) to every replica. Replica 0's weights are the
-        host's; the others get copies.
-
-        Raises:
-            poptorch.Error: not compiled.
-        """
-        if not self._compiled:
-            raise createPoptorchError(NO_EXECUTABLE_ERR)
-        self._replicas.upload()
-        for r in range(1, len(self._optimizers)):
-            load_state(self._optimizers[r], self._optimizer, self._replicas.mapping(r))
-
-    def copyWeightsToHost(self) -> None:
-        """Device weights to the host: nothing to copy, the host's weights are replica 0's
-        (always up to date after a call).
-
-        Raises:
-            poptorch.Error: not compiled.
-        """
-        if not self._compiled:
-            raise createPoptorchError(NO_EXECUTABLE_ERR)
-
-    def copyWeightsToHostIfNeeded(self) -> bool:
-        """False: the host weights are never out of date (see :meth:`copyWeightsToHost`)."""
-        return False
-
-    def copyNamedBuffersToDevice(self) -> None:
-        """Copy the buffers named by ``updatableNamedBuffers`` from host to the replicas.
-
-        Raises:
-            poptorch.Error: no buffers were named.
-        """
-        if not self._options.exists("updatable_named_buffers"):
-            raise createPoptorchError("No named buffers marked as updatable via "
-                                      "updatableNamedBuffers option")
-        if self._replicas is None:
-            return
-        names = set(self._options.updatable_named_buffers)
-        host = dict(self._replicas.modules[0].named_buffers())
-        with torch.no_grad():
-            for module in self._replicas.modules[1:]:
-                for name, buffer in module.named_buffers():
-                    if name in names:
-                        buffer.copy_(host[name])
-
-    def load_state_dict(self, state_dict: dict, strict: bool = True):
-        """Load into the user's model, then into the replicas when attached."""
-        result = self._user_model.load_state_dict(state_dict, strict)
-        if self.isAttachedToDevice():
-            self.copyWeightsToDevice()
-        return result
-
-    def state_dict(self, *args, **kwargs) -> dict:
-        return self._user_model.state_dict(*args, **kwargs)
-
-    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Take ``optimizer``'s hyper-parameters (the only way a change of them, e.g. by an
-        LR scheduler, reaches the device).
-
-        Raises:
-            poptorch.Error: a hyper-parameter compiled as a constant changed.
-            ValueError: the optimizer needs the Running mean strategy after compiling.
-        """
-        native_class(optimizer)
-        strategy = self._options.Training.meanAccumulationAndReplicationReductionStrategy
-        if needs_running_mean(optimizer) and strategy != enums.MeanReductionStrategy.Running:
-            if self._compiled:
-                raise ValueError(
-                    "Invalid optimizer: the new optimizer would require changing "
-                    "options.Training.meanAccumulationAndReplicationReductionStrategy to "
-                    "poptorch.MeanReductionStrategy.Running but the executable is already "
-                    "compiled.")
-            self._options.Training._values["meanAccumulationAndReplicationReductionStrategy"] \
-                = enums.MeanReductionStrategy.Running
-        if not self._compiled:
-            self._optimizer = optimizer
-            return
-        check_constants(self._constants, optimizer)
-        if type(optimizer) is type(self._optimizer) and optimizer is self._optimizer:
-            for replica in self._optimizers:
-                replica.refresh(optimizer)
-            return
-        old = self._optimizer
-        if not optimizer.state and type(optimizer) is type(old):
-            optimizer.state.update(old.state)  # carry the device state over
-        self._optimizer = optimizer
-        self._make_optimizers()
-
     # -- device -------------------------------------------------------------------------
     def detachFromDevice(self) -> None:
         """Release the IPUs (weights and optimizer state stay on the host).
@@ -459,97 +368,6 @@ class PoplarExecutor:
         self._device = self._runner = None
         self._attached = self._compiled = False
         self._optimizers = []
-
-    # -- reporting ----------------------------------------------------------------------
-    def compilationTime(self) -> datetime.timedelta:
-        """Wall time the (emulated) compilation took.
-
-        Raises:
-            poptorch.Error: not compiled, or the progress bar is off.
-        """
-        if self._compile_time is None:
-            raise createPoptorchError("Please compile the model before obtaining "
-                                      "compilation time.")
-        if not self._options._show_compilation_progress_bar:
-            raise createPoptorchError("Please set showCompilationProgressBar option to obtain "
-                                      "compilation time.")
-        return self._compile_time
-
-    def cycleCount(self) -> int:
-        """PopTorch's IPU cycle count.
-
-        Raises:
-            poptorch.Error: ``logCycleCount`` is off, or (on) ipupod has no modelled cycles
-                of PopTorch models yet.
-        """
-        if not self._options._Popart.options.get("instrumentWithHardwareCycleCounter"):
-            raise createPoptorchError("Cycle count logging is disabled. Please set option "
-                                      "logCycleCount to True to enable.")
-        raise createPoptorchError("ipupod has no modelled cycle count of PopTorch models yet")
-
-    def getPerfCounters(self) -> dict[str, list]:
-        """Wall-clock time stamps (seconds) of the last call: per input/output tensor, one
-        per device iteration."""
-        return {k: [list(v) for v in vals] for k, vals in self._perf.items()}
-
-    def _latency(self, start: str, end: str) -> tuple[float, float, float]:
-        a, b = self._perf[start], self._perf[end]
-        spans = [e - s for sa, sb in zip(a, b) for s, e in zip(sa, sb)]
-        if not spans:
-            return (0.0, 0.0, 0.0)
-        return (min(spans), max(spans), sum(spans) / len(spans))
-
-    def getHostIpuLatency(self) -> tuple[float, float, float]:
-        return self._latency("input", "input_complete")
-
-    def getComputeLatency(self) -> tuple[float, float, float]:
-        return self._latency("input_complete", "output")
-
-    def getIpuHostLatency(self) -> tuple[float, float, float]:
-        return self._latency("output", "output_complete")
-
-    def getLatency(self) -> tuple[float, float, float]:
-        return self._latency("input", "output_complete")
-
-    def getTensorNames(self) -> list[str]:
-        """The names of the model's parameters and buffers."""
-        return [name for name, _ in self._user_model.named_parameters()] + \
-            [name for name, _ in self._user_model.named_buffers()]
-
-    def getAnchoredTensor(self, short_name: str):
-        """Raises: the emulation has no PopART graph to anchor tensors of."""
-        raise createPoptorchError(f"Anchored tensor {short_name!r}: ipupod runs the model "
-                                  "eagerly and has no PopART tensors to anchor")
-
-    @property
-    def rng_state(self) -> list:
-        """Replica 0's random state as ``[seed, *state bytes]``."""
-        if not self._rngs:
-            return []
-        seed = self._options.random_seed if self._options.exists("random_seed") else \
-            torch.initial_seed()
-        return [seed] + self._rngs[0].state.tolist()
-
-    @rng_state.setter
-    def rng_state(self, value: list) -> None:
-        state = torch.tensor(value[1:], dtype=torch.uint8)
-        for rng in self._rngs:
-            rng.state = state.clone()
-
-    def _describe(self) -> dict:
-        device = self._device
-        return {
-            "name": self._name(), "training": self._training, "compiled": self._compiled,
-            "attached": self._attached,
-            "replicas": self._options.replication_factor,
-            "global_replicas": self._options.replication_factor *
-            self._options.Distributed.numProcesses,
-            "ipus": [list(i) for i in device.replica_ipus] if device is not None else [],
-            "sram_bytes": {str(i): m.in_use_bytes for i, m in device.memories.items()
-                           if any(i in r for r in device.replica_ipus)} if device else {},
-            "threads_per_replica": self._runner.threads if self._runner else None,
-            "options": describe_options(self._options),
-        }
 
 
 def _check_poprun(replicas: int, procs: int) -> None:

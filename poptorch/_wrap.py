@@ -1,4 +1,4 @@
-"""``trainingModel`` and ``inferenceModel`` (poptorch reference §5.1).
+"""``trainingModel``, ``inferenceModel`` (poptorch reference §5.1) and ``poptorch.load``.
 
 Both wrap ``copy.copy(model)`` (shares the user's submodules, parameters and buffers, not
 the top-level ``training`` flag). A module may be wrapped by one training model at a time
@@ -8,14 +8,16 @@ the top-level ``training`` flag). A module may be wrapped by one training model 
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 
 from poptorch._executor import PoplarExecutor
+from poptorch._export import read_export
 from poptorch._options import Options
 from poptorch._wrapped import is_wrapped, mark_wrapped
 
-__all__ = ["trainingModel", "inferenceModel"]
+__all__ = ["trainingModel", "inferenceModel", "load"]
 
 
 def trainingModel(model: torch.nn.Module | PoplarExecutor, options: Options | None = None,
@@ -57,3 +59,33 @@ def _check_buffers(model: torch.nn.Module) -> None:
     for _, buffer in model.named_buffers():
         if buffer is not None and not isinstance(buffer, torch.Tensor):
             raise RuntimeError("All buffers must be an instance of torch.Tensor")
+
+
+def load(filename: str, edit_opts_fn: Callable | None = None):
+    """The model exported in ``filename``, ready to run (``poptorch.load``).
+
+    Args:
+        edit_opts_fn: called with the loaded options before the model is made.
+
+    Raises:
+        AssertionError: the export holds no model (``export_model=False``): make the model
+            and call ``loadExecutable`` on it.
+        poptorch.Error: not an export.
+    """
+    data = read_export(filename)
+    if data["model"] is None:
+        raise AssertionError("The model was not exported (export_model=False): the model "
+                             "must be re-created by the user and loadExecutable() called on "
+                             "its PopTorch wrapper")
+    options = data["options"].clone()
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    if data["training"]:
+        optimizer = data["optimizer"]
+        if optimizer is not None and data["optimizer_state"] is not None:
+            optimizer.load_state_dict(data["optimizer_state"])
+        executor = trainingModel(data["model"], options, optimizer)
+    else:
+        executor = inferenceModel(data["model"], options)
+    executor._pending_rng_state = data["rng_state"]
+    return executor

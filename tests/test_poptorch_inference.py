@@ -153,3 +153,27 @@ def test_ops(capsys):
     assert poptorch.nop(t) is t and not poptorch.isRunningOnIpu()
     with pytest.raises(AssertionError, match="No IPU hardware available"):
         poptorch.ipuHardwareVersion()
+
+
+def test_export_and_load(tmp_path):
+    net = mlp()
+    model = poptorch.inferenceModel(net, poptorch.Options().deviceIterations(2))
+    with pytest.raises(poptorch.Error, match="Model has not been compiled"):
+        model.save(str(tmp_path / "early.pt"))
+    x = torch.randn(4, 6)
+    model.compileAndExport(str(tmp_path / "model.pt"), x)
+    expected = model(x)
+    model.destroy()
+    loaded = poptorch.load(str(tmp_path / "model.pt"),
+                           edit_opts_fn=lambda opts: opts.outputMode(enums.OutputMode.Final))
+    assert loaded.options.device_iterations == 2
+    assert torch.allclose(loaded(x), expected[2:], atol=1e-6)  # Final: the last micro-batch
+    loaded.destroy()
+    model = poptorch.inferenceModel(net)
+    model.compileAndExport(str(tmp_path / "bare.pt"), x, export_model=False)
+    with pytest.raises(AssertionError, match="The model was not exported"):
+        poptorch.load(str(tmp_path / "bare.pt"))
+    model.loadExecutable(str(tmp_path / "bare.pt"))
+    with pytest.raises(poptorch.Error, match="is the export of an inference model"):
+        poptorch.trainingModel(WithLoss(mlp())).loadExecutable(str(tmp_path / "bare.pt"))
+    model.destroy()
