@@ -68,22 +68,13 @@ class _AdamWNoBias(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        for group in self.param_groups:
+        for group, p, state in poptorch_optim.stepped_moments(self, torch.tensor(0.0)):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                state["exp_avg"].lerp_(p.grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
-                p.addcdiv_(state["exp_avg"], denom, value=-group["lr"])
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            state["exp_avg"].lerp_(p.grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
+            p.addcdiv_(state["exp_avg"], denom, value=-group["lr"])
 
 
 class _RMSpropTF(torch.optim.Optimizer):

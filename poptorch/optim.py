@@ -18,7 +18,8 @@ import torch
 
 from poptorch._logging import logger
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB", "VariableAttributes", "Optimizer"]
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB", "VariableAttributes", "Optimizer",
+           "stepped_moments"]
 
 _ACCUM_TYPES = (torch.float32, torch.float16)
 _ACCUM_ERROR = "Accumulation types must be either torch.float32 or torch.float16"
@@ -174,16 +175,23 @@ class Adam(Optimizer, torch.optim.Adam):
                  first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None) -> None:
-        local = dict(locals())
-        variables = _explicit(local)
-        if amsgrad:
-            raise ValueError("Only non-amsgrad Adam/AdamW optimizers are supported.")
-        torch.optim.Adam.__init__(self, params, **_passed(local, (
-            "lr", "betas", "eps", "weight_decay", "amsgrad", "foreach", "maximize",
-            "capturable", "differentiable", "fused")))
-        _adam_extras(self, loss_scaling, accum_type, first_order_momentum_accum_type,
-                     second_order_momentum_accum_type, max_grad_norm)
-        self._init_poptorch(variables, Adam._child_vars)
+        _init_adam(self, torch.optim.Adam, dict(locals()))
+
+
+def _init_adam(opt, parent: type, local: dict) -> None:
+    """Adam's and AdamW's construction from the arguments of their ``__init__``."""
+    if local["amsgrad"]:
+        raise ValueError("Only non-amsgrad Adam/AdamW optimizers are supported.")
+    parent.__init__(opt, local["params"], **_passed(local, (
+        "lr", "betas", "eps", "weight_decay", "amsgrad", "foreach", "maximize", "capturable",
+        "differentiable", "fused")))
+    _adam_extras(opt, local["loss_scaling"], local["accum_type"],
+                 local["first_order_momentum_accum_type"],
+                 local["second_order_momentum_accum_type"], local["max_grad_norm"])
+    if "bias_correction" in local:
+        bias_correction = local["bias_correction"]
+        opt.bias_correction = True if bias_correction is None else bias_correction
+    opt._init_poptorch(_explicit(local), ["loss_scaling"])
 
 
 def _adam_extras(opt, loss_scaling, accum_type, first, second, max_grad_norm) -> None:
@@ -217,17 +225,7 @@ class AdamW(Optimizer, torch.optim.AdamW):
                  first_order_momentum_accum_type: torch.dtype | None = None,
                  second_order_momentum_accum_type: torch.dtype | None = None,
                  max_grad_norm: float | None = None) -> None:
-        local = dict(locals())
-        variables = _explicit(local)
-        if amsgrad:
-            raise ValueError("Only non-amsgrad Adam/AdamW optimizers are supported.")
-        torch.optim.AdamW.__init__(self, params, **_passed(local, (
-            "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach",
-            "capturable", "differentiable", "fused")))
-        _adam_extras(self, loss_scaling, accum_type, first_order_momentum_accum_type,
-                     second_order_momentum_accum_type, max_grad_norm)
-        self.bias_correction = True if bias_correction is None else bias_correction
-        self._init_poptorch(variables, AdamW._child_vars)
+        _init_adam(self, torch.optim.AdamW, dict(locals()))
 
 
 class RMSprop(Optimizer, torch.optim.RMSprop):
@@ -258,6 +256,22 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
         del self.max_grad_norm
         self.use_tf_variant = bool(use_tf_variant)
         self._init_poptorch(variables, RMSprop._child_vars)
+
+
+def stepped_moments(optimizer: torch.optim.Optimizer, first_step):
+    """``(group, parameter, state)`` of every parameter with a gradient, its Adam-style state
+    started (``step`` = ``first_step``, both moments zero) and its step counted."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = first_step
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            yield group, p, state
 
 
 class LAMB(Optimizer, torch.optim.Optimizer):
@@ -297,28 +311,19 @@ class LAMB(Optimizer, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
+        for group, p, state in stepped_moments(self, 0):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                if self.bias_correction:
-                    c1, c2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                else:
-                    c1 = c2 = 1.0
-                exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() / math.sqrt(c2)).add_(group["eps"])
-                update = (exp_avg / c1) / denom + group["weight_decay"] * p
-                w_norm = p.pow(2).sum().sqrt().clamp(max=group["max_weight_norm"])
-                u_norm = update.pow(2).sum().sqrt()
-                trust = 1.0 if w_norm == 0 or u_norm == 0 else float(w_norm / u_norm)
-                p.add_(update, alpha=-group["lr"] * trust)
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            if self.bias_correction:
+                c1, c2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+            else:
+                c1 = c2 = 1.0
+            exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / math.sqrt(c2)).add_(group["eps"])
+            update = (exp_avg / c1) / denom + group["weight_decay"] * p
+            w_norm = p.pow(2).sum().sqrt().clamp(max=group["max_weight_norm"])
+            u_norm = update.pow(2).sum().sqrt()
+            trust = 1.0 if w_norm == 0 or u_norm == 0 else float(w_norm / u_norm)
+            p.add_(update, alpha=-group["lr"] * trust)
         return loss

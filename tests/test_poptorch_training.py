@@ -298,3 +298,33 @@ def test_dropout_draws_the_same_numbers_at_every_run():
         results.append([p.detach().clone() for p in net.parameters()])
         model.destroy()
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def _one_step(optimizer_of):
+    """Weights before, gradients and weights after one training call of a linear model."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    ref = copy.deepcopy(net)
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    before = [p.detach().clone() for p in net.parameters()]
+    model = poptorch.trainingModel(WithLoss(net, torch.nn.functional.mse_loss),
+                                   optimizer=optimizer_of(net.parameters()))
+    model(x, y)
+    model.destroy()
+    return before, [p.grad for p in ref.parameters()], list(net.parameters())
+
+
+def test_adamw_without_bias_correction_and_rmsprop_tf_variant():
+    lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-8
+    before, grads, after = _one_step(lambda p: poptorch.optim.AdamW(
+        p, lr=lr, weight_decay=wd, bias_correction=False))
+    for w, g, new in zip(before, grads, after):
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        assert torch.allclose(new, w * (1 - lr * wd) - lr * m / (v.sqrt() + eps), atol=1e-6)
+    alpha = 0.99
+    before, grads, after = _one_step(lambda p: poptorch.optim.RMSprop(
+        p, lr=lr, alpha=alpha, eps=eps, use_tf_variant=True))
+    for w, g, new in zip(before, grads, after):
+        square = alpha + (1 - alpha) * g * g  # the TF variant starts from ones
+        assert torch.allclose(new, w - lr * g / (square + eps).sqrt(), atol=1e-6)
