@@ -201,3 +201,19 @@ def test_set_log_level():
                                          "INFO, OFF, TRACE and WARN"):
         poptorch.setLogLevel("LOUD")
     poptorch.setLogLevel("WARN")
+
+
+def test_the_run_report_lists_models_and_is_written_at_exit(tmp_path, monkeypatch):
+    from poptorch import _report
+    opts = poptorch.Options().enableStableNorm(True)
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    model(torch.zeros(1, 2))
+    entry = [m for m in _report.report()["models"] if m["options"]["not_acted_on"]
+             .get("_Popart.enableStableNorm")]
+    assert entry and entry[-1]["attached"] and entry[-1]["sram_bytes"]
+    monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path / "out"))
+    _report._write_at_exit()
+    written = json.loads((tmp_path / "out" / "poptorch-0.json").read_text())
+    assert any(m["options"]["not_acted_on"].get("_Popart.enableStableNorm")
+               for m in written["models"])
+    model.destroy()
