@@ -7,11 +7,13 @@ models that together need more IPUs than are free get PopTorch's ``Failed to acq
 
 Two kinds of attachment:
 
-* a **job device**: a training model with more than one replica in the job configures this
-  process's ``ipu_node`` IPU system with its replicas (``popdist``'s layout under poprun), so
-  its replicas run through the strategies' replica threads and reduce through GCL's
-  collectives; detaching lets the IPUs go and keeps the system and its transport
-  (``IPUSystem.release_ipus``). One such model is attached per process at a time.
+* a **job device**: a training model with more than one replica in the job runs on this
+  process's ``ipu_node`` IPU system: the one configured already when its layout is the
+  model's (local replicas, process count and index: e.g. by a program that configured it for
+  Horovod), else one it configures (``popdist``'s layout under poprun). Its replicas run
+  through the strategies' replica threads and reduce through GCL's collectives; detaching
+  lets the IPUs go and keeps the system and its transport (``IPUSystem.release_ipus``). One
+  such model is attached per process at a time.
 * a **free device**: any other model takes the first free gc-info device of its size
   (``ipu_node.attach_free_device``), under poprun among its instance's IPUs.
 
@@ -205,10 +207,14 @@ def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int
         current = ipu_node.get_system()
     except ipu_node.NotConfiguredError:
         current = None
-    same = (current is not None and current is system and
-            current.num_local_replicas == replicas and
-            current.ipus_per_replica == ipus_per_replica and
+    same = (current is not None and current.num_local_replicas == replicas and
+            current.ipus_per_replica >= ipus_per_replica and
             current.process_count == num_processes and current.process_index == process_id)
+    if same and current is not system:
+        # configured by the program (or by hvd.init) with this model's layout: use it, and
+        # its transport, rather than replace it (Horovod keeps working beside the model)
+        system = _job["system"] = current
+        _job["owner"] = None
     if same:
         _claim(system, owner)
         try:

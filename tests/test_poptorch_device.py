@@ -141,3 +141,21 @@ def test_connection_type_never_compiles_without_attaching():
     assert model.isCompiled() and not model.isAttachedToDevice()
     with pytest.raises(AssertionError, match=r"use model.compile\(inputs\) instead"):
         model(torch.zeros(1, 6))
+
+
+def test_a_system_configured_with_the_model_s_layout_is_used_as_it_is():
+    cfg = ipu_node.IPUConfig()
+    cfg.auto_select_ipus = 2
+    system = cfg.configure_ipu_system()   # e.g. what a program does before hvd.init()
+    from collectives import cross_replica_sum
+    from collectives.strategies import IPUMultiReplicaStrategy
+    strategy = IPUMultiReplicaStrategy()
+    model = poptorch.trainingModel(WithLoss(mlp()), poptorch.Options().replicationFactor(2))
+    model(*_data(2))
+    assert ipu_node.get_system() is system
+    model.detachFromDevice()
+    # the system's collectives still work beside the detached model
+    import numpy as np
+    assert strategy.run(lambda: cross_replica_sum(np.ones(2, np.float32)))[0].tolist() == [2, 2]
+    model.destroy()
+    ipu_node.reset_ipu_configuration()
