@@ -90,6 +90,7 @@ def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
     running = (plan.reduction == enums.ReductionType.Mean and
                plan.strategy == enums.MeanReductionStrategy.Running)
     for d in range(layout.di):
+        optimizer.zero_grad()  # first, as a plain loop does: the freed blocks are reused
         for g in range(layout.G):
             before = [p.grad for p in params] if running and g else None
             if before is not None:
@@ -112,7 +113,6 @@ def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
                         p.grad = p.grad.half().to(p.dtype)
         _reduce_gradients(params, layout.G, plan, runner, d, running)
         optimizer.step()
-        optimizer.zero_grad()
 
 
 @torch.no_grad()
