@@ -11,7 +11,8 @@
 
 Every DDP process computes with ``max(1, cores // processes)`` intra-op threads, what the
 emulation gives each replica (``poptorch._threads``; torchrun's ``OMP_NUM_THREADS=1`` on
-this 2-core machine). Times are wall seconds per optimizer step on this machine, the best
+this 2-core machine); ``--threads N`` gives every replica, plain loop and DDP process N
+(``IPUPOD_TORCH_THREADS``; 1 keeps a loaded machine's OpenMP barriers out of the figures). Times are wall seconds per optimizer step on this machine, the best
 of ``--rounds`` rounds (on a shared machine the other processes only ever add time, so the
 best round is the least disturbed one; DDP and PopTorch rounds of (b)/(c) each report their
 slowest process's best round): only the ratios compare across runs.
@@ -137,7 +138,8 @@ def worker_ddp(size: str, steps: int, batch: int, rank: int, world: int, port: i
                rounds: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    torch.set_num_threads(max(1, torch.get_num_threads() // world))
+    threads = os.environ.get("IPUPOD_TORCH_THREADS")
+    torch.set_num_threads(int(threads) if threads else max(1, torch.get_num_threads() // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     widths = SIZES[size]
@@ -214,6 +216,8 @@ def main(argv=None) -> int:
     p.add_argument("--di", type=int, default=10, help="device iterations per call")
     p.add_argument("--batch", type=int, default=32, help="micro-batch per replica")
     p.add_argument("--sizes", default="1M,10M")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads of every replica and process (default: the rule)")
     p.add_argument("--json", default=None)
     p.add_argument("--worker", choices=("poptorch", "ddp"), help=argparse.SUPPRESS)
     p.add_argument("--size", default="1M", help=argparse.SUPPRESS)
@@ -229,6 +233,9 @@ def main(argv=None) -> int:
         worker_ddp(args.size, args.steps, args.batch, args.rank, args.world, args.port,
                    args.rounds)
         return 0
+    if args.threads:
+        os.environ["IPUPOD_TORCH_THREADS"] = str(args.threads)  # before poptorch is imported
+        torch.set_num_threads(args.threads)
     rows = []
     for size in args.sizes.split(","):
         a = one_replica(size, args.steps, args.rounds, args.di, args.batch)
@@ -239,7 +246,8 @@ def main(argv=None) -> int:
         rows.append((f"(c) 4 replicas, {size}", "DDP x4 gloo", c["ddp"], c["poptorch"]))
     print(f"# wall ms per optimizer step, best of {args.rounds} rounds of {args.steps} steps: "
           f"micro-batch {args.batch} per replica, {args.di} device iterations per call, "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores, threads per replica "
+          f"{args.threads or 'cores // replicas'}")
     print(f"{'case':<24} {'baseline':<12} {'baseline ms':>11} {'poptorch ms':>11} "
           f"{'ratio':>6}")
     for case, base_name, base, ours in rows:
