@@ -18,6 +18,7 @@ job id), or of the machine (:func:`ipu_node.occupancy.default_scope`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ipu_node import env
@@ -90,6 +91,33 @@ def _instance_share(config: IPUConfig, model: SystemModel,
     ipus = per_instance[mrd.process_index]
     device = find_device(model, ipus)
     return [(ipus, device.id if device else None)]
+
+
+#: How long an instance of a multi-instance job waits for IPUs that another instance of the
+#: same job still holds (it configures a new system a moment later and releases them then).
+#: ipupod assumption: long enough for a sibling to reach its own configure call, short of
+#: the collective timeout (IPUPOD_COLLECTIVE_TIMEOUT_S, 300 s by default).
+SIBLING_WAIT_S = 30.0
+
+
+def _acquire_from_sibling(occupancy, ipus: list[int]) -> Lease:
+    """``occupancy.acquire(ipus)`` in a job's partition, waiting (bounded, polling with
+    back-off) while another instance of the job holds them: instances that configure a new
+    system with another share of the IPUs do it at slightly different moments.
+
+    Raises:
+        IPUBusyError: still held after :data:`SIBLING_WAIT_S` (names the holder).
+    """
+    deadline = time.monotonic() + SIBLING_WAIT_S
+    delay = 0.002
+    while True:
+        try:
+            return occupancy.acquire(ipus)
+        except IPUBusyError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
 
 def _holder_infos(occupancy: Occupancy, devices: list[AttachedDevice]) -> dict[int, dict]:
@@ -182,7 +210,7 @@ def attach(config: IPUConfig, model: SystemModel, occupancy: Occupancy | None = 
         lease = occupancy.acquire(i for ipus, _ in chosen for i in ipus)
     elif multi:
         chosen = _instance_share(config, model, ipr)
-        lease = occupancy.acquire(chosen[0][0])
+        lease = _acquire_from_sibling(occupancy, chosen[0][0])
     else:
         chosen, lease = _auto(config, model, occupancy)
     if len(chosen[0][0]) % ipr:
@@ -215,3 +243,28 @@ def attach_chosen(config: IPUConfig, attachment: Attachment) -> Attachment:
     lease = occupancy.acquire(i for d in attachment.devices for i in d.ipus)
     lease.write_holder_info(_holder_infos(occupancy, list(attachment.devices)))
     return Attachment(attachment.model, attachment.devices, lease, occupancy.scope)
+
+
+def relayout(attachment: Attachment, config: IPUConfig, ipus_per_replica: int) -> Attachment:
+    """The same IPUs (and the same lease) with ``/device:IPU:0`` laid out in replicas of
+    ``ipus_per_replica`` IPUs: the device a configuration attached stays, only its split
+    into replicas changes (a replication factor derived from a pipeline's shards). Widening
+    from one IPU per replica, the IPUs go in the order they were chosen in.
+
+    Raises:
+        IPUConfigError: the device's IPUs do not split into replicas of that size.
+    """
+    devices = []
+    for d in attachment.devices:
+        ipus = d.ipus
+        if d.ordinal == 0:
+            if len(ipus) % ipus_per_replica:
+                raise IPUConfigError(f"/device:IPU:0 has {len(ipus)} IPUs, not a multiple of "
+                                     f"{ipus_per_replica}")
+            ipus = tuple(i for replica in layout_replicas(attachment.model, ipus,
+                                                          ipus_per_replica,
+                                                          config.selection_order)
+                         for i in replica)
+        devices.append(AttachedDevice(d.ordinal, d.device_id, ipus))
+    return Attachment(attachment.model, tuple(devices), attachment.lease, attachment.scope)
+

@@ -70,6 +70,25 @@ def raw(name: str) -> str:
     return os.environ.get(name, "")
 
 
+#: Rank and size of a program started by plain ``mpirun`` (Open MPI's and MPICH's names).
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def mpi_world() -> tuple[int, int] | None:
+    """``(rank, size)`` of a program started by ``mpirun`` (``OMPI_COMM_WORLD_*`` or
+    ``PMI_*``), or None. Variables that are not integers count as absent."""
+    def first(names: tuple[str, ...]) -> int | None:
+        for name in names:
+            try:
+                return int(os.environ[name])
+            except (KeyError, ValueError):
+                continue
+        return None
+    rank, size = first(MPI_RANK_VARS), first(MPI_SIZE_VARS)
+    return None if rank is None or size is None else (rank, size)
+
+
 def job_id() -> str | None:
     """The job id of this process (``$IPUPOD_JOB_ID``), or None outside a launched job."""
     return os.environ.get(IPUPOD_JOB_ID) or None

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ipu_node.device import IPU
-from ipu_node.errors import IPUFloatingPointError, NotInReplicaError
+from ipu_node.errors import IPUFloatingPointError, NotInReplicaError, WiderReplicasNeeded
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +145,9 @@ class ReplicaExecutor:
             with self._error_lock:
                 if self._first_error is None:
                     self._first_error = exc
-            for listener in self._failure_listeners:
-                listener(exc)
+            if not isinstance(exc, WiderReplicasNeeded):  # (a restart, not a failure)
+                for listener in self._failure_listeners:
+                    listener(exc)
             raise
         finally:
             _current.ctx = None

@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any, Callable, Sequence
 
-from ipu_node.attach import Attachment, Unattached, attach, attach_chosen
+from ipu_node.attach import Attachment, Unattached, attach, attach_chosen, relayout
 from ipu_node.config import DeviceConnectionType, IPUConfig, install_configure
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.errors import (AlreadyConfiguredError, DeviceNotAttachedError, IPUConfigError,
@@ -156,9 +156,13 @@ class IPUSystem:
 
     def add_closer(self, closer: Callable[[], None]) -> None:
         """Call ``closer()`` when this system is replaced or reset (e.g. to close a
-        transport). Whoever adds one holds state built on this system, so its replica
-        layout is bound from then on."""
-        self.bind_layout("a collective engine (or Horovod) started on this system")
+        transport). In a multi-instance job this binds the replica layout: its transport
+        cannot be started again cheaply in the middle of the job (gRPC's coordinator would
+        hand out the peers' closed addresses; an MPI communicator still being duplicated
+        would stay pending), so :func:`widen_replicas` must not replace it. A local
+        transport is closed and started again by a widening."""
+        if self.transport != "local":
+            self.bind_layout(f"the {self.transport} transport, started on this layout")
         self._closers.append(closer)
 
     def close(self) -> None:
@@ -346,24 +350,37 @@ def configure(config: IPUConfig, *, ipus_per_replica: int | None = None) -> IPUS
 def widen_replicas(shards: int) -> IPUSystem:
     """Lay the configured system out again with ``shards`` IPUs per replica: the replication
     factor derived from a pipeline's shards, as TF-IPU derives it from the compiled graph
-    (the device's IPUs over the shards). The IPUs are released and attached again (the same
-    configuration, so the same IPUs when nothing else took them); the new layout is bound.
+    (the device's IPUs over the shards). The device keeps its IPUs (and this process keeps
+    holding them; only their split into replicas changes); the new layout is bound.
 
     Raises:
         IPUConfigError: the layout may no longer change (:attr:`IPUSystem.layout_bound_by`
             says why), or ``shards`` does not divide the device's IPUs.
         NotConfiguredError: no system is configured.
+        AlreadyConfiguredError: replicas of the system are running.
     """
-    system = get_system()
-    if not system.can_widen(shards):
-        why = (f"it was bound by {system.layout_bound_by}" if system.layout_bound_by else
-               f"/device:IPU:0's {len(system.devices[0].ipus)} IPUs are not a multiple of "
+    global _system
+    old = get_system()
+    if not old.can_widen(shards):
+        why = (f"it was bound by {old.layout_bound_by}" if old.layout_bound_by else
+               f"/device:IPU:0's {len(old.devices[0].ipus)} IPUs are not a multiple of "
                f"{shards}")
         raise IPUConfigError(f"cannot give each replica {shards} IPUs: {why}")
+    attachment = relayout(old._attachment, old.config, shards)
+    with _lock:
+        if old.executor.running:
+            raise AlreadyConfiguredError("widen_replicas() called while replicas are running")
+        _system = None
+    old._attachment = None  # (the new system holds the lease now)
+    old.close()
+    new = IPUSystem(old.config, _build_devices(old.config, attachment), model=old.model,
+                    attachment=attachment, ipus_per_replica=shards, ipu_model=old.ipu_model)
+    new.replication_derived, new.layout_bound_by = True, f"a pipeline of {shards} shards"
+    with _lock:
+        _system = new
     logger.info("replicas widened to %d IPUs each (a pipeline of %d shards on /device:IPU:0's "
-                "%d IPUs)", shards, shards, len(system.devices[0].ipus))
-    new = configure(system.config, ipus_per_replica=shards)
-    new.bind_layout(f"a pipeline of {shards} shards")
+                "%d IPUs): %d local replicas", shards, shards, len(new.devices[0].ipus),
+                new.num_local_replicas)
     return new
 
 

@@ -1,0 +1,50 @@
+"""The seeds' multi-worker pipelines as written (E11: IPUMultiWorkerStrategy over TF_CONFIG,
+seed 004:1991-2067; E12: IPUHorovodStrategy under mpirun, seed 004:2120-2187), with only the
+model code replaced (tests/programs/seed_pipeline.py). Oracle: every worker ends with the
+weights and global losses of the same training in plain numpy (one replica of two IPUs per
+worker, the replication factor derived as TF-IPU derives it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.procs import PROGRAMS, PYTHON, ROOT, child_env, run
+
+pytestmark = pytest.mark.slow  # starts jobs (tests/conftest.py)
+
+PROGRAM = str(PROGRAMS / "seed_pipeline.py")
+
+
+def _oracle(workers: int) -> dict:
+    spec = importlib.util.spec_from_file_location("seed_pipeline", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.oracle(workers)
+
+
+@pytest.mark.parametrize("launcher,kind", [
+    ([PYTHON, "-m", "launch.multiworker", "-n", "2"], "multiworker"),
+    ([str(Path(PYTHON).parent / "mpirun"), "-n", "2", PYTHON], "horovod"),
+    ([PYTHON], "ipu"),
+], ids=["E11-multiworker-grpc", "E12-horovod-mpirun", "ipu-strategy-alone"])
+def test_the_seeds_multi_worker_pipeline_runs_as_written(launcher, kind, tmp_path):
+    job = run([*launcher, PROGRAM, kind], timeout_s=180, cwd=ROOT,
+              env=child_env(SEED_PIPELINE_OUT=str(tmp_path), IPUPOD_COLLECTIVE_TIMEOUT_S="60"))
+    assert job.returncode == 0, job.stdout + job.stderr
+    workers = 1 if kind == "ipu" else 2
+    results = [json.loads((tmp_path / f"worker-{w}.json").read_text()) for w in range(workers)]
+    expected = _oracle(workers)
+    for r in results:
+        assert (r["workers"], r["replicas"], r["ipus_per_replica"]) == (workers, workers, 2)
+        np.testing.assert_allclose(r["W1"], expected["W1"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(r["W2"], expected["W2"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(r["losses"], expected["losses"], rtol=1e-12)
+    # every worker holds bit-identical weights and the same global losses
+    assert all(r["W1"] == results[0]["W1"] and r["losses"] == results[0]["losses"]
+               for r in results)
+    assert "DeprecationWarning: create_ipu_config" in job.stderr  # the seeds' warning
