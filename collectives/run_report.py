@@ -64,7 +64,7 @@ IPU_PID, LINK_PID = 1, 2
 #: Link classes, one track each (tid = index + 1).
 LINK_CLASSES = ("IPU-Link", "GW-Link", "host network")
 
-_state: dict[str, Any] = {"card": None, "config": None, "registered": False}
+_state: dict[str, Any] = {"card": None, "config": None, "registered": False, "target": None}
 _state_lock = threading.Lock()
 
 
@@ -333,16 +333,19 @@ def write_report(directory: str, system, ledger) -> tuple[str, str]:
 def enable_at_exit(system, ledger) -> None:
     """If a report is asked for (:func:`report_directory`), write the report of ``system``
     and ``ledger`` (its engine's) there at interpreter exit and print its summary (once per
-    process)."""
+    process: a later system, e.g. after a reconfiguration or widened replicas, replaces the
+    earlier one in the report)."""
     directory = report_directory(system)
     if not directory:
         return
     with _state_lock:
+        _state["target"] = (directory, system, ledger)
         if _state["registered"]:
             return
         _state["registered"] = True
 
     def _at_exit():
+        directory, system, ledger = _state["target"]
         try:
             report_path, _ = write_report(directory, system, ledger)
             with open(report_path) as f:

@@ -48,3 +48,22 @@ def test_the_seeds_multi_worker_pipeline_runs_as_written(launcher, kind, tmp_pat
     assert all(r["W1"] == results[0]["W1"] and r["losses"] == results[0]["losses"]
                for r in results)
     assert "DeprecationWarning: create_ipu_config" in job.stderr  # the seeds' warning
+
+
+def test_poplar_engine_options_autoreport_writes_the_report_and_trace(tmp_path):
+    reports = tmp_path / "tommyFlowers"      # seed 001:877's directory name
+    options = json.dumps({"autoReport.all": "true", "autoReport.directory": str(reports)})
+    job = run([PYTHON, PROGRAM, "ipu"], timeout_s=120, cwd=ROOT,
+              env=child_env(POPLAR_ENGINE_OPTIONS=options, IPUPOD_REPORT_DIR=""))
+    assert job.returncode == 0, job.stdout + job.stderr
+    report = json.loads((reports / "report-0.json").read_text())
+    trace = json.loads((reports / "trace-0.json").read_text())
+    assert report["options"]["auto_select_ipus"] == 2   # what the program set, by name
+    assert report["options"]["optimizations.merge_remote_buffers"] == \
+        "MergeRemoteBuffersBehaviour.NO_MERGING"         # create_ipu_config's old default
+    assert (report["replicas"], report["ipus_per_replica"]) == (1, 2)
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    assert "options set: auto_select_ipus=2" in job.stdout
+    bad = run([PYTHON, PROGRAM, "ipu"], timeout_s=120, cwd=ROOT,
+              env=child_env(POPLAR_ENGINE_OPTIONS='{"autoReport.all": true'))
+    assert bad.returncode != 0 and "POPLAR_ENGINE_OPTIONS is not valid JSON" in bad.stderr
