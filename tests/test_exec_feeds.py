@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 
-import ipu_node
 from collectives import cross_replica_sum
 from ipu_node import current_replica_context, ipu_compiler, loops, scopes
 from ipu_node.data import Dataset
@@ -19,15 +18,8 @@ from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:DeprecationWarning")
 
 
-@pytest.fixture(autouse=True)
-def one_ipu():
-    """ipu_compiler.compile needs a configured system (a 1-IPU one unless a test makes
-    another)."""
-    cfg = ipu_node.IPUConfig()
-    cfg.auto_select_ipus = 1
-    cfg.configure_ipu_system()
-    yield
-    ipu_node.reset_ipu_configuration()
+# ipu_compiler.compile needs a configured system: a 1-IPU one unless a test makes another
+pytestmark = pytest.mark.usefixtures("one_ipu_system")
 
 
 def on_ipu(fn, inputs=None):

@@ -15,15 +15,8 @@ from ipu_node.ipu_infeed_queue import IPUInfeedQueue
 from ipu_node.operation import Operation
 
 
-@pytest.fixture(autouse=True)
-def one_ipu():
-    """ipu_compiler.compile needs a configured system (a 1-IPU one unless a test makes
-    another)."""
-    cfg = ipu_node.IPUConfig()
-    cfg.auto_select_ipus = 1
-    cfg.configure_ipu_system()
-    yield
-    ipu_node.reset_ipu_configuration()
+# ipu_compiler.compile needs a configured system: a 1-IPU one unless a test makes another
+pytestmark = pytest.mark.usefixtures("one_ipu_system")
 
 
 def on_ipu(fn, inputs=None):
