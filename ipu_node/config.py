@@ -36,7 +36,7 @@ __all__ = [
     "DeviceConnectionType", "SchedulingAlgorithm", "ExecutionProfileType",
     "StochasticRoundingBehaviour", "SyntheticDataCategory", "VerificationOptions", "KeyId",
     "configure_ipu_system", "get_ipu_config",
-    "reset_ipu_configuration", "running_on_ipu_model", "ConfigAttributeError",
+    "reset_ipu_configuration", "running_on_ipu_model", "check_config", "ConfigAttributeError",
     # the groups (their classes; users reach them as attributes of an IPUConfig)
     "ConvolutionsConfig", "DeviceConnectionConfig", "ExperimentalConfig",
     "MultiReplicaDistributionConfig", "FloatingPointBehaviourConfig", "IOTilesConfig",
@@ -190,6 +190,58 @@ class IPUConfig(ConfigGroup):
             AlreadyConfiguredError: replicas of the previous system are still running.
         """
         return configure_ipu_system(self, device)
+
+
+def check_config(config: IPUConfig) -> None:
+    """TF-IPU's checks when a config is configured (its ``_to_protobuf``), with its messages,
+    and ipupod's own.
+
+    Raises:
+        IPUConfigError: the first rule ``config`` breaks (names the options).
+    """
+    from ipu_node.errors import IPUConfigError
+    from ipu_node.flags import poplar_flags
+
+    mrd = config.experimental.multi_replica_distribution
+    if mrd.process_count and mrd.process_index >= mrd.process_count:
+        raise IPUConfigError(
+            f"experimental.multi_replica_distribution.process_index must be in the range [0, "
+            f"experimental.multi_replica_distribution.process_count): "
+            f"multi_replica_distribution.process_index ({mrd.process_index}) must be less than "
+            f"process_count ({mrd.process_count})")
+    ipu_model = poplar_flags().use_ipu_model
+    if ipu_model and mrd.process_count > 0:
+        raise IPUConfigError("Multi-replica distribution is not supported on the IPU model. "
+                             "(TF_POPLAR_FLAGS has --use_ipu_model)")
+    selected = [config.select_ipus] if isinstance(config.select_ipus, int) \
+        else list(config.select_ipus)
+    if len(set(selected)) != len(selected):
+        raise IPUConfigError("All MultiIPU indices in `select_ipus` must be unique.")
+    if selected and ipu_model:
+        raise IPUConfigError("When using the IPUModel, the devices to attach to can only be "
+                             "specified with `auto_select_ipus`. (TF_POPLAR_FLAGS has "
+                             "--use_ipu_model)")
+    io = config.io_tiles
+    if io.place_ops_on_io_tiles and io.num_io_tiles == 0:
+        raise IPUConfigError("Cannot place ops on I/O tiles when io_tiles.num_io_tiles == 0")
+    if io.num_io_tiles > 0 and \
+            config.norms.experimental.distributed_batch_norm_replica_group_size > 1:
+        raise IPUConfigError("norms.experimental.distributed_batch_norm_replica_group_size is "
+                             "not supported with I/O tiles.")
+    dc = config.device_connection
+    if dc.type in (DeviceConnectionType.PRE_COMPILE, DeviceConnectionType.NEVER) \
+            and not dc.version:
+        raise IPUConfigError("device_connection.version must be set when "
+                             "device_connection.type is DeviceConnectionType.NEVER or "
+                             "DeviceConnectionType.PRE_COMPILE")
+    if mrd.transport == "local" and mrd.process_count > 1:
+        raise IPUConfigError(
+            f"transport 'local' serves one instance, but process_count is {mrd.process_count}")
+    first = config.device_ipu_counts()[:1] if not selected else []
+    if first and first[0] % config.ipus_per_replica:
+        raise IPUConfigError(
+            f"/device:IPU:0 has {first[0]} IPUs, not a multiple of ipus_per_replica "
+            f"({config.ipus_per_replica})")
 
 
 def running_on_ipu_model() -> bool:
