@@ -67,3 +67,18 @@ def test_poplar_engine_options_autoreport_writes_the_report_and_trace(tmp_path):
     bad = run([PYTHON, PROGRAM, "ipu"], timeout_s=120, cwd=ROOT,
               env=child_env(POPLAR_ENGINE_OPTIONS='{"autoReport.all": true'))
     assert bad.returncode != 0 and "POPLAR_ENGINE_OPTIONS is not valid JSON" in bad.stderr
+
+
+@pytest.mark.parametrize("instances", [1, 2, 4])
+def test_reset_ipu_seed_streams_are_the_same_at_every_layout(instances, tmp_path):
+    job = run([PYTHON, "-m", "poprun", "-n", str(instances), "--num-replicas", "4", PYTHON,
+               str(PROGRAMS / "seed_streams.py")], timeout_s=120, cwd=ROOT,
+              env=child_env(SEED_STREAMS_OUT=str(tmp_path)))
+    assert job.returncode == 0, job.stdout + job.stderr
+    draws = {}
+    for i in range(instances):
+        for kind, by_replica in json.loads((tmp_path / f"instance-{i}.json").read_text()).items():
+            draws.setdefault(kind, {}).update(by_replica)
+    for r in range(4):   # a function of (seed, global replica) only
+        assert draws["False"][str(r)] == np.random.default_rng([7, r]).random(3).tolist()
+        assert draws["True"][str(r)] == np.random.default_rng([7]).random(3).tolist()
