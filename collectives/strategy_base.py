@@ -93,14 +93,18 @@ class IPUStrategyBase:
             self._checked = system
             if system.layout_bound_by is not None:
                 get_engine(system)   # starts the transport in this thread
-        # a system the program configures later gets this strategy's job
+        # the next system the program configures gets this strategy's job (once)
         ref = weakref.ref(self)
+        removers: list = []
 
         def hook(config, ref=ref):
+            for remove in removers:
+                remove()
             strategy = ref()
             if strategy is not None:
                 strategy._distribute(config)
-        weakref.finalize(self, add_configure_hook(hook))
+        removers.append(add_configure_hook(hook))
+        weakref.finalize(self, removers[0])
 
     def _distribute(self, config) -> None:
         """Fill in ``config``'s multi-replica distribution for the job this strategy serves,
@@ -163,7 +167,12 @@ class IPUStrategyBase:
 
     def update_ipu_config(self, config):
         """Write this job's multi-replica distribution (process count and index, transport)
-        into ``config`` (an ``IPUConfig``) and return it (seed 004:2195-2204)."""
+        into ``config`` (an ``IPUConfig``) and return it (seed 004:2195-2204): the configured
+        system's, or before any, what this strategy knows of its job (TF_CONFIG's workers,
+        the mpirun ranks)."""
+        if current_system() is None:
+            self._distribute(config)
+            return config
         mrd = config.experimental.multi_replica_distribution
         mine = self._system.config.experimental.multi_replica_distribution
         mrd.process_count = self._system.process_count if self._system.process_count > 1 else 0
