@@ -8,6 +8,15 @@ otherwise wait for the other instances for ever (DESIGN.md, known traps). mpirun
 own supervisor) then stops the other instances. Started by poprun's local launcher
 (``IPUPOD_PARENT_PID`` set), the instance also dies with poprun (PR_SET_PDEATHSIG), so no
 instance outlives a poprun that was killed.
+
+An instance of an MPI job (``IPUPOD_TRANSPORT=mpi``, two or more instances) whose program
+ended without starting MPI (it never called a collective) starts it then: the others'
+``MPI_Init`` waits for every instance, so without it an instance that calls its first
+collective after this one has ended would wait in ``MPI_Init`` for ever. Then it waits
+for the others in a barrier; those that call collectives instead never come, so after
+:data:`protos.mpi_notice.ENDED_AFTER_S` it sends them the notice that its program has
+ended, and they raise within seconds, naming it. (An instance that started MPI is said to
+have ended by its MPI transport, :meth:`collectives.transports.mpi.MPITransport.program_ended`.)
 """
 
 from __future__ import annotations
@@ -16,11 +25,13 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
 
 from launch import env as envnames
 from launch.errorfile import write_error_file
 from launch.supervise import die_with_parent
+from protos import mpi_notice
 
 USAGE = ("usage: python -m launch.bootstrap (script.py | -m module | -c command | "
          "--exec program) [args...]")
@@ -126,6 +137,50 @@ def _follow_parent() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+#: (requests, buffers) of what :func:`_end_mpi_instance` posted, alive until the end
+_notices: list = []
+#: seconds :func:`_end_mpi_instance` waits for its notices to leave (small messages leave at
+#: once; a peer gone already must not hold the end up)
+_NOTICE_SEND_S = 1.0
+
+
+def _wait(MPI, requests: list, seconds: float) -> bool:
+    """Whether ``requests`` complete within ``seconds`` (polled, yielding the CPU)."""
+    deadline = time.monotonic() + seconds
+    while not MPI.Request.Testall(requests):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _end_mpi_instance() -> None:
+    """The program of an instance of an MPI job ended without starting MPI: start it (its
+    ``MPI_Init`` returns once every instance has started MPI or ended), wait
+    :data:`protos.mpi_notice.ENDED_AFTER_S` for the others in a barrier, and tell those that
+    do not come that this one has ended (module docstring)."""
+    if os.environ.get(envnames.TRANSPORT) != "mpi" or "mpi4py.MPI" in sys.modules:
+        return
+    try:
+        count = int(os.environ.get(envnames.NUM_INSTANCES, "1"))
+    except ValueError:
+        return
+    if count < 2:
+        return
+    from mpi4py import MPI  # noqa: PLC0415 - MPI_Init, only for this end
+    world = MPI.COMM_WORLD
+    barrier = world.Ibarrier()
+    _notices.append(([barrier], None))
+    if _wait(MPI, [barrier], mpi_notice.ENDED_AFTER_S):
+        return   # every instance ended (none started MPI): nobody to tell
+    me = world.Get_rank()
+    buffer = mpi_notice.encode(mpi_notice.ENDED)
+    requests = [world.Isend([buffer, MPI.BYTE], j, mpi_notice.TAG)
+                for j in range(world.Get_size()) if j != me]
+    _notices.append((requests, buffer))
+    _wait(MPI, requests, _NOTICE_SEND_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the program; returns 0 on success (failures never return)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -136,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         code = _exit_code(exc)
         if code != 0:
             _fail(code, f"SystemExit: {code}", "")
+        _end_mpi_instance()
         return 0
     except BaseException as exc:  # noqa: BLE001 - anything else ends the job
         tb = _user_traceback(exc)
         sys.stderr.write(tb)
         _fail(1, f"{type(exc).__name__}: {exc}", tb)
+    _end_mpi_instance()
     return 0
 
 

@@ -27,7 +27,6 @@ import sys
 import uuid
 from dataclasses import replace
 
-from ipu_node.env import system_name
 from ipu_node.errors import IPUBusyError, IPUError
 from ipu_node.occupancy import Occupancy, scope_name
 from ipu_node.partition import reserve_partition
@@ -103,7 +102,9 @@ def _hosts(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def plan_from_args(args: argparse.Namespace, program: list[str],
                    find: "callable" = find_mpirun) -> tuple[LaunchPlan, list[str]]:
     """The launch plan of a parsed command line, and the notes (one line each) on options
-    that have no effect or were translated. Starts nothing, creates nothing.
+    that have no effect or were translated (a :class:`poprun.hardware.Said` note, the system
+    chosen for a job that outgrows the default, is shown even without ``-v``). Starts
+    nothing, creates nothing.
 
     Raises:
         ValueError: the command line is inconsistent (one line naming what; UsageError,
@@ -116,13 +117,17 @@ def plan_from_args(args: argparse.Namespace, program: list[str],
     launcher, transport, why = choose_backend(launcher, transport, find)
     notes = [f"launcher {launcher}, transport {transport}: {why}"]
     num_replicas = args.num_replicas or args.num_instances
-    options, more = hardware.emulated_options(args, launcher, num_replicas)
+    options, more = hardware.emulated_options(args, launcher, num_replicas, tuple(remote))
     notes += more
+    system, chosen = hardware.choose_system(args.system, num_replicas * args.ipus_per_replica,
+                                            args.num_ilds)
+    if chosen:
+        notes.append(chosen)
     job_id = args.vipu_partition or uuid.uuid4().hex[:12]
     plan = make_plan(program, args.num_instances, num_replicas, args.ipus_per_replica,
                      transport=transport, job_id=job_id, launcher=launcher,
                      job_token=secrets.token_hex(16) if transport == "grpc" else "",
-                     system=system_name(args.system), transports=INSTANCE_TRANSPORTS,
+                     system=system, transports=INSTANCE_TRANSPORTS,
                      hosts=hosts, remote_hosts=remote,
                      report_dir=os.path.abspath(args.report_dir) if args.report_dir else "",
                      **options)
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, IPUError, OSError) as exc:
         return _fail(str(exc))
     for note in notes:
-        logger.info("%s", note)
+        (logger.warning if isinstance(note, hardware.Said) else logger.info)("%s", note)
     if args.dry_run:
         return _dry_run(plan, model)
     try:

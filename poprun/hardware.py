@@ -9,12 +9,20 @@ from __future__ import annotations
 import argparse
 import os
 
-from ipu_node.systems import SystemModel
+from ipu_node import env as ipu_env
+from ipu_node.systems import SystemModel, get_system_model
 from launch import env as envnames
 from launch.plan import LaunchPlan
-from poprun.mpi_args import MpiArgsError, parse_instance_args, translate_mpi_args
+from poprun.mpi_args import (MpiArgsError, check_interface, local_interfaces,
+                             parse_instance_args, translate_mpi_args)
 
-__all__ = ["emulated_options", "check_ilds", "create_cache_dir"]
+__all__ = ["emulated_options", "check_ilds", "create_cache_dir", "choose_system",
+           "AUTO_SYSTEMS", "Said"]
+
+#: the systems poprun runs a job on when neither ``--system`` nor ``IPUPOD_SYSTEM`` names
+#: one and it does not fit the default POD16, smallest first: the default's family (GC200
+#: IPU-M2000 PODs), so a job that outgrows POD16 keeps its chip and its numbers
+AUTO_SYSTEMS = ("POD64", "POD128", "POD256")
 
 
 def _no_effect(option: str, value, why: str) -> str:
@@ -50,8 +58,8 @@ def _notes_on_vipu(args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _mpi_options(args: argparse.Namespace, launcher: str,
-                 num_instances: int) -> tuple[dict, list[str], list[tuple[str, str]]]:
+def _mpi_options(args: argparse.Namespace, launcher: str, num_instances: int,
+                 remote_hosts: tuple[str, ...]) -> tuple[dict, list[str], list[tuple[str, str]]]:
     """Plan fields, notes and job-wide variables from the ``--mpi-*-args`` and
     ``--numa-aware``."""
     global_args = translate_mpi_args(args.mpi_global_args, where="--mpi-global-args")
@@ -75,7 +83,10 @@ def _mpi_options(args: argparse.Namespace, launcher: str,
         mpirun += ["-bind-to", "numa"]
         notes.append("--numa-aware yes: mpirun -bind-to numa (instances bound to NUMA nodes "
                      "round-robin)")
-    mpirun = _merge_pairs(mpirun)
+    mpirun, more = check_interface(tuple(_merge_pairs(mpirun)), remote_hosts=remote_hosts,
+                                   interfaces=local_interfaces())
+    mpirun = list(mpirun)
+    notes += more
     if launcher != "mpirun" and mpirun:
         notes.append(f"mpirun options {' '.join(mpirun)}: no effect with --launcher {launcher}")
         mpirun = []
@@ -99,15 +110,17 @@ def _merge_pairs(words: list[str]) -> list[str]:
     return [word for pair in chosen.items() for word in pair]
 
 
-def emulated_options(args: argparse.Namespace, launcher: str,
-                     num_replicas: int) -> tuple[dict, list[str]]:
-    """``(plan fields, notes)`` of the hardware and mpirun options of ``args``.
+def emulated_options(args: argparse.Namespace, launcher: str, num_replicas: int,
+                     remote_hosts: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
+    """``(plan fields, notes)`` of the hardware and mpirun options of ``args``
+    (``remote_hosts``: the job's hosts that are not this machine).
 
     Raises:
-        MpiArgsError: a ``--mpi-*-args`` flag that cannot be passed on (names it).
+        MpiArgsError: a ``--mpi-*-args`` flag that cannot be passed on (names it), or an
+            interface this machine lacks in a job across hosts.
         ValueError: ``--only-output-from-instance`` names no instance.
     """
-    fields, notes, env = _mpi_options(args, launcher, args.num_instances)
+    fields, notes, env = _mpi_options(args, launcher, args.num_instances, remote_hosts)
     notes += _notes_on_vipu(args)
     env += [(envnames.VIPU_API_HOST, args.vipu_server_host),
             (envnames.VIPU_API_PORT, str(args.vipu_server_port)),
@@ -126,6 +139,40 @@ def emulated_options(args: argparse.Namespace, launcher: str,
                      "instances is not shown (their errors included)")
     fields.update(job_env=tuple(env), only_output_from_instance=only)
     return fields, notes
+
+
+class Said(str):
+    """A note that poprun shows even without ``-v`` (as a warning line): it changes what
+    the job runs on."""
+
+
+def choose_system(explicit: str | None, num_ipus: int,
+                  num_ilds: int | None) -> tuple[str, Said | None]:
+    """``(system name, note)``: ``explicit`` (``--system``), else ``IPUPOD_SYSTEM``, else the
+    default POD16 when it holds ``num_ipus`` IPUs in ``num_ilds`` IPU-Link domains (None:
+    any), else the smallest of :data:`AUTO_SYSTEMS` that does (note: one line saying which
+    and why; None when nothing was chosen for the job). When none holds it, the default:
+    the topology check then names what is missing.
+    """
+    if explicit or os.environ.get(ipu_env.IPUPOD_SYSTEM):
+        return ipu_env.system_name(explicit), None
+    default = get_system_model(ipu_env.DEFAULT_SYSTEM)
+    ilds = num_ilds or 1
+
+    def holds(model: SystemModel) -> bool:
+        return model.num_ipus >= num_ipus and len(model.domains) >= ilds
+
+    if holds(default):
+        return default.name, None
+    for name in AUTO_SYSTEMS:
+        model = get_system_model(name)
+        if holds(model):
+            why = f"{num_ipus} IPUs" + (f" in {ilds} IPU-Link domains" if num_ilds else "")
+            return name, Said(f"the job needs {why}, more than the default {default.name} has: "
+                          f"running on {name} ({model.description}), the smallest emulated "
+                          f"system that holds it (choose one with --system or "
+                          f"{ipu_env.IPUPOD_SYSTEM})")
+    return default.name, None
 
 
 def check_ilds(model: SystemModel, plan: LaunchPlan, num_ilds: int | None) -> None:

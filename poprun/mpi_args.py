@@ -35,10 +35,13 @@ environment, not here: these words are on poprun's command line already.
 
 from __future__ import annotations
 
+import re
 import shlex
+import socket
 from dataclasses import dataclass, field
 
-__all__ = ["MpiArgs", "translate_mpi_args", "parse_instance_args"]
+__all__ = ["MpiArgs", "translate_mpi_args", "parse_instance_args", "check_interface",
+           "local_interfaces"]
 
 _BIND = ("none", "hwthread", "core", "l1cache", "l2cache", "l3cache", "socket", "numa",
          "board", "package")
@@ -61,6 +64,10 @@ _REFUSED = {
 }
 
 
+#: a backslash at the end of a line, as a launch script continues a quoted value
+_CONTINUATION = re.compile(r"\\\r?\n")
+
+
 class MpiArgsError(ValueError):
     """A flag of ``--mpi-*-args`` that ipupod cannot pass on (names it and the option)."""
 
@@ -81,6 +88,9 @@ class MpiArgs:
 
 
 def _split(text: str, where: str) -> list[str]:
+    """The words of ``text`` as a shell splits them; a backslash-newline (a launch script's
+    line continuation kept inside a quoted value) is whitespace."""
+    text = _CONTINUATION.sub(" ", text)
     try:
         return shlex.split(text)
     except ValueError as exc:
@@ -198,3 +208,44 @@ def parse_instance_args(text: str) -> tuple[int, str]:
     if len(rest) >= 2 and rest[0] == rest[-1] and rest[0] in "\"'":
         rest = rest[1:-1]
     return int(index), rest
+
+
+def local_interfaces() -> list[str]:
+    """The network interfaces of this machine (of this network namespace), by index."""
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:  # no such call on this platform: nothing to check against
+        return []
+
+
+def check_interface(mpirun_args: tuple[str, ...], *, remote_hosts: tuple[str, ...],
+                    interfaces: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """``mpirun_args`` without an ``-iface IF`` that names no interface of this machine
+    (``interfaces``), when every host of the job is this machine: Hydra would stop with
+    "unable to find interface IF", and its instances talk on this machine anyway, so the
+    flag has no effect here (one note). An interface this machine has is kept.
+
+    Returns:
+        ``(mpirun args, notes)``.
+
+    Raises:
+        MpiArgsError: with remote hosts, an interface this machine lacks (Hydra on this
+            machine needs it to reach them): names it and this machine's interfaces.
+    """
+    words = list(mpirun_args)
+    if "-iface" not in words[::2] or not interfaces:
+        return tuple(words), []
+    at = words[::2].index("-iface") * 2
+    iface = words[at + 1]
+    if iface in interfaces:
+        return tuple(words), []
+    if remote_hosts:
+        raise MpiArgsError(
+            f"mpirun -iface {iface} (from --mca btl_tcp_if_include/oob_tcp_if_include or "
+            f"-iface): this machine has no interface {iface!r} (its interfaces: "
+            f"{', '.join(interfaces)}), and mpirun here uses it to reach "
+            f"{', '.join(remote_hosts)}")
+    del words[at:at + 2]
+    return tuple(words), [
+        f"mpirun -iface {iface}: no effect in ipupod: this machine has no interface {iface!r} "
+        f"(its interfaces: {', '.join(interfaces)}) and every host of the job is this machine"]

@@ -2,7 +2,8 @@
 plus ipupod's own, and the split of argv into poprun's options and the program.
 
 Forms accepted, as Graphcore's poprun (boost program_options) accepts them: ``--opt=value``
-and ``--opt value``; values with spaces (``--mpi-global-args="--tag-output --bind-to none"``);
+and ``--opt value``; a long option by any prefix that names it alone (``--num-instance 2``;
+a prefix of several is an error naming them); values with spaces (``--mpi-global-args="--tag-output --bind-to none"``);
 booleans as ``yes/no/1/0/true/false`` or bare (``--numa-aware`` means yes); ``-v``, ``-vv``,
 ``--vv``. poprun's options end at the program: the first word that is not an option or an
 option's value. A word that starts with ``-`` and is not an option, or a program that is
@@ -212,6 +213,25 @@ def _option_table(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]
     return {s: a for a in parser._actions for s in a.option_strings}
 
 
+def _long_option(table: dict[str, argparse.Action], given: str) -> str:
+    """The long option that ``given`` abbreviates, as Graphcore's poprun (boost
+    program_options with guessing) takes it: an exact name, else the one option whose name
+    starts with ``given`` (``--num-instance`` is ``--num-instances``). Returns ``given``
+    when no option starts with it (the caller names it unknown).
+
+    Raises:
+        UsageError: ``given`` starts more than one option's name (names them all).
+    """
+    if given in table or len(given) < 3:
+        return given
+    matches = sorted({s for s in table if s.startswith("--") and s.startswith(given)},
+                     key=lambda s: list(table).index(s))
+    if len(matches) > 1:
+        raise UsageError(f"option {given!r} is ambiguous and matches "
+                         + ", ".join(repr(m) for m in matches))
+    return matches[0] if matches else given
+
+
 def split_argv(parser: argparse.ArgumentParser,
                argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """``(options, program)``: poprun's options, each as one ``--opt=value`` word, and the
@@ -239,6 +259,8 @@ def split_argv(parser: argparse.ArgumentParser,
                 continue
             if word[:2] in table and table[word[:2]].nargs != 0:  # -n4, -Hhost
                 name, eq, value = word[:2], "=", word[2:].removeprefix("=")
+        if name not in table and name.startswith("--"):
+            name = _long_option(table, name)
         if name not in table:
             raise UsageError(f"unknown option {name!r} (poprun's options come before the "
                              "program)")

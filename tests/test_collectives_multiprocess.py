@@ -15,13 +15,14 @@ that kills its whole process group:
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ipu_node.system import reset_ipu_configuration
 from tests.collective_cases import all_cases, assert_same, nest_cases, oracle, packed
-from tests.procs import PYTHON, child_env, run
+from tests.procs import PYTHON, ROOT, child_env, run
 from tests.procs import run_poprun as poprun
 from tests.perrank import layout_prog
 
@@ -236,3 +237,48 @@ def test_a_stalled_instance_among_three_is_named_alone(op):
         results[i] = found.group(1)
     assert "CollectiveTimeoutError" in results.values(), out
     assert not re.search(r"waited \d+ s for instance [01]\b", out), out
+
+
+# -- an instance that ends its program while the others still call collectives (MPI) -----
+
+ENDED = r"PeerLostError after [12]\.\d s: instance {i} ended its program while this instance"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["poprun", "mpirun"])
+def test_an_instance_that_ends_during_a_horovod_call_is_named_within_seconds(launcher):
+    # the collective timeout (60 s) is far beyond the job's hard limit: only the ended
+    # instance's notice (MPITransport.program_ended) ends the job in time
+    cmd = [PYTHON, "-m", "tests.programs.mpi_ended", "horovod"]
+    if launcher == "poprun":
+        job = poprun(["-n", "3", *cmd], timeout_s=25,
+                     env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    else:
+        job = run([str(Path(PYTHON).parent / "mpirun"), "-n", "3", *cmd], timeout_s=25,
+                  env=child_env(IPUPOD_COLLECTIVE_TIMEOUT_S="60"), cwd=ROOT)
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    assert re.search(ENDED.format(i=2), out), out
+    assert "RESULT no error" not in out and "CollectiveTimeoutError" not in out, out
+
+
+@pytest.mark.slow
+def test_an_instance_that_ends_before_it_started_mpi_is_named_within_seconds():
+    # without the bootstrap's notice the others would wait in MPI_Init for ever
+    job = poprun(["-n", "2", PYTHON, "-m", "tests.programs.mpi_ended", "before-mpi"],
+                 timeout_s=25, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    assert re.search(r"\[1,0\]<stdout>:RESULT " + ENDED.format(i=1), out), out
+    assert "poprun: instance 0 failed" in out, out
+
+
+@pytest.mark.slow
+def test_instances_that_end_one_after_another_end_the_job_without_an_error():
+    # the notices of the instances that ended first are the normal end of the job
+    job = poprun(["-n", "3", PYTHON, "-m", "tests.programs.mpi_ended", "staggered"],
+                 timeout_s=40, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    assert job.returncode == 0, out
+    assert all(f"RESULT rank {r} ended" in out for r in range(3)), out
+    assert "Error" not in out and "ended its program" not in out, out

@@ -93,3 +93,99 @@ def test_horovod_scaling_of_integers_truncates_toward_zero():
     np.testing.assert_array_equal(scale(np.array([-3, 3, 5], np.int32), 0.5), [-1, 1, 2])
     assert scale(np.array([1.0], np.float16), 1 / 3).dtype == np.float16
     assert split_counts(7, 3) == [3, 2, 2] and split_counts(2, 4) == [1, 1, 0, 0]
+
+
+def test_the_tf_ipu_horovod_module_has_the_seeds_signatures(one_rank):
+    import inspect
+
+    from collectives.ipu import horovod as tf_hvd
+    from collectives.ipu.horovod.ipu_horovod_strategy import IPUHorovodStrategy
+    from collectives.strategies import IPUHorovodStrategy as Strategy
+    assert IPUHorovodStrategy is Strategy
+    # seed 004:2071, 2081, 2096
+    assert str(inspect.signature(tf_hvd.allreduce)) == "(tensor, op=None)"
+    assert str(inspect.signature(tf_hvd.allgather)) == "(tensor, name=None)"
+    assert str(inspect.signature(tf_hvd.broadcast)) == "(tensor, root_rank, name=None)"
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(tf_hvd.allreduce(x, tf_hvd.Sum), x)   # op positional
+    assert tf_hvd.allreduce(np.float32(2.0)).shape == ()                # op None: Average
+    with pytest.raises(NotImplementedError, match="The Adasum reduction is not implemented"):
+        tf_hvd.allreduce(x, tf_hvd.Adasum)
+    assert tf_hvd.allgather(np.ones((2, 2)), "g").shape == (2, 2)
+    assert tf_hvd.broadcast(np.arange(2), 0, "b").tolist() == [0, 1]
+    assert (tf_hvd.size(), tf_hvd.rank(), tf_hvd.mpi_built(), tf_hvd.gloo_built()) == (
+        1, 0, True, False)
+
+
+def test_horovod_torchs_positional_order_and_average(one_rank):
+    import inspect
+    hvd = one_rank
+    assert list(inspect.signature(hvd.allreduce).parameters) == [
+        "tensor", "average", "name", "compression", "op", "prescale_factor",
+        "postscale_factor", "process_set"]
+    assert list(inspect.signature(hvd.grouped_allreduce).parameters)[:5] == [
+        "tensors", "average", "name", "compression", "op"]
+    with pytest.warns(DeprecationWarning, match="Parameter `average` has been replaced with "
+                                                "`op` and will be removed in v1.0"):
+        assert hvd.allreduce(np.ones(2), False).tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="The op parameter supersedes average"):
+        hvd.allreduce(np.ones(2), average=True, op=hvd.Sum)
+    assert hvd.allreduce(np.float64(3.0)).shape == ()
+    got = hvd.allreduce(np.ones(2, np.float32), compression=hvd.Compression.fp16)
+    assert got.dtype == np.float32
+    handle = hvd.allreduce_async(np.ones(2), op=hvd.Sum)
+    assert hvd.poll(handle) and hvd.synchronize(handle).tolist() == [1.0, 1.0]
+
+
+def test_agreement_failures_name_the_rank_and_spare_joined_ranks():
+    from collectives import CollectiveArgumentError, CollectiveMismatchError
+    from collectives.horovod._wire import Signature, _failure, error_signature
+    ok = Signature("alltoall", {"name": None}, [("float32", [-1])])
+    bad = error_signature("alltoall", ValueError("alltoall expects splits to contain 32-bit "
+                                                 "integer elements."))
+    raise_it = _failure({0: ok, 1: bad}, [False, False], (0, 1))
+    with pytest.raises(CollectiveArgumentError, match=r"32-bit integer elements\. \(rank 1's "
+                                                      r"hvd\.alltoall"):
+        raise_it(ok)
+    with pytest.raises(CollectiveMismatchError):   # (the erring rank raises its own)
+        raise_it(bad)
+    gather = Signature("allgather", {}, [("float32", [-1, 2])])
+    raise_it = _failure({1: gather}, [True, False], (0, 1))
+    with pytest.raises(CollectiveMismatchError, match="Allgather is not supported with Join "
+                                                      "at this time"):
+        raise_it(gather)
+    assert _failure({1: Signature("allreduce", {"op": "Sum"}, [])}, [True, False],
+                    (0, 1)) is None
+    assert _failure({0: ok, 1: ok}, [False, False], (0, 1)) is None
+
+
+@pytest.mark.slow
+def test_importing_horovod_imports_no_torch():
+    job = run([PYTHON, "-c", "import sys, collectives, collectives.horovod, "
+               "collectives.ipu.horovod; sys.exit(1 if 'torch' in sys.modules else 0)"],
+              timeout_s=60, env=child_env(), cwd=ROOT)
+    assert job.returncode == 0, job.stdout + job.stderr
+
+
+@pytest.mark.slow
+def test_a_torch_job_with_horovod_as_graphcores_poptorch_examples_use_it(tmp_path):
+    # reference poptorch.md §8: broadcast_parameters(model.state_dict()) before training, a
+    # common seed by hvd.broadcast, metrics by grouped_allreduce/allgather; the examples'
+    # sync oracle: every instance's checkpoint the same; and the same training as one
+    # instance on the whole batch (up to the rounding of the shards' mean)
+    import torch
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    prog = ["-m", "tests.programs.hvd_torch_job"]
+    job = run([PYTHON, "-m", "poprun", "-n", "2", PYTHON, *prog, str(two), "4"], timeout_s=120,
+              env=child_env(), cwd=ROOT)
+    assert job.returncode == 0, job.stdout + job.stderr
+    alone = run([PYTHON, *prog, str(one), "4"], timeout_s=120, env=child_env(), cwd=ROOT)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    a, b = (torch.load(two / f"checkpoint-instance-{i}.pt") for i in range(2))
+    c = torch.load(one / "checkpoint-instance-0.pt")
+    assert a["losses"] == b["losses"]
+    for key in a["state"]:
+        assert torch.equal(a["state"][key], b["state"][key]), key
+        torch.testing.assert_close(a["state"][key], c["state"][key], rtol=1e-5, atol=1e-6)
+    assert "[1,0]<stdout>:RESULT loss" in job.stdout and "[1,1]<stdout>:RESULT" not in job.stdout

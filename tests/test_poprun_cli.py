@@ -100,8 +100,18 @@ CASES = [
     (["--mpi-global-args", "--tag-output --map-by socket:PE=4 --report-bindings"],
      lambda a, p, n: p.mpirun_args == ("-map-by", "socket")
      and any("PE=4" in x for x in n) and any("--report-bindings" in x for x in n)),
-    (["--mpi-global-args=--mca oob_tcp_if_include ib0 --mca btl_tcp_if_include ib0"],
-     lambda a, p, n: p.mpirun_args == ("-iface", "ib0")),
+    (["--mpi-global-args=--mca oob_tcp_if_include lo --mca btl_tcp_if_include lo"],
+     lambda a, p, n: p.mpirun_args == ("-iface", "lo")),
+    (["--mpi-global-args=--mca oob_tcp_if_include no-such-if9 --tag-output"],
+     lambda a, p, n: p.mpirun_args == ()
+     and any("no interface 'no-such-if9'" in x and "this machine" in x for x in n)),
+    (["--mpi-global-args", "--tag-output \\\n    --bind-to none \\\n    -x A=1"],
+     lambda a, p, n: p.mpirun_args == ("-bind-to", "none") and env_of(p)["A"] == "1"),
+    # unambiguous prefixes of long options, as Graphcore's parser takes them
+    (["--num-instance", "2", "--num-rep=4", "--ipus-per", "2"],
+     lambda a, p, n: (p.num_instances, p.num_replicas, p.ipus_per_replica) == (2, 4, 2)),
+    (["--only-output=0", "--print-top"],
+     lambda a, p, n: p.only_output_from_instance == 0 and a.print_topology is True),
     (["--mpi-global-args", "--mca btl_tcp_if_include 10.0.0.0/8 --mca btl ^openib"],
      lambda a, p, n: p.mpirun_args == () and sum("no effect" in x for x in n) == 2),
     (["--mpi-local-args=-x PYTHONPATH -x LD_LIBRARY_PATH -x POPLAR_LOG_LEVEL=WARN"],
@@ -247,7 +257,14 @@ def test_dry_run_prints_the_topology_and_mpirun_line_and_starts_nothing(tmp_path
                                    "hosts (2"),
     (["--host", "a[1-"], "unbalanced brackets"),
     (["--host", "a", "--hostfile", "/etc/hosts"], "mutually exclusive"),
-    (["--num-ilds", "2"], "--num-ilds 2: POD16 has 1 IPU-Link domain of 16 IPUs"),
+    (["--num-ilds", "2"], "--num-ilds 2: "),
+    (["--system", "POD16", "--num-ilds", "2"],
+     "--num-ilds 2: POD16 has 1 IPU-Link domain of 16 IPUs"),
+    (["--num", "2"], "option '--num' is ambiguous and matches '--num-replicas', "
+                     "'--num-instances', '--num-ilds', '--numa-aware'"),
+    (["--vipu-server", "h"], "is ambiguous and matches '--vipu-server-host'"),
+    (["--mpi-global-args=--mca btl_tcp_if_include no-such-if9", "-H", "localhost,far-q",
+      "-n", "2"], "this machine has no interface 'no-such-if9' (its interfaces: lo"),
     (["--system", "POD128", "--num-ilds", "2"], "--num-ilds 2: the job's 1 IPUs fill 1"),
     (["-n", "2", "--only-output-from-instance", "2"], "there is no instance 2"),
     (["-n", "2", "--instance-mpi-local-args=5:-x A=1"], "there is no instance 5"),
@@ -304,6 +321,60 @@ def test_open_mpi_flags_translation_table():
     assert len(t.notes) == 3
     with pytest.raises(MpiArgsError, match="unexpected word 'stray'"):
         translate_mpi_args("--tag-output stray")
+
+
+def test_an_interface_is_checked_against_this_machines():
+    from poprun.mpi_args import check_interface
+    mine = ["lo", "eth0"]
+    assert check_interface(("-iface", "eth0", "-bind-to", "core"), remote_hosts=("h2",),
+                           interfaces=mine) == (("-iface", "eth0", "-bind-to", "core"), [])
+    args, notes = check_interface(("-bind-to", "core", "-iface", "eno1"), remote_hosts=(),
+                                  interfaces=mine)
+    assert args == ("-bind-to", "core") and len(notes) == 1 and "'eno1'" in notes[0]
+    with pytest.raises(MpiArgsError, match=r"no interface 'eno1' \(its interfaces: lo, "
+                                           r"eth0\), and mpirun here uses it to reach h2"):
+        check_interface(("-iface", "eno1"), remote_hosts=("h2",), interfaces=mine)
+    assert check_interface(("-iface", "eno1"), remote_hosts=("h2",), interfaces=[]) == (
+        ("-iface", "eno1"), [])  # nothing known to check against: Hydra decides
+
+
+@pytest.fixture
+def no_system_named(monkeypatch):
+    monkeypatch.delenv("IPUPOD_SYSTEM", raising=False)
+
+
+@pytest.mark.parametrize("argv, system", [
+    (["--num-replicas", "16"], "POD16"),
+    (["--num-replicas", "64", "-n", "2"], "POD64"),
+    (["--num-replicas", "32", "--ipus-per-replica", "4"], "POD128"),
+    (["--num-replicas", "128", "--num-ilds", "2", "-n", "4"], "POD128"),
+    (["--num-replicas", "4", "--num-ilds", "3"], "POD256"),
+    (["--num-replicas", "512"], "POD16"),       # nothing holds it: the default says so
+    (["--num-replicas", "64", "--system", "BOW-POD64"], "BOW-POD64"),
+])
+def test_a_job_bigger_than_the_default_runs_on_the_smallest_system_that_holds_it(
+        no_system_named, argv, system):
+    from poprun.hardware import Said
+    args, plan, notes = plan_of(argv)
+    assert plan.system == system
+    said = [n for n in notes if isinstance(n, Said)]
+    if system in ("POD16", "BOW-POD64"):
+        assert not said
+    else:
+        assert len(said) == 1 and f"running on {system}" in said[0]
+
+
+def test_ipupod_system_is_never_overridden(monkeypatch):
+    monkeypatch.setenv("IPUPOD_SYSTEM", "POD16")
+    assert plan_of(["--num-replicas", "64"])[1].system == "POD16"
+
+
+def test_the_chosen_system_is_one_line_without_v(no_system_named, capsys):
+    assert poprun_main(["--dry-run", "--num-replicas", "64", "-n", "2", "python", "-c",
+                        "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "POPRUN [W] the job needs 64 IPUs" in err, err
+    assert "running on POD64" in err
 
 
 # -- the mpirun command line -------------------------------------------------------------

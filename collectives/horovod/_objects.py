@@ -5,16 +5,23 @@ network (DESIGN.md, security), because unpickling bytes from a peer runs the pee
 Objects are encoded as JSON text instead, with tags for the types JSON lacks. Supported:
 None, bool, int, float (nan/inf included), str, bytes, list, tuple, dict (any keys of
 these types, kept as key/value pairs), numpy arrays of bool/int/uint/float/complex dtypes
-and numpy scalars of them. Anything else raises TypeError on the sending rank, naming the
-type, before any data moves (every rank then gets the error of the agreement).
+and numpy scalars of them, and torch tensors (``optimizer.state_dict()``; any dtype numpy
+has, and bfloat16; they arrive on the CPU, ``requires_grad`` kept; decoding one imports
+torch if the receiving program has not). Anything else raises TypeError on the sending
+rank, naming the type, before any data moves (every rank then gets the error of the
+agreement).
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import json
+import sys
 
 import numpy as np
+
+from collectives.horovod._tensors import is_torch, to_array
 
 _ARRAY_KINDS = "biufc"
 
@@ -28,6 +35,10 @@ def _encode(obj, path: str):
         return {"$f": repr(obj)}
     if isinstance(obj, bytes):
         return {"$b": base64.b64encode(obj).decode()}
+    if is_torch(obj):
+        arr, like = to_array(obj)
+        return {"$pt": str(obj.dtype).removeprefix("torch."), "bits": like.bits is not None,
+                "grad": bool(obj.requires_grad), "data": _encode(arr, path)}
     if isinstance(obj, (np.ndarray, np.generic)):
         arr = np.asarray(obj)
         if arr.dtype.kind not in _ARRAY_KINDS:
@@ -61,6 +72,8 @@ def _decode(obj):
         return tuple(_decode(v) for v in obj["$t"])
     if "$d" in obj:
         return {_decode(k): _decode(v) for k, v in obj["$d"]}
+    if "$pt" in obj:
+        return _tensor(obj)
     if "$nd" in obj:
         dtype = np.dtype(obj["$nd"])
         if dtype.kind not in _ARRAY_KINDS:
@@ -68,6 +81,18 @@ def _decode(obj):
         arr = np.frombuffer(base64.b64decode(obj["data"]), dtype).reshape(obj["shape"]).copy()
         return arr[()] if obj["scalar"] else arr
     raise ValueError(f"received an object with unknown tags {sorted(obj)}")
+
+
+def _tensor(obj: dict):
+    """A received torch tensor (torch imported here if the program has not)."""
+    torch = sys.modules.get("torch") or importlib.import_module("torch")
+    dtype = getattr(torch, str(obj["$pt"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"received a tensor of unknown dtype {obj['$pt']!r}")
+    arr = np.array(_decode(obj["data"]))
+    t = torch.from_numpy(arr)
+    t = t.view(dtype) if obj.get("bits") else t.to(dtype)
+    return t.requires_grad_() if obj.get("grad") else t
 
 
 def encode(obj) -> bytes:

@@ -252,6 +252,17 @@ def cross_rank() -> int:
     return state().cross_rank
 
 
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes (Horovod's)."""
+    s = state()
+    return s.size % s.local_size == 0 and s.cross_size * s.local_size == s.size
+
+
+def mpi_enabled() -> bool:
+    """Whether the processes exchange data over MPI (the configured system's transport)."""
+    return type(state().engine.transport).__module__.endswith(".mpi")
+
+
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set (Horovod's dynamic process sets): every process must call it,
     with the same ranks, in the same order. Its members build its communicator here.

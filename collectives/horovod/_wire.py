@@ -11,6 +11,13 @@ member has joined and needs to learn the call, round 2 exchanges the signature t
 raises it, so a disagreement raises on every rank and the process set stays usable.
 Round 3, only for variable-size calls: the per-rank sizes (first dimensions, splits).
 
+A rank whose arguments are invalid (Horovod's argument errors: non-integer ``alltoall``
+splits, a dtype no reduction takes...) takes part with an ``error`` signature carrying its
+message (:func:`error_signature`): the others raise it too, naming that rank, instead of
+waiting for a call it will not make. A rank that has joined never raises here: when the
+others call what joined ranks cannot take part in, they raise (Horovod's messages) and the
+joined rank's :func:`~collectives.horovod.join` goes on waiting.
+
 Nothing here is pickled: headers and sizes are int64 arrays, signatures JSON text.
 """
 
@@ -23,13 +30,24 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives.errors import CollectiveMismatchError
+from collectives.errors import (CollectiveArgumentError, CollectiveMismatchError,
+                                CollectiveTypeError)
 from collectives.waiting import Patience
 
 _MAGIC = 0x48564431  # "HVD1"
 _HEADER = 12         # int64 fields: magic, kind, joined, sig_len, var_len, join_pos, 2 spare, digest x4
 #: kind codes in the header (the kinds of Horovod collective)
-KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+         "error")
+#: what the others raise when a rank has joined and they call a collective that joined
+#: ranks cannot take part in (Horovod's Controller::ConstructResponse texts)
+JOIN_UNSUPPORTED = {
+    "allgather": "Allgather is not supported with Join at this time. Specify "
+                 "sparse_to_dense=True if using DistributedOptimizer",
+    "alltoall": "Alltoall is not supported with Join at this time.",
+    "broadcast": "Broadcast is not supported with Join at this time.",
+    "reducescatter": "Reducescatter is not supported with Join at this time.",
+}
 _KIND_CODE = {k: i + 1 for i, k in enumerate(KINDS)}
 
 
@@ -70,10 +88,28 @@ class Signature:
                          [(d, tuple(s)) for d, s in obj["tensors"]])
 
     def describe(self) -> str:
+        if self.kind == "error":
+            return f"hvd.{self.fields.get('call')} with an invalid argument"
         args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.fields.items()))
         shapes = "; ".join(f"{d}{tuple(s)}" for d, s in self.tensors[:4])
         more = f" +{len(self.tensors) - 4} more" if len(self.tensors) > 4 else ""
         return f"{self.kind}([{shapes}{more}], {args})"
+
+
+def error_signature(what: str, exc: BaseException) -> Signature:
+    """The signature of a call whose arguments were invalid on this rank: the exception's
+    message and kind (``TypeError`` or ``ValueError``), for the others to raise."""
+    return Signature("error", {"call": what, "message": str(exc),
+                               "type": "TypeError" if isinstance(exc, TypeError)
+                               else "ValueError"})
+
+
+def _raise_error_of(member: int, sig: Signature, members: Sequence[int], mine: str) -> None:
+    """Raise, on a rank whose own call was valid, the argument error of rank ``member``."""
+    cls = CollectiveTypeError if sig.fields.get("type") == "TypeError" \
+        else CollectiveArgumentError
+    raise cls(f"{sig.fields.get('message')} (rank {member}'s hvd.{sig.fields.get('call')}: "
+              f"every rank of {list(members)} raises it; this one called hvd.{mine})")
 
 
 def differences(a: Signature, b: Signature) -> list[str]:
@@ -125,10 +161,16 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
         sizes: this rank's per-rank sizes (int64), for variable-size calls.
         join_pos: a joined rank's join position.
 
+    Returns:
+        The agreement; on a joined rank, its ``signature`` is ``None``-kinded ``skip`` when
+        the others' call failed (an argument error, a call joined ranks do not serve).
+
     Raises:
-        CollectiveMismatchError: on every member, when the non-joined members' signatures
-            differ (names the ranks, both calls and the difference), or a joined rank meets
-            a call that joined ranks cannot take part in.
+        CollectiveMismatchError: on every non-joined member, when their signatures differ
+            (names the ranks, both calls and the difference), or they call a collective
+            that joined ranks cannot take part in (Horovod's message).
+        CollectiveArgumentError, CollectiveTypeError: on a member whose call was valid,
+            when another's arguments were invalid (its message, naming it).
         CollectiveTimeoutError: a member did not arrive in time (names it).
     """
     sizes = np.zeros(0, np.int64) if sizes is None else np.ascontiguousarray(sizes, np.int64)
@@ -153,27 +195,13 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
     if len(digests) > 1 or any(joined) or heads[:, 0].min() != _MAGIC:
         texts = _exchange_texts(engine, comm, members, text, [int(h[3]) for h in heads], what)
         sigs = {i: Signature.from_text(texts[i]) for i in active}
-        first = active[0]
-        for i in active[1:]:
-            diff = differences(sigs[first], sigs[i])
-            if diff:
-                raise CollectiveMismatchError(
-                    f"ranks disagree on a Horovod collective: rank {members[first]} called "
-                    f"{sigs[first].describe()}, rank {members[i]} called {sigs[i].describe()} "
-                    f"({'; '.join(diff)})")
-        sig = sigs[first]
-        if any(joined) and sig.kind not in ("allreduce", "allgather", "barrier"):
-            gone = [members[i] for i, j in enumerate(joined) if j]
-            raise CollectiveMismatchError(
-                f"hvd.{sig.kind} called by ranks {[members[i] for i in active]} while ranks "
-                f"{gone} have joined (hvd.join): joined ranks take part in allreduce, "
-                "allgather and barrier only")
-        if any(joined) and sig.kind == "allreduce" and sig.fields.get("op") not in (
-                "Sum", "Average"):
-            raise CollectiveMismatchError(
-                f"hvd.allreduce with op {sig.fields.get('op')} while ranks "
-                f"{[members[i] for i, j in enumerate(joined) if j]} have joined: joined ranks "
-                "contribute zeros, which only Sum and Average allow")
+        failed = _failure(sigs, joined, members)
+        if failed is not None:
+            if sig is None:  # a joined rank: the others raise; it goes on waiting
+                return Agreement(Signature("skip"), joined, np.zeros((len(members), 0),
+                                                                     np.int64), False, positions)
+            failed(sig)
+        sig = sigs[active[0]]
     var_len = max(int(heads[i, 4]) for i in active)
     if var_len == 0:
         return Agreement(sig, joined, np.zeros((len(members), 0), np.int64), False, positions)
@@ -181,6 +209,43 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
     got = comm.allgather(mine.view(np.uint8), patience_for(engine, what, members, True))
     return Agreement(sig, joined, got.view(np.int64).reshape(len(members), var_len), False,
                      positions)
+
+
+def _failure(sigs: dict, joined: list[bool], members: Sequence[int]):
+    """None when the non-joined members' calls (``sigs``, by member position) can go on;
+    else a function that raises the call's error on a non-joined member, given its own
+    signature: another rank's argument error, a disagreement, or a call that joined ranks
+    cannot take part in. The same texts give the same error on every member."""
+    active = sorted(sigs)
+    errors = [i for i in active if sigs[i].kind == "error"]
+    if errors:
+        def raise_it(mine: Signature) -> None:
+            if mine.kind == "error":  # (the caller raises its own exception)
+                raise CollectiveMismatchError(mine.fields.get("message", ""))
+            _raise_error_of(members[errors[0]], sigs[errors[0]], members, mine.kind)
+        return raise_it
+    first = active[0]
+    for i in active[1:]:
+        diff = differences(sigs[first], sigs[i])
+        if diff:
+            text = (f"ranks disagree on a Horovod collective: rank {members[first]} called "
+                    f"{sigs[first].describe()}, rank {members[i]} called {sigs[i].describe()} "
+                    f"({'; '.join(diff)})")
+            return lambda mine: _raise(text)
+    sig, gone = sigs[first], [members[i] for i, j in enumerate(joined) if j]
+    if gone and sig.kind in JOIN_UNSUPPORTED:
+        text = (f"{JOIN_UNSUPPORTED[sig.kind]} (hvd.{sig.kind} called by ranks "
+                f"{[members[i] for i in active]} after ranks {gone} joined)")
+        return lambda mine: _raise(text)
+    if gone and sig.kind == "allreduce" and sig.fields.get("op") not in ("Sum", "Average"):
+        text = (f"hvd.allreduce with op {sig.fields.get('op')} while ranks {gone} have "
+                "joined: joined ranks contribute zeros, which only Sum and Average allow")
+        return lambda mine: _raise(text)
+    return None
+
+
+def _raise(text: str) -> None:
+    raise CollectiveMismatchError(text)
 
 
 def _exchange_texts(engine, comm, members, text: bytes, lengths: list[int], what: str):

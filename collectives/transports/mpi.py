@@ -28,12 +28,27 @@ missing peer into a timeout instead of a hang:
   wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
   so a late instance never gets a result for a call its peer gave up on, and a job whose
   program caught a divergence does not wait for the timeout at exit.
+* **ending**: an instance whose program has ended (:meth:`MPITransport.program_ended`, at
+  interpreter exit before ``atexit``'s handlers) and that still waits
+  :data:`ENDED_NOTICE_AFTER_S` later (in the engine's end-of-program agreement: some peer
+  is not there) sends the notice :data:`protos.mpi_notice.ENDED`. A peer whose own
+  program goes on records it; a wait of that peer still incomplete :data:`ENDED_GRACE_S`
+  after it saw the notice raises ``PeerLostError`` "instance i ended its program": so a
+  call the ended instance never makes (a Horovod call, which the engine's end-of-program
+  descriptor does not reach) fails within seconds instead of the timeout. As in Horovod,
+  whose collectives all fail once a rank has shut down, every collective of the job is
+  then over. A peer whose own program has ended too takes the notice as the end of the
+  job. When every instance ends together, nobody waits and no notice is sent (MPICH's
+  ``MPI_Finalize`` with messages in flight to instances that have finalized can end in a
+  PMI barrier that Hydra takes for a failed job); notices still queued are drained before
+  ``MPI_Finalize``.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 
 import numpy as np
@@ -48,6 +63,7 @@ from collectives.transports.mpi_communicator import MPICommunicator
 from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
                                               finished)
 from collectives.waiting import Patience
+from protos import mpi_notice
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +72,21 @@ logger = logging.getLogger(__name__)
 _TAG_CREATE = 0x1A14
 #: ... and MPI_Comm_create_group runs under this one
 _TAG_CREATE_GROUP = 0x1A15
-#: a notice of an instance that gives up (on COMM_WORLD: a program that receives there
-#: with MPI.ANY_TAG while collectives run could take one)
-_TAG_NOTICE = 0x1A16
-#: seconds a cancelled receive may take to finish cancelling
+#: a notice of an instance that gives up or ends its program (protos.mpi_notice)
+_TAG_NOTICE = mpi_notice.TAG
+#: seconds a cancelled receive may take to finish cancelling (also: own notices to leave)
 _WITHDRAW_S = WITHDRAW_S
+#: empty looks that end the draining of notices (MPICH takes one message per look)
+_DRAIN_LOOKS = 4
 #: bytes of a notice: its reason, UTF-8, zero-padded
-NOTICE_BYTES = 256
+NOTICE_BYTES = mpi_notice.NBYTES
+#: seconds an instance whose program has ended waits (for peers at the end of the job)
+#: before it tells them it has ended (protos.mpi_notice)
+ENDED_NOTICE_AFTER_S = mpi_notice.ENDED_AFTER_S
+#: seconds a wait goes on after it saw that a peer ended its program, before it raises:
+#: ipupod assumption, far longer than what the peer sent before it ended takes to arrive
+#: (its sends were complete), short enough that the job ends within seconds
+ENDED_GRACE_S = 1.0
 
 
 class MPITransport(Transport):
@@ -103,7 +127,13 @@ class MPITransport(Transport):
         self._lost: PeerLostError | None = None
         self._gave_up = False
         self._notices_sent: list = []  # (requests, buffer): kept alive until the end
+        #: peers whose program has ended -> when this instance first saw their notice
+        self._ended: dict[int, float] = {}
+        #: when this instance's program ended (None: it runs); whether it told the others
+        self._program_ended: float | None = None
+        self._told_ended = False
         atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
+        _at_program_end(self.program_ended)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
         #: whether communicators of this job may post large calls before their agreement
         #: (mpi_early: EARLY_MIN_MEMBERS instances or more, and MPI_TAG_UB reaches its tags)
@@ -153,19 +183,56 @@ class MPITransport(Transport):
         request = self._notice_request
         if request is None:
             return
+        if self._program_ended is not None and not self._told_ended:
+            self._tell_ended()
         status = self._notice_status
         for _ in range(polls):
             if request.Test(status):
                 break
         else:
-            return
+            return self._check_ended()
         source = status.Get_source()
-        reason = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
+        reason = mpi_notice.decode(self._notice)
+        if reason == mpi_notice.ENDED:
+            self._ended.setdefault(source, time.monotonic())
+            request.Start()  # (listen for the next notice)
+            return self._check_ended()
         self._lost = PeerLostError(
             f"instance {source} gave up on the job's collectives ({reason}); this "
             f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
             f"{self.options.timeout_s:g} s)", source)
         raise self._lost
+
+    def _check_ended(self) -> None:
+        """Raise when a peer ended its program :data:`ENDED_GRACE_S` or more ago (as this
+        instance saw it) and this instance's program goes on."""
+        if not self._ended or self._program_ended is not None:
+            return
+        source, seen = min(self._ended.items(), key=lambda item: item[1])
+        if time.monotonic() - seen < ENDED_GRACE_S:
+            return
+        self._lost = PeerLostError(
+            f"instance {source} {mpi_notice.ENDED} while this instance still calls "
+            "collectives (every instance must call the same collectives; after an instance "
+            "has ended, none can complete)", source)
+        raise self._lost
+
+    def program_ended(self) -> None:
+        """This instance's program has ended (called at interpreter exit, before ``atexit``'s
+        handlers): from now on the notice of a peer that ended is the normal end of the
+        job, and a wait that lasts :data:`ENDED_NOTICE_AFTER_S` tells the others that this
+        instance has ended (:data:`protos.mpi_notice.ENDED`). Once."""
+        if self._program_ended is None:
+            self._program_ended = time.monotonic()
+
+    def _tell_ended(self) -> None:
+        """Send the notice :data:`protos.mpi_notice.ENDED` once this instance's program has
+        ended :data:`ENDED_NOTICE_AFTER_S` ago (and it has not given up: then they know)."""
+        if time.monotonic() - self._program_ended < ENDED_NOTICE_AFTER_S:
+            return
+        self._told_ended = True
+        if not self._gave_up:
+            self._send_notice(mpi_notice.ENDED)
 
     def abandon(self, reason: str) -> None:
         """Send a notice to every other instance: this one gives up (best effort, once,
@@ -173,10 +240,14 @@ class MPITransport(Transport):
         if self._gave_up or self.process_count == 1:
             return
         self._gave_up = True
+        self._send_notice(reason)
+
+    def _send_notice(self, reason: str) -> None:
+        """Send ``reason`` to every other instance, without waiting (best effort)."""
+        if self.process_count == 1:
+            return
         try:
-            text = reason.encode("utf-8", "replace")[:NOTICE_BYTES]
-            buffer = np.zeros(NOTICE_BYTES, np.uint8)
-            buffer[:len(text)] = np.frombuffer(text, np.uint8)
+            buffer = mpi_notice.encode(reason)
             requests = [self._world.Isend([buffer, MPI.BYTE], j, _TAG_NOTICE)
                         for j in range(self.process_count) if j != self.process_index]
             self._notices_sent.append((requests, buffer))
@@ -244,12 +315,32 @@ class MPITransport(Transport):
         """Withdraw the receives of notices and presence messages (MPI_Finalize would
         report them as leaked)."""
         atexit.unregister(self._stop_listening)
+        self._drain_notices()
         requests = [self._notice_request] + [c.take_listener()
                                              for c in self._comms.values()]
         self._notice_request = None
         for request in requests:
             if request is not None:
                 _withdraw(request)
+
+    def _drain_notices(self) -> None:
+        """Take the notices still queued for this instance, and let this instance's own
+        leave (briefly), so that none is in flight at ``MPI_Finalize`` (see the module
+        docstring); best effort."""
+        request, empty = self._notice_request, 0
+        try:
+            while request is not None and empty < _DRAIN_LOOKS:
+                if request.Test():
+                    request.Start()
+                    empty = 0
+                else:
+                    empty += 1
+            deadline = time.monotonic() + _WITHDRAW_S
+            sent = [r for requests, _ in self._notices_sent for r in requests]
+            while sent and not MPI.Request.Testall(sent) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        except MPI.Exception:  # the job is ending
+            logger.debug("draining the notices failed", exc_info=True)
 
     def close(self) -> None:
         for comm in self._comms.values():
@@ -259,6 +350,18 @@ class MPITransport(Transport):
         self._stop_listening()
         # (the duplicates of COMM_WORLD are left to MPI_Finalize: freeing one whose Idup a
         # peer never joined would wait for that peer)
+
+
+def _at_program_end(hook) -> None:
+    """Run ``hook`` when the program ends: at interpreter exit before ``atexit``'s handlers
+    (``threading``'s exit hooks run first, as ``concurrent.futures`` uses them), so before
+    the engine's end-of-program agreement, which may wait for the others; else (no such
+    hook in this Python) among ``atexit``'s handlers."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        register(hook)
+    except (TypeError, RuntimeError):  # (absent, or the interpreter is exiting already)
+        atexit.register(hook)
 
 
 def _withdraw(request) -> None:

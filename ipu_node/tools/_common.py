@@ -22,6 +22,14 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def parse(p: argparse.ArgumentParser,
+          argv: list[str] | None) -> tuple[argparse.Namespace, SystemModel | None]:
+    """``(args, model of --system)``; the model is None after printing the error (unknown
+    system) to stderr: the tool then returns :data:`EXIT_USAGE`."""
+    args = p.parse_args(argv)
+    return args, model_or_none(p.prog, args.system)
+
+
 def model_or_none(prog: str, name: str | None) -> SystemModel | None:
     """The model, or None after printing the error (unknown system) to stderr."""
     try:

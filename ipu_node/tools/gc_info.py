@@ -16,7 +16,19 @@ from ipu_node.errors import IPUError
 from ipu_node.occupancy import Occupancy
 from ipu_node.chips import chip
 from ipu_node.systems import IPUInfo, SystemModel
-from ipu_node.tools._common import EXIT_USAGE, fail, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
+
+#: ICU firmware shown for IPU-M2000 (and Bow-2000) IPUs (seed 000:437)
+ICU_FW = "2.1.3"
+#: firmware version shown for a C2 card: the C2 example of Graphcore's command-line tools
+#: guide ("Device attributes": ``firmware version: 1.4.14``), the source of the C2 clock
+C2_FIRMWARE = "1.4.14"
+
+
+def firmware_version(model: SystemModel) -> str:
+    """The firmware version shown for the IPUs of ``model`` (sources above)."""
+    return ICU_FW if model.board_type == "M2000" else C2_FIRMWARE
+
 
 def clock_mhz(model: SystemModel) -> int:
     """Tile clock shown per IPU of ``model``, MHz: its chip's (:mod:`ipu_node.chips`): 1330 for
@@ -72,6 +84,7 @@ def _ipu_attributes(model: SystemModel, ipu: IPUInfo) -> list[tuple[str, str]]:
              ("board serial number", ipu.serial),
              ("board type", model.board_type),
              ("clock", f"{clock_mhz(model)}MHz"),
+             ("firmware version", firmware_version(model)),
              ("ipu architecture", ipu.version),
              ("ipu-link domain", str(ipu.domain)),
              ("ipu-link neighbours", ", ".join(neighbours) or "none"),
@@ -83,12 +96,13 @@ def _ipu_attributes(model: SystemModel, ipu: IPUInfo) -> list[tuple[str, str]]:
 
 
 def format_device_info(model: SystemModel, device: GcDevice,
-                       occupancy: Occupancy | None = None) -> str:
-    """The text of ``gc-info -d ID -I``: attributes in ``key: value`` lines, as gc-info prints.
+                       occupancy: Occupancy | None = None, header: str = "Device Info:") -> str:
+    """The text of ``gc-info -d ID -I``: attributes in ``key: value`` lines, as gc-info prints
+    (``header``: its first line; gc-inventory's blocks begin ``Device:``).
 
     Tile and memory figures are the native version's (:mod:`ipu_node.device`).
     """
-    lines = ["Device Info:", f"  id: {device.id}"]
+    lines = [header, f"  id: {device.id}"]
     holders = {h.ipu_id: h for h in (occupancy.holders() if occupancy else [])}
     if device.is_multi:
         lines += ["  target: Multi IPU", f"  num ipus: {device.size}",
@@ -115,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--device-id", type=int, metavar="ID", help="device to describe")
     p.add_argument("-I", "-i", "--device-info", action="store_true",
                    help="print the attributes of the device given with -d")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     if args.list_devices:

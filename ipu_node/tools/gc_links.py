@@ -12,7 +12,7 @@ import sys
 
 from ipu_node.links import GB, Link, LinkKind
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, model_or_none, parser
+from ipu_node.tools._common import EXIT_USAGE, parse, parser
 
 
 def _selected(model: SystemModel, include_pcie: bool) -> list[Link]:
@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("gc-links", "Show the IPU-Links and GW-Links of the emulated IPU system.")
     p.add_argument("--all", action="store_true", help="also list the PCIe host links")
     p.add_argument("-j", "--json", action="store_true", help="print JSON")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     if args.json:

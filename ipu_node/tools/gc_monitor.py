@@ -16,11 +16,10 @@ import time
 
 from ipu_node.occupancy import Holder, Occupancy
 from ipu_node.systems import SystemModel
-from ipu_node.tools._common import EXIT_USAGE, model_or_none, parser
-from ipu_node.tools.gc_info import clock_mhz
+from ipu_node.tools._common import EXIT_USAGE, parse, parser
+from ipu_node.tools.gc_info import ICU_FW, clock_mhz
 
-#: ICU firmware and server version shown for IPU-M2000s (seed 000:437).
-ICU_FW = "2.1.3"
+#: server version shown for IPU-M2000s (seed 000:437); the ICU firmware is gc-info's
 SERVER_VERSION = "1.5.4"
 
 
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the monitor view of the system; returns the exit status."""
     p = parser("gc-monitor", "Show which processes have IPUs of the emulated system attached.")
     p.add_argument("--no-devices", action="store_true", help="only the attached processes")
-    args = p.parse_args(argv)
-    model = model_or_none(p.prog, args.system)
+    args, model = parse(p, argv)
     if model is None:
         return EXIT_USAGE
     holders = Occupancy(model.name).holders(all_scopes=True)

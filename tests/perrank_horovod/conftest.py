@@ -6,7 +6,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 _counts = {"passed": 0, "failed": 0}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def horovod():
+    """Horovod started once per instance (after its IPU system, under poprun/TF_CONFIG)."""
+    import collectives.horovod as hvd
+    if os.environ.get("POPDIST_NUM_TOTAL_REPLICAS") or os.environ.get("TF_CONFIG"):
+        from ipu_node import IPUConfig
+        from poprun import popdist
+        cfg = IPUConfig()
+        popdist.set_ipu_config(cfg)
+        cfg.configure_ipu_system()
+    hvd.init()
+    yield
+    hvd.shutdown()
 _rank: list[int] = []
 
 

@@ -9,8 +9,6 @@ result with numpy alone (the oracles below never call the API). Size-agnostic.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -19,19 +17,6 @@ from collectives import CollectiveMismatchError
 
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def horovod():
-    if os.environ.get("POPDIST_NUM_TOTAL_REPLICAS") or os.environ.get("TF_CONFIG"):
-        from ipu_node import IPUConfig
-        from poprun import popdist
-        cfg = IPUConfig()
-        popdist.set_ipu_config(cfg)
-        cfg.configure_ipu_system()
-    hvd.init()
-    yield
-    hvd.shutdown()
 
 
 def contribution(r: int, dtype, shape=(3, 4)) -> np.ndarray:
@@ -212,8 +197,14 @@ def test_reducescatter_uneven_split(op):
     assert outs[1].shape == (1, 2)
     np.testing.assert_array_equal(
         outs[1], sum(contribution(q, np.int64, (n, 2)) for q in range(n))[r:r + 1])
-    with pytest.raises(ValueError, match="Sum or hvd.Average"):
-        hvd.reducescatter(x, op=hvd.Max)
+    for extreme, fn in ((hvd.Max, np.maximum), (hvd.Min, np.minimum)):  # Horovod #3709
+        got = hvd.reducescatter(x, op=extreme)
+        want = contribution(0, np.float32, (rows, 3))
+        for q in range(1, n):
+            want = fn(want, contribution(q, np.float32, (rows, 3)))
+        np.testing.assert_array_equal(got, want[lo:lo + counts[r]])
+    with pytest.raises(ValueError, match="no Adasum"):
+        hvd.reducescatter(x, op=hvd.Adasum)
 
 
 def test_process_sets():
@@ -257,8 +248,7 @@ def test_join_last_rank_contributes_zeros():
         s = hvd.allreduce(np.full(3, r + 1, np.float64), op=hvd.Sum)
         want = sum(q + 1 for q in range(n) if q >= step)
         assert s.tolist() == [want] * 3
-        g = hvd.allgather(np.full((1,), r, np.int32))
-        assert g.tolist() == [q for q in range(n) if q >= step]
+        hvd.barrier()  # a joined rank counts (Horovod's)
     assert hvd.join() == n - 1
     assert hvd.allreduce(np.ones(1), op=hvd.Sum)[0] == n  # usable after join
 
@@ -285,11 +275,110 @@ def test_disagreement_raises_on_every_rank_then_works(what):
     assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [n, n]
 
 
-def test_joined_rank_and_broadcast_raise_everywhere():
+@pytest.mark.parametrize("call, message", [
+    (lambda: hvd.broadcast(np.ones(2), root_rank=1),
+     "Broadcast is not supported with Join at this time."),
+    (lambda: hvd.allgather(np.ones((1, 2))),
+     "Allgather is not supported with Join at this time. Specify sparse_to_dense=True"),
+    (lambda: hvd.reducescatter(np.ones((4, 2))),
+     "Reducescatter is not supported with Join at this time."),
+], ids=["broadcast", "allgather", "reducescatter"])
+def test_after_a_rank_joined_the_others_calls_it_cannot_serve_raise_and_join_returns(
+        call, message):
+    # Horovod's: the others raise (its messages); the joined rank goes on waiting in join,
+    # which returns once they join too
     n, r = hvd.size(), hvd.rank()
-    with pytest.raises(CollectiveMismatchError, match="joined"):
+    if r == 0:
+        assert hvd.join() == n - 1
+    else:
+        with pytest.raises(CollectiveMismatchError, match=message):
+            call()
+        s = hvd.allreduce(np.full(2, r, np.float64), op=hvd.Sum)  # rank 0 adds zeros
+        assert s.tolist() == [sum(range(1, n))] * 2
+        assert hvd.join() == n - 1
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum)[0] == n
+
+
+def test_average_is_accepted_with_horovods_deprecation_and_not_beside_op():
+    n, r = hvd.size(), hvd.rank()
+    x = np.full(2, r + 1, np.float64)
+    with pytest.warns(DeprecationWarning, match="Parameter `average` has been replaced"):
+        assert hvd.allreduce(x, average=False).tolist() == [n * (n + 1) / 2] * 2
+    with pytest.warns(DeprecationWarning):
+        assert hvd.allreduce(x, True).tolist() == [(n + 1) / 2] * 2   # positional: average
+    with pytest.raises(ValueError, match="The op parameter supersedes average. Please "
+                                         "provide only one of them."):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+    # horovod.torch's positional order: tensor, average, name, compression, op, pre, post
+    got = hvd.allreduce(x, None, "pos", hvd.Compression.none, hvd.Sum, 2.0, 0.5)
+    assert got.tolist() == [n * (n + 1) / 2] * 2
+
+
+def test_zero_dimensional_tensors_stay_zero_dimensional():
+    n, r = hvd.size(), hvd.rank()
+    got = hvd.allreduce(np.float32(r), op=hvd.Sum)
+    assert isinstance(got, np.ndarray) and got.shape == () and got == sum(range(n))
+    assert hvd.broadcast(np.array(r + 5), root_rank=n - 1).shape == ()
+    outs = hvd.grouped_allreduce([np.float64(r), np.ones((2,))], op=hvd.Average)
+    assert outs[0].shape == () and outs[1].shape == (2,)
+    assert hvd.allreduce_(np.array(1.0), op=hvd.Sum) == n
+
+
+@pytest.mark.parametrize("call, error, message", [
+    # Horovod's own argument errors, raised on every rank instead of a hang on the others
+    (lambda r: hvd.alltoall(np.arange(2 * hvd.size()),
+                            splits=[2.5] * hvd.size() if r == 1 else [2] * hvd.size()),
+     ValueError, "alltoall expects splits to contain 32-bit integer elements."),
+    (lambda r: hvd.alltoall(np.arange(4), splits=[1] * (hvd.size() + (r == 1))),
+     ValueError, "Number of entries in splits does not equal number of workers."),
+    (lambda r: hvd.reducescatter(np.float32(1.0)),
+     ValueError, "Process-set rank zero tried to REDUCESCATTER a rank-zero tensor."),
+    (lambda r: hvd.allgather(np.float32(1.0)),
+     ValueError, "Process-set rank zero tried to ALLGATHER a rank-zero tensor."),
+    (lambda r: hvd.broadcast(np.ones(2), root_rank=hvd.size() + (r == 1)),
+     ValueError, "broadcast received invalid root rank"),
+    (lambda r: hvd.allreduce(np.ones(2, bool if r == 1 else np.float32)),
+     TypeError, "bool tensors cannot be reduced"),
+    (lambda r: hvd.allreduce(np.ones(2), op="Median" if r == 1 else hvd.Sum),
+     ValueError, "unknown op 'Median'"),
+], ids=["float-splits", "splits-count", "reducescatter-0d", "allgather-0d", "root",
+        "bool", "op"])
+def test_an_argument_error_of_one_rank_is_raised_on_every_rank(call, error, message):
+    n, r = hvd.size(), hvd.rank()
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace(".", r"\.")):
+        call(r)
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum)[0] == n   # the set stays usable
+
+
+def _barrier_times(delay_s: float):
+    import time
+    r = hvd.rank()
+    time.sleep(delay_s * r)          # the last rank arrives last
+    arrived = time.time()
+    hvd.barrier()
+    left = time.time()
+    return hvd.allgather_object((arrived, left))
+
+
+@pytest.mark.parametrize("after", ["nothing", "argument-error", "disagreement", "join-error"])
+def test_a_barrier_never_returns_before_every_rank_reached_it(after):
+    # also after an earlier error of the same job: each error leaves every rank at the
+    # same call, so the barrier's agreement still needs every rank's part
+    n, r = hvd.size(), hvd.rank()
+    if after == "argument-error":
+        with pytest.raises(ValueError):
+            hvd.alltoall(np.arange(4), splits=[1.5] * n if r == 0 else [1] * n)
+    elif after == "disagreement":
+        with pytest.raises(CollectiveMismatchError):
+            hvd.allreduce(np.ones(2 + r))
+    elif after == "join-error":
         if r == 0:
             hvd.join()
         else:
-            hvd.broadcast(np.ones(2), root_rank=1)
-    assert hvd.allreduce(np.ones(1), op=hvd.Sum)[0] == n
+            with pytest.raises(CollectiveMismatchError):
+                hvd.broadcast(np.ones(1), root_rank=1)
+            hvd.join()
+    times = _barrier_times(0.2)
+    last_arrival = max(a for a, _ in times)
+    assert all(left >= last_arrival for _, left in times), times

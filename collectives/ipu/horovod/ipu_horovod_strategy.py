@@ -1,0 +1,8 @@
+"""``tensorflow.python.ipu.horovod.ipu_horovod_strategy`` (seed 004:2106):
+:class:`collectives.strategies.IPUHorovodStrategy` under TF-IPU's module path."""
+
+from collectives.strategies import IPUHorovodStrategy
+
+IPUHorovodStrategyV1 = IPUHorovodStrategy
+
+__all__ = ["IPUHorovodStrategy", "IPUHorovodStrategyV1"]

@@ -1,0 +1,77 @@
+"""An instance that ends its program (exit 0) while the others still call collectives;
+each instance prints ``RESULT <text>``.
+
+    poprun -n N python -m tests.programs.mpi_ended MODE
+    mpirun -n N python -m tests.programs.mpi_ended MODE
+
+MODE ``horovod``: after one ``hvd.allreduce``, the last rank ends its program; the others
+call a second one (which the engine's end-of-program descriptor does not reach: only the
+MPI transport's notice tells them). MODE ``before-mpi``: the last instance ends before it
+started MPI (no collective, no transport); the others call a ``cross_replica_sum`` (their
+MPI_Init waits for it: the bootstrap's notice). MODE ``staggered``: nobody diverges; rank r
+ends its program ``r`` seconds after the others' last call (the notices of the ones that
+ended first are the normal end of the job: no error, exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _configure() -> None:
+    from ipu_node import IPUConfig
+    from poprun import popdist
+    if popdist.isPopdistEnvSet():
+        cfg = IPUConfig()
+        popdist.set_ipu_config(cfg)
+        cfg.configure_ipu_system()
+
+
+def _report(call) -> None:
+    import collectives as C
+    start = time.monotonic()
+    try:
+        call()
+    except C.CollectiveError as exc:
+        print(f"RESULT {type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}",
+              flush=True)
+        raise
+    print("RESULT no error", flush=True)
+
+
+def main(mode: str) -> int:
+    from poprun import popdist
+    last = popdist.getInstanceIndex() == popdist.getNumInstances() - 1
+    if mode == "before-mpi":
+        if last:
+            print("RESULT ended", flush=True)
+            return 0
+        _configure()
+        import collectives as C
+        from collectives.strategies import IPUMultiReplicaStrategy
+        strategy = IPUMultiReplicaStrategy()
+        _report(lambda: strategy.run(lambda: C.cross_replica_sum(np.ones(4))))
+        return 0
+    _configure()
+    import collectives.horovod as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(3), op=hvd.Sum, name="first")
+    if mode == "horovod":
+        if hvd.rank() == hvd.size() - 1:
+            print("RESULT ended", flush=True)
+            return 0
+        _report(lambda: hvd.allreduce(np.ones(3), op=hvd.Sum, name="second"))
+    elif mode == "staggered":
+        hvd.barrier()
+        time.sleep(float(hvd.rank()))
+        print(f"RESULT rank {hvd.rank()} ended", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1]))
