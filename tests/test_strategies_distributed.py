@@ -64,13 +64,8 @@ def test_popdist_strategy_under_poprun_with_two_replicas_per_instance(tmp_path):
 
 
 @pytest.fixture
-def two_replicas():
-    import ipu_node
-    cfg = ipu_node.IPUConfig()
-    cfg.auto_select_ipus = 2
-    cfg.configure_ipu_system()
-    yield
-    ipu_node.reset_ipu_configuration()
+def two_replicas(local_system):
+    local_system(2)   # (conftest: a system of two 1-IPU replicas, reset afterwards)
 
 
 def test_ipu_strategy_mirrored_and_sync_on_read_in_one_instance(two_replicas):
