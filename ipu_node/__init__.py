@@ -5,11 +5,15 @@ selection orders, links, occupancy, memory), simulated IPUs and TF devices, repl
 and the executor that runs replica functions; the execution model's datasets, infeed and
 outfeed queues, loops, ``ipu_compiler.compile`` and placement scopes (TF-IPU's module names:
 ``ipu_node.loops``, ``ipu_node.ipu_infeed_queue``, ...), ``Variable``, ``optimizers``,
-``pipelining_ops`` and each IPU's modelled timeline (``clock``). This package imports no
-other ipupod package.
+``pipelining_ops`` and each IPU's modelled timeline (``clock``); TF-IPU's ``config`` (every
+IPUConfig option, the enums, ``configure_ipu_system``, ``get_ipu_config``), ``utils`` (the
+deprecated configuration API, ``reset_ipu_seed``) and ``rand_ops``; Graphcore's environment
+flags (``flags``: TF_POPLAR_FLAGS, POPLAR_ENGINE_OPTIONS, POPLAR_LOG_LEVEL). This package
+imports no other ipupod package.
 """
 
-from ipu_node.config import IPUConfig, MergeRemoteBuffersBehaviour, SelectionOrder
+from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
+                             MergeRemoteBuffersBehaviour, SchedulingAlgorithm, SelectionOrder)
 from ipu_node.device import IPU, IPUDevice
 from ipu_node.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.env import DEFAULT_SYSTEM, IPUPOD_JOB_ID, IPUPOD_OCCUPANCY_DIR, IPUPOD_SYSTEM
@@ -19,6 +23,7 @@ from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigErro
                              UnknownSystemError)
 from ipu_node.errors import (FailedPreconditionError, InvalidArgumentError, NotPlacedOnIPUError,
                              OutOfRangeError)
+from ipu_node.errors import DeviceNotAttachedError, IPUFloatingPointError
 from ipu_node import data, ipu_compiler, ipu_infeed_queue, ipu_outfeed_queue, loops, scopes
 from ipu_node.data import Dataset
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue
@@ -35,6 +40,7 @@ from ipu_node.selection import assign_instance_ipus, layout_replicas, order_ipus
 from ipu_node.system import IPUSystem, get_system, reset_ipu_configuration
 from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.topology_table import format_topology_table
+from ipu_node import config, flags, rand_ops, utils
 
 __all__ = [
     "IPUConfig", "SelectionOrder", "MergeRemoteBuffersBehaviour", "IPU", "IPUDevice",
@@ -54,4 +60,7 @@ __all__ = [
     "InvalidArgumentError", "FailedPreconditionError", "OutOfRangeError", "NotPlacedOnIPUError",
     # execution model (Variables, optimizers, pipelining, the modelled clock)
     "Variable", "optimizers", "pipelining_ops", "clock",
+    # TF-IPU's config and utils, the random streams, Graphcore's environment flags
+    "config", "utils", "rand_ops", "flags", "DeviceConnectionType", "SchedulingAlgorithm",
+    "ExecutionProfileType", "DeviceNotAttachedError", "IPUFloatingPointError",
 ]

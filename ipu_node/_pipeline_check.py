@@ -11,7 +11,7 @@ import numpy as np
 from ipu_node._pipeline_types import PipelineStageOptions, RecomputationMode, Stage
 from ipu_node._schedules import PipelineSchedule, overlap_length
 from ipu_node.device import IPU
-from ipu_node.errors import FailedPreconditionError
+from ipu_node.errors import FailedPreconditionError, WiderReplicasNeeded
 
 __all__ = ["PipelinePlan", "check_pipeline"]
 
@@ -77,22 +77,57 @@ def _check_enum(value: Any, enum_type, what: str, default):
 
 
 def _check_mapping(mapping: Any, num_stages: int, ipr: int, bsi: int) -> list[int]:
-    """PO:688-716, and ipupod's range rule (reference §4: a shard of the replica)."""
+    """PO:688-716, and ipupod's range rule (reference §4: a shard of the replica), with the
+    replication factor derived from the shards while the layout allows it (:func:`_shards`)."""
     if mapping is None:
-        return [0] * num_stages if bsi > 1 else list(range(num_stages))
+        mapping = [0] * num_stages if bsi > 1 else list(range(num_stages))
+        _shards(max(mapping) + 1, ipr, "the default device_mapping (stage i on IPU i)")
+        return mapping
     if not isinstance(mapping, (list, tuple)):
         raise TypeError("device_mapping argument needs to be a list or a tuple.")
     if len(mapping) != num_stages:
         raise ValueError(f"Each stage must be mapped to an IPU: {len(mapping)} mappings != "
                          f"{num_stages} stages")
     for i, shard in enumerate(mapping):
-        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or \
-                not 0 <= shard < ipr:
+        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or shard < 0:
             raise ValueError(
                 f"device_mapping[{i}] (stage {i}) is {shard!r}, not an IPU of the replica: "
                 f"each replica has {ipr} IPUs (ipus_per_replica), so a stage maps to "
                 f"0..{ipr - 1}")
+    needed = int(max(mapping)) + 1
+    first = next(i for i, shard in enumerate(mapping) if shard == needed - 1)
+    _shards(needed, ipr, f"device_mapping={list(mapping)!r}",
+            f"device_mapping[{first}] (stage {first}) is {needed - 1}, not an IPU of the "
+            f"replica: each replica has {ipr} IPUs (ipus_per_replica), so a stage maps to "
+            f"0..{ipr - 1}")
     return [int(s) for s in mapping]
+
+
+def _shards(needed: int, ipr: int, what: str, message: str | None = None) -> None:
+    """A pipeline whose stages need ``needed`` IPUs per replica, on replicas of ``ipr``:
+    TF-IPU derives the replication factor from the graph's shards (the device's IPUs over
+    them). While the configured system's layout is derived and unbound, ask the runner to
+    widen the replicas (:class:`WiderReplicasNeeded`); otherwise say what to set."""
+    from ipu_node.system import get_system
+
+    if needed <= ipr:
+        return
+    system = get_system()
+    if system.can_widen(needed):
+        raise WiderReplicasNeeded(
+            f"the pipeline needs {needed} IPUs per replica ({what}) and the replicas have "
+            f"{ipr}: the replication factor is derived from the pipeline's shards, so "
+            f"strategy.run widens the replicas to {needed} IPUs and runs again (call the "
+            "pipeline through strategy.run or ipu_compiler.compile under a strategy, or set "
+            f"IPUConfig.ipus_per_replica = {needed})", needed)
+    device = len(system.devices[0].ipus)
+    why = (f"set IPUConfig.ipus_per_replica = {needed} before configuring (the layout was "
+           f"bound by {system.layout_bound_by})" if device % needed == 0 and
+           system.layout_bound_by else
+           f"/device:IPU:0 has {device} IPUs, which {needed}-IPU replicas do not divide")
+    raise ValueError(f"{message or f'the pipeline needs {needed} IPUs per replica ({what}) '}"
+                     f"{'' if message else f'but each replica has {ipr} (ipus_per_replica)'}"
+                     f": {why}")
 
 
 def _check_outfeed_options(kw: dict) -> None:

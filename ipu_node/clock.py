@@ -70,11 +70,17 @@ def peak_flops(version: str, dtype) -> float:
 
 def compute_efficiency() -> float:
     """``IPUConfig.execution.compute_efficiency`` of the configured system (the default if
-    none is configured)."""
+    none is configured), times the share of each IPU's tiles that compute: tiles reserved
+    with ``io_tiles.num_io_tiles`` do I/O only."""
     system = _system_mod._system
     if system is None:
-        return ExecutionConfig._fields["compute_efficiency"]
-    return system.config.execution.compute_efficiency
+        return ExecutionConfig._options["compute_efficiency"].default
+    efficiency = system.config.execution.compute_efficiency
+    io = system.config.io_tiles.num_io_tiles
+    if io:
+        tiles = system.devices[0].ipus[0].tiles
+        efficiency *= (tiles - io) / tiles
+    return efficiency
 
 
 def compute_time_s(flops: float, dtype, version: str = "ipu2",

@@ -1,315 +1,186 @@
-"""``IPUConfig``: the configuration tree of the TF-IPU API, as far as ipupod emulates it.
+"""``ipu_node.config``: TF-IPU's ``tensorflow.python.ipu.config`` (seed 004:1276-1904).
 
-The tree and defaults follow ``tensorflow.python.ipu.config.IPUConfig`` (seed ``004``
-lines 1475-1904). Assigning an attribute that does not exist raises ``AttributeError``
-naming the valid ones, so a typo never passes silently (the real IPUConfig does the same).
+:class:`IPUConfig` holds every option path of seed 004:1475-1904 (50 of them) with its type,
+default, checks and docstring, plus ipupod's own (``ipus_per_replica``, ``system``,
+``execution.compute_efficiency``, the transport fields of ``multi_replica_distribution``).
+Each option's docstring says whether it acts on the emulation or is accepted with no effect,
+and why (``cfg.get_attribute_metadata("io_tiles.num_io_tiles").__doc__``). The groups live in
+:mod:`ipu_node._config_device` and :mod:`ipu_node._config_compile`, the machinery in
+:mod:`ipu_node._config_base`, the enums in :mod:`ipu_node._config_enums`; this module is
+their public face, with TF-IPU's functions :func:`configure_ipu_system`,
+:func:`get_ipu_config` and :func:`reset_ipu_configuration`.
 """
 
 from __future__ import annotations
 
-import enum
+import copy
 from typing import Any, Callable, Sequence
 
+from ipu_node._config_base import (AttributeMetadata, ConfigAttributeError, ConfigGroup,
+                                   Option, bool_option, dict_option, enum_option, str_option)
+from ipu_node._config_compile import (ConvolutionsConfig, MatmulsConfig, NormsConfig,
+                                      NormsExperimentalConfig, OptimizationsConfig,
+                                      PoolingConfig, SchedulingConfig)
+from ipu_node._config_device import (DeviceConnectionConfig, ExecutionConfig,
+                                     ExperimentalConfig, FloatingPointBehaviourConfig,
+                                     IOTilesConfig, IPUModelConfig,
+                                     MultiReplicaDistributionConfig)
+from ipu_node._config_enums import (DeviceConnectionType, ExecutionProfileType, KeyId,
+                                    MergeRemoteBuffersBehaviour, SchedulingAlgorithm,
+                                    SelectionOrder, StochasticRoundingBehaviour,
+                                    SyntheticDataCategory, VerificationOptions)
 from ipu_node.systems import canonical_system_name
-from ipu_node.transport_names import TRANSPORT_NAMES
+
+__all__ = [
+    "IPUConfig", "AttributeMetadata", "SelectionOrder", "MergeRemoteBuffersBehaviour",
+    "DeviceConnectionType", "SchedulingAlgorithm", "ExecutionProfileType",
+    "StochasticRoundingBehaviour", "SyntheticDataCategory", "VerificationOptions", "KeyId",
+    "configure_ipu_system", "get_ipu_config",
+    "reset_ipu_configuration", "running_on_ipu_model", "check_config", "ConfigAttributeError",
+    # the groups (their classes; users reach them as attributes of an IPUConfig)
+    "ConvolutionsConfig", "DeviceConnectionConfig", "ExperimentalConfig",
+    "MultiReplicaDistributionConfig", "FloatingPointBehaviourConfig", "IOTilesConfig",
+    "IPUModelConfig", "MatmulsConfig", "NormsConfig", "NormsExperimentalConfig",
+    "OptimizationsConfig", "PoolingConfig", "SchedulingConfig", "ExecutionConfig",
+]
+
+_SELECTION_TYPE = "typing.Union[int, typing.List[int], typing.Tuple[int, ...]]"
 
 
-class SelectionOrder(enum.Enum):
-    """Order in which a multi-IPU device's IPUs map to physical IPUs (seed 004:1324-1395)."""
-
-    AUTO = 0
-    ZIGZAG = 1
-    SNAKE = 2
-    HOOF = 3
+def _is_int(v: Any) -> bool:
+    return type(v) is int
 
 
-class MergeRemoteBuffersBehaviour(enum.Enum):
-    """When compatible remote buffers are merged (seed 004:1300-1308). ``NO_MERGING`` is 0
-    (seed 004:1100); the values of the other two are ipupod assumptions (the seeds give
-    none)."""
-
-    NO_MERGING = 0
-    MERGE = 1
-    IF_BENEFICIAL = 2
+def _selection_ok(value: Any) -> bool:
+    """TF-IPU's hint: an int, or a list or tuple of ints (bools are not ints here)."""
+    return _is_int(value) or (type(value) in (list, tuple) and all(map(_is_int, value)))
 
 
-class _ConfigGroup:
-    """A node of the config tree: fixed attribute names, validated on assignment."""
-
-    _fields: dict[str, Any] = {}
-    #: fields whose values are secrets: repr() shows only whether they are set
-    _secret_fields: frozenset[str] = frozenset()
-
-    def __init__(self) -> None:
-        for name, default in self._fields.items():
-            value = default() if callable(default) and not isinstance(default, enum.Enum) else default
-            object.__setattr__(self, name, value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in self._fields:
-            valid = ", ".join(sorted(self._fields))
-            raise AttributeError(
-                f"{type(self).__name__} has no option {name!r}; valid options: {valid}")
-        default = self._fields[name]
-        if isinstance(default, type) and issubclass(default, _ConfigGroup) \
-                and not isinstance(value, default):   # a group is replaced by a group only
-            raise TypeError(f"{type(self).__name__}.{name} is a group of options "
-                            f"({default.__name__}); it cannot be set to "
-                            f"{type(value).__name__} {value!r}")
-        check = getattr(self, f"_check_{name}", None)
-        object.__setattr__(self, name, check(value) if check else value)
-        self.__dict__.setdefault("_explicit", set()).add(name)
-
-    def is_set(self, name: str) -> bool:
-        """Whether option ``name`` was assigned (as opposed to holding its default)."""
-        return name in self.__dict__.get("_explicit", ())
-
-    def __repr__(self) -> str:
-        def shown(k: str) -> str:
-            if k in self._secret_fields:
-                return "'<set>'" if getattr(self, k) else "''"
-            return repr(getattr(self, k))
-        items = ", ".join(f"{k}={shown(k)}" for k in self._fields)
-        return f"{type(self).__name__}({items})"
+def _selection_explained(value: Any) -> str:
+    if type(value) in (list, tuple):
+        bad = next(v for v in value if not _is_int(v))
+        return f"got {type(bad).__name__} {bad!r} in {list(value)!r}"
+    return f"got {type(value).__name__}"
 
 
-def _int_at_least(name: str, value: Any, minimum: int) -> int:
-    """``value`` when it is an int >= ``minimum`` (not a bool); else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+def _selection(name: str, value: Any) -> int | list[int]:
+    """``auto_select_ipus``/``select_ipus``: entries >= 0; a tuple becomes a list."""
+    values = [value] if _is_int(value) else list(value)
+    if any(v < 0 for v in values):
+        raise ValueError(f"{name} entries must be >= 0, got {value!r}")
+    return value if _is_int(value) else values
+
+
+def _system(name: str, value: str) -> str:
+    return value if value == "" else canonical_system_name(value)
+
+
+def _at_least_one(name: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return value
 
 
-def _check_ipu_selection(name: str, value: Any) -> int | list[int]:
-    """``auto_select_ipus``/``select_ipus``: an int, or a list/tuple of ints (seed 004:1496-1646)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or a list of ints, not bool")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-        return value
-    if isinstance(value, (list, tuple)):
-        bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int)]
-        if bad:
-            raise TypeError(
-                f"{name} must be an int or a list of ints; got {type(bad[0]).__name__} "
-                f"{bad[0]!r} in {list(value)!r}")
-        if any(v < 0 for v in value):
-            raise ValueError(f"{name} entries must be >= 0, got {list(value)!r}")
-        return list(value)
-    raise TypeError(f"{name} must be an int or a list of ints, not {type(value).__name__}")
+def _any_dict(name: str, value: dict) -> dict:
+    return dict(value)
 
 
-def _check_address(name: str, value: Any) -> str:
-    """``""`` or ``host:port`` with a port in [0, 65535]."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str 'host:port', not {type(value).__name__}")
-    if value:
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"{name} must be 'host:port', got {value!r}")
-    return value
+class IPUConfig(ConfigGroup):
+    """Configuration of this process's emulated IPU system (seed 004:1475-1904).
 
-
-class IPUModelConfig(_ConfigGroup):
-    """``IPUConfig.ipu_model``: version ``"ipu1"``/``"ipu2"`` and tiles per IPU (0 = standard).
-
-    Seed 004:1760-1766. When ``version`` is not assigned, the IPUs have the system's native
-    version (``ipu1`` on C2-16, ``ipu2`` on the IPU-M2000 PODs); assigning it overrides that,
-    as the IPU Model does. ``tiles_per_ipu`` > 0 overrides the tile count (and so the SRAM).
-    """
-
-    _fields = {"compile_ipu_code": True, "tiles_per_ipu": 0, "version": "ipu2"}
-
-    def _check_version(self, value: Any) -> str:
-        if value not in ("ipu1", "ipu2"):
-            raise ValueError(f"ipu_model.version must be 'ipu1' or 'ipu2', got {value!r}")
-        return value
-
-    def _check_tiles_per_ipu(self, value: Any) -> int:
-        return _int_at_least("ipu_model.tiles_per_ipu", value, 0)
-
-
-class MultiReplicaDistributionConfig(_ConfigGroup):
-    """``IPUConfig.experimental.multi_replica_distribution`` (seed 004:1694-1706).
-
-    ``process_count`` instances each run ``local replicas``; the global replication factor is
-    their product. 0 (the default) means no multi-replica distribution. ``transport`` is
-    ipupod's own field: ``"auto"`` (MPI when ``process_count > 1``), ``"mpi"``, ``"grpc"`` or
-    ``"local"``. The grpc transport also needs ``coordinator_address`` (``host:port``) and
-    ``job_token``; ``listen_address`` is where its peer server listens (default
-    ``127.0.0.1:0``). ``popdist.set_ipu_config`` fills them from poprun's environment or
-    TF_CONFIG.
-    """
-
-    _fields = {"process_count": 0, "process_index": 0, "transport": "auto",
-               "coordinator_address": "", "job_token": "", "listen_address": ""}
-    _secret_fields = frozenset({"job_token"})
-
-    def _check_process_count(self, value: Any) -> int:
-        return _int_at_least("process_count", value, 0)
-
-    def _check_process_index(self, value: Any) -> int:
-        return _int_at_least("process_index", value, 0)
-
-    def _check_transport(self, value: Any) -> str:
-        if value != "auto" and value not in TRANSPORT_NAMES:
-            known = ", ".join(repr(n) for n in ("auto", *TRANSPORT_NAMES))
-            raise ValueError(f"transport must be one of {known}, got {value!r}")
-        return value
-
-    def _check_coordinator_address(self, value: Any) -> str:
-        return _check_address("coordinator_address", value)
-
-    def _check_listen_address(self, value: Any) -> str:
-        return _check_address("listen_address", value)
-
-    def _check_job_token(self, value: Any) -> str:
-        if not isinstance(value, str):
-            raise TypeError(f"job_token must be a str, not {type(value).__name__}")
-        return value
-
-
-class ExecutionConfig(_ConfigGroup):
-    """``IPUConfig.execution`` (ipupod's own group): how the modelled clock prices compute.
-
-    ``compute_efficiency``: the fraction of the IPU's peak FLOP/s a stage pass sustains, in
-    (0, 1]; a pass of ``flops`` operations takes ``flops / (peak * compute_efficiency)``
-    modelled seconds (:mod:`ipu_node.clock`). Default 0.5: ipupod assumption, no measured
-    figure in the seeds or anchors; large dense matmuls run near peak, whole models with
-    normalisation, element-wise ops and exchange well below it, and half of peak sits between
-    the two. Set it from a profile of the real model when one exists.
-    """
-
-    _fields = {"compute_efficiency": 0.5}
-
-    def _check_compute_efficiency(self, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not 0 < value <= 1:
-            raise ValueError(f"execution.compute_efficiency must be a number in (0, 1], "
-                             f"got {value!r}")
-        return float(value)
-
-
-class ExperimentalConfig(_ConfigGroup):
-    """``IPUConfig.experimental``."""
-
-    _fields = {"multi_replica_distribution": MultiReplicaDistributionConfig}
-
-
-class OptimizationsConfig(_ConfigGroup):
-    """``IPUConfig.optimizations``: the options of seed 004:1818-1845, with their defaults.
-
-    ipupod uses ``maximum_cross_replica_sum_buffer_size`` and
-    ``maximum_reduce_scatter_buffer_size`` (bytes): a collective called on a nest of arrays
-    moves fused buffers of at most that many bytes, one collective per buffer (0, the
-    default: one buffer per dtype; see ``collectives.ops``). The others are accepted and
-    checked but change nothing in the emulation.
-    """
-
-    _fields = {"merge_infeed_io_copies": False,
-               "maximum_cross_replica_sum_buffer_size": 0,
-               "maximum_reduce_scatter_buffer_size": 0,
-               "maximum_inter_ipu_copies_buffer_size": 0,
-               "maximum_send_recv_cluster_size": 0,
-               "minimum_remote_tensor_size": 128,
-               "merge_remote_buffers": MergeRemoteBuffersBehaviour.IF_BENEFICIAL}
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "merge_infeed_io_copies":
-            if not isinstance(value, bool):
-                raise TypeError(f"optimizations.{name} must be a bool, not {value!r}")
-        elif name == "merge_remote_buffers":
-            if not isinstance(value, MergeRemoteBuffersBehaviour):
-                raise TypeError(f"optimizations.{name} must be a MergeRemoteBuffersBehaviour, "
-                                f"not {value!r}")
-        elif name in self._fields:
-            value = _int_at_least(f"optimizations.{name}", value, 0)
-        super().__setattr__(name, value)
-
-
-class IPUConfig(_ConfigGroup):
-    """Configuration of this process's emulated IPU system.
-
-    Set options by assignment, then call :meth:`configure_ipu_system`::
+    Set options by assignment, then configure::
 
         cfg = IPUConfig()
         cfg.auto_select_ipus = 4          # one TF device /device:IPU:0 with 4 IPUs
-        cfg.ipus_per_replica = 1          # ipupod: IPUs per model copy -> 4 local replicas
-        cfg.configure_ipu_system()
+        cfg.configure_ipu_system()        # or ipu_node.config.configure_ipu_system(cfg)
 
-    ``ipus_per_replica`` is ipupod's own option: it stands for the model's number of shards,
-    which the real stack derives from the compiled graph. The local replication factor is the
-    number of IPUs of ``/device:IPU:0`` divided by it.
+    The groups: ``convolutions``, ``device_connection``, ``experimental`` (with
+    ``multi_replica_distribution``), ``floating_point_behaviour``, ``io_tiles``,
+    ``ipu_model``, ``matmuls``, ``norms`` (with ``experimental``), ``optimizations``,
+    ``pooling``, ``scheduling``, and ipupod's ``execution``. ``get_attribute_metadata(path)``
+    describes any option; :meth:`explicit_options` lists those a program set.
 
-    ``system`` is ipupod's own option too: the emulated system (``"POD16"``, ``"C2-16"``, ...,
-    see :mod:`ipu_node.systems`); ``""`` (the default) means ``$IPUPOD_SYSTEM``, else POD16.
+    ``ipus_per_replica`` is ipupod's own option: the model's number of shards, which the
+    real stack derives from the compiled graph. When a program does not set it, ipupod
+    derives it too: replicas start with one IPU each, and the first pipeline that needs more
+    shards (before the layout is bound, see :meth:`IPUSystem.widen_replicas
+    <ipu_node.system.IPUSystem.widen_replicas>`) gives each replica that many IPUs, so the
+    replication factor is the device's IPUs over the pipeline's shards, as TF-IPU's.
+    ``system`` is ipupod's own too: the emulated system (``"POD16"``, ``"C2-16"``, ...);
+    ``""`` means ``$IPUPOD_SYSTEM``, else POD16.
 
-    ``allow_recompute`` (TF-IPU's option, reference execution-model.md §1.9): pipelines
-    recompute each stage's forward before its backward (the numbers do not change; the
-    modelled time pays the extra forward and the stash holds only stage inputs).
-    ``execution`` is ipupod's group for the modelled clock (:class:`ExecutionConfig`).
-
-    ``auto_select_ipus`` is an int (one TF device) or a list of ints, entry ``N`` being the
-    number of IPUs of ``/device:IPU:N`` (seed 004:1496-1514); devices are named, not listed,
-    so strings such as ``"/device:IPU:0"`` are rejected. ``select_ipus`` takes ``gc-info``
-    device ids the same way (seed 004:1515-1646).
-
-    Raises:
-        AttributeError: assignment to an option that does not exist (names the valid ones).
-        TypeError, ValueError: a value of the wrong type or range (names the option).
+    Raises (on assignment):
+        ConfigAttributeError (AttributeError, ValueError): an option that does not exist
+            ("'x' is not a valid attribute of this config. Did you mean 'y'?").
+        TypeError: a value of the wrong type ("Trying to set x to v, but it must be of type
+            T"), or a group assigned something other than a group of its kind.
+        ValueError: a value out of range (names the option).
     """
 
-    _fields = {
-        "auto_select_ipus": list,
-        "select_ipus": list,
-        "selection_order": SelectionOrder.AUTO,
-        "gcl_poplar_options": dict,
-        "ipus_per_replica": 1,
-        "system": "",
-        "ipu_model": IPUModelConfig,
-        "experimental": ExperimentalConfig,
-        "execution": ExecutionConfig,
-        "allow_recompute": False,
-        "optimizations": OptimizationsConfig,
+    _options = {
+        "allow_recompute": bool_option(False, (
+            "Recompute forward passes in the backward pass to save memory (seed "
+            "004:1476-1478). ipupod: acts: pipelines recompute each stage's forward before "
+            "its backward (the same numbers; the modelled time pays the extra forward and the "
+            "stash holds only stage inputs).")),
+        "selection_order": enum_option(SelectionOrder.AUTO, (
+            "The order IPUs map to shards on multi-IPU devices (seed 004:1480-1482). ipupod: "
+            "acts: each replica's IPUs are laid out in this order "
+            "(ipu_node.selection.layout_replicas).")),
+        "serialization_output_folder": str_option("", (
+            "Directory for serialized Poplar executables; '' disables it (seed "
+            "004:1484-1486). ipupod: accepted, no effect: ipupod compiles no executable "
+            "(it runs the program's numpy eagerly), so there is nothing to serialize.")),
+        "compilation_poplar_options": dict_option(
+            "Poplar Engine options for the session, e.g. {'debug.allowOutOfMemory': "
+            "'true'} (seed 004:1488-1490). ipupod: accepted, no effect: there is no Poplar "
+            "engine (run reports come from POPLAR_ENGINE_OPTIONS' autoReport or "
+            "IPUPOD_REPORT_DIR; random streams are deterministic without "
+            "target.deterministicWorkers)."),
+        "gcl_poplar_options": Option({}, "dict", (
+            "GCL options for every collective (seed 004:1492-1494). ipupod: acts: the GCL "
+            "options of collectives.gcl_options ('method', ...) choose the modelled "
+            "algorithm, never the result."), validate=_any_dict),
+        "auto_select_ipus": Option([], _SELECTION_TYPE, (
+            "IPUs of each TF device /device:IPU:N, chosen from the free ones (seed "
+            "004:1496-1514): 1, [2, 2], [1, 2]. ipupod: acts: attaches free devices of those "
+            "sizes, in gc-info id order."), check=_selection_ok, validate=_selection,
+            explain=_selection_explained),
+        "select_ipus": Option([], _SELECTION_TYPE, (
+            "gc-info device ids of each TF device (seed 004:1515-1646): 0, [0, 1], [24, 25]. "
+            "ipupod: acts: attaches exactly those devices."), check=_selection_ok,
+            validate=_selection, explain=_selection_explained),
+        "ipus_per_replica": Option(1, "int", (
+            "ipupod's own: IPUs per replica (the model's shards); the local replicas are "
+            "/device:IPU:0's IPUs over it. Unset, it is derived from the first pipeline (class "
+            "docstring)."), validate=_at_least_one),
+        "system": str_option("", (
+            "ipupod's own: the emulated system ('POD16', 'C2-16', 'POD64', ...); '' means "
+            "$IPUPOD_SYSTEM, else POD16."), validate=_system),
     }
-
-    def _check_auto_select_ipus(self, value: Any) -> int | list[int]:
-        return _check_ipu_selection("auto_select_ipus", value)
-
-    def _check_select_ipus(self, value: Any) -> int | list[int]:
-        return _check_ipu_selection("select_ipus", value)
-
-    def _check_selection_order(self, value: Any) -> SelectionOrder:
-        if not isinstance(value, SelectionOrder):
-            raise TypeError(f"selection_order must be a SelectionOrder, not {value!r}")
-        return value
-
-    def _check_gcl_poplar_options(self, value: Any) -> dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"gcl_poplar_options must be a dict, not {type(value).__name__}")
-        return dict(value)
-
-    def _check_allow_recompute(self, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise TypeError(f"allow_recompute must be a bool, not {type(value).__name__}")
-        return value
-
-    def _check_system(self, value: Any) -> str:
-        if value == "":
-            return value
-        return canonical_system_name(value)
-
-    def _check_ipus_per_replica(self, value: Any) -> int:
-        return _int_at_least("ipus_per_replica", value, 1)
+    _groups = {
+        "convolutions": ConvolutionsConfig,
+        "device_connection": DeviceConnectionConfig,
+        "experimental": ExperimentalConfig,
+        "floating_point_behaviour": FloatingPointBehaviourConfig,
+        "io_tiles": IOTilesConfig,
+        "ipu_model": IPUModelConfig,
+        "matmuls": MatmulsConfig,
+        "norms": NormsConfig,
+        "optimizations": OptimizationsConfig,
+        "pooling": PoolingConfig,
+        "scheduling": SchedulingConfig,
+        "execution": ExecutionConfig,
+    }
 
     def device_ipu_counts(self) -> Sequence[int]:
         """IPUs of each TF device ``/device:IPU:N`` that ``auto_select_ipus`` asks for."""
         sel = self.auto_select_ipus
         return [sel] if isinstance(sel, int) else list(sel)
 
-    def configure_ipu_system(self) -> "ipu_node.system.IPUSystem":  # noqa: F821
-        """Attach the simulated IPUs and make this the process's IPU system.
+    def configure_ipu_system(self, device: str = "cpu") -> "ipu_node.system.IPUSystem":  # noqa: F821
+        """Attach the simulated IPUs and make this the process's IPU system (seed
+        004:1898-1904; ``device``, the CPU device local to the IPUs, is accepted as TF-IPU's).
 
         Returns:
             The configured :class:`~ipu_node.system.IPUSystem`.
@@ -318,19 +189,145 @@ class IPUConfig(_ConfigGroup):
             IPUConfigError: the options do not describe a usable system.
             AlreadyConfiguredError: replicas of the previous system are still running.
         """
-        if _configure is None:  # (ipu_node/__init__ imports ipu_node.system, which installs it)
-            raise RuntimeError("ipu_node.system is not imported: import ipu_node first")
-        return _configure(self)
+        return configure_ipu_system(self, device)
 
 
-#: what :meth:`IPUConfig.configure_ipu_system` calls: :func:`ipu_node.system.configure`,
-#: installed by that module (it imports this one; this one never imports it, so the
-#: package has no import cycle)
-_configure: Callable[[IPUConfig], Any] | None = None
+def check_config(config: IPUConfig) -> None:
+    """TF-IPU's checks when a config is configured (its ``_to_protobuf``), with its messages,
+    and ipupod's own.
+
+    Raises:
+        IPUConfigError: the first rule ``config`` breaks (names the options).
+    """
+    from ipu_node.errors import IPUConfigError
+    from ipu_node.flags import poplar_flags
+
+    mrd = config.experimental.multi_replica_distribution
+    if mrd.process_count and mrd.process_index >= mrd.process_count:
+        raise IPUConfigError(
+            f"experimental.multi_replica_distribution.process_index must be in the range [0, "
+            f"experimental.multi_replica_distribution.process_count): "
+            f"multi_replica_distribution.process_index ({mrd.process_index}) must be less than "
+            f"process_count ({mrd.process_count})")
+    ipu_model = poplar_flags().use_ipu_model
+    if ipu_model and mrd.process_count > 0:
+        raise IPUConfigError("Multi-replica distribution is not supported on the IPU model. "
+                             "(TF_POPLAR_FLAGS has --use_ipu_model)")
+    selected = [config.select_ipus] if isinstance(config.select_ipus, int) \
+        else list(config.select_ipus)
+    if len(set(selected)) != len(selected):
+        raise IPUConfigError("All MultiIPU indices in `select_ipus` must be unique.")
+    if selected and ipu_model:
+        raise IPUConfigError("When using the IPUModel, the devices to attach to can only be "
+                             "specified with `auto_select_ipus`. (TF_POPLAR_FLAGS has "
+                             "--use_ipu_model)")
+    io = config.io_tiles
+    if io.place_ops_on_io_tiles and io.num_io_tiles == 0:
+        raise IPUConfigError("Cannot place ops on I/O tiles when io_tiles.num_io_tiles == 0")
+    if io.num_io_tiles > 0 and \
+            config.norms.experimental.distributed_batch_norm_replica_group_size > 1:
+        raise IPUConfigError("norms.experimental.distributed_batch_norm_replica_group_size is "
+                             "not supported with I/O tiles.")
+    dc = config.device_connection
+    if dc.type in (DeviceConnectionType.PRE_COMPILE, DeviceConnectionType.NEVER) \
+            and not dc.version:
+        raise IPUConfigError("device_connection.version must be set when "
+                             "device_connection.type is DeviceConnectionType.NEVER or "
+                             "DeviceConnectionType.PRE_COMPILE")
+    if mrd.transport == "local" and mrd.process_count > 1:
+        raise IPUConfigError(
+            f"transport 'local' serves one instance, but process_count is {mrd.process_count}")
+    first = config.device_ipu_counts()[:1] if not selected else []
+    if first and first[0] % config.ipus_per_replica:
+        raise IPUConfigError(
+            f"/device:IPU:0 has {first[0]} IPUs, not a multiple of ipus_per_replica "
+            f"({config.ipus_per_replica})")
 
 
-def install_configure(configure: Callable[[IPUConfig], Any]) -> None:
-    """Make ``configure(config)`` the function behind :meth:`IPUConfig.configure_ipu_system`
-    (called once by :mod:`ipu_node.system`)."""
-    global _configure
-    _configure = configure
+def running_on_ipu_model() -> bool:
+    """Whether ``TF_POPLAR_FLAGS`` has ``--use_ipu_model`` (seed 004:731-737)."""
+    from ipu_node.flags import poplar_flags
+    return poplar_flags().use_ipu_model
+
+
+class _Runtime:
+    """What the functions below call in :mod:`ipu_node.system`, installed by that module
+    (it imports this one; this one never imports it, so the package has no import cycle)."""
+
+    configure: Callable[[IPUConfig], Any] | None = None
+    current: Callable[[], Any] | None = None
+    reset: Callable[[], None] | None = None
+
+
+def install_configure(configure: Callable[[IPUConfig], Any],
+                      current: Callable[[], Any] | None = None,
+                      reset: Callable[[], None] | None = None) -> None:
+    """Install :mod:`ipu_node.system`'s ``configure(config)``, ``current()`` (the system or
+    None) and ``reset()`` behind this module's functions (called once by that module)."""
+    _Runtime.configure, _Runtime.current, _Runtime.reset = configure, current, reset
+
+
+def _runtime() -> type[_Runtime]:
+    if _Runtime.configure is None:  # (ipu_node/__init__ imports ipu_node.system)
+        raise RuntimeError("ipu_node.system is not imported: import ipu_node first")
+    return _Runtime
+
+
+def configure_ipu_system(config: IPUConfig, device: str = "cpu",
+                         reset_configuration: bool = True):
+    """Configure the IPU system with ``config`` (seed 004:1405-1418).
+
+    Args:
+        config: an :class:`IPUConfig` (``utils.create_ipu_config()`` returns one too).
+        device: the TF CPU device local to the IPUs: a string, accepted as TF-IPU's.
+        reset_configuration: replace a configured system (its IPUs are freed first). False
+            with a system already configured from other options raises.
+
+    Returns:
+        The :class:`~ipu_node.system.IPUSystem` (TF-IPU returns None).
+
+    Raises:
+        TypeError: ``config`` is not an IPUConfig, or ``device`` not a str.
+        AlreadyConfiguredError: ``reset_configuration=False`` and another configuration is in
+            place, or replicas of the current system are running.
+        IPUConfigError: the options do not describe a usable system.
+    """
+    from ipu_node.errors import AlreadyConfiguredError
+
+    if not isinstance(config, IPUConfig):
+        raise TypeError(f"`config` must be an IPUConfig instance (or what "
+                        f"utils.create_ipu_config returns), not {type(config).__name__}")
+    if not isinstance(device, str):
+        raise TypeError(f"`device` must be a str such as 'cpu', not {type(device).__name__}")
+    rt = _runtime()
+    current = rt.current() if rt.current is not None else None
+    if current is not None and not reset_configuration:
+        if current.config is config or current.config.same_options(config):
+            return current
+        raise AlreadyConfiguredError(
+            "an IPU system is already configured with other options; call "
+            "configure_ipu_system(config, reset_configuration=True) or "
+            "reset_ipu_configuration() first")
+    return rt.configure(config)
+
+
+def get_ipu_config(session: Any = None) -> list[IPUConfig]:
+    """The configuration of the IPU system: one copy of its :class:`IPUConfig` per TF device
+    (TF-IPU: one ``IpuOptions`` per PoplarExecutor, seed 004:1420-1430). ``session`` is
+    accepted (TF1) and not used.
+
+    Raises:
+        RuntimeError: "No IPU devices configured." (TF-IPU's message).
+    """
+    rt = _runtime()
+    system = rt.current() if rt.current is not None else None
+    if system is None:
+        raise RuntimeError("No IPU devices configured.")
+    return [copy.deepcopy(system.config) for _ in system.devices]
+
+
+def reset_ipu_configuration() -> None:
+    """Detach the IPUs of this process; a new configuration may follow (seed 004:1432-1436)."""
+    rt = _runtime()
+    if rt.reset is not None:
+        rt.reset()

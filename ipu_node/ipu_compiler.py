@@ -10,7 +10,11 @@ ipupod is eager: ``compile`` runs the computation now and returns its values.
 * Otherwise it runs as one unreplicated replica (index 0 of 1) in the calling thread. Its IPUs
   are all the IPUs of ``/device:IPU:0`` of the configured system, which its ``ipu_shard``
   scopes index (TF1 without replication: the graph is sharded over the device's IPUs, as in
-  the 4-shard tutorial [002:189-230]); none when no system is configured.
+  the 4-shard tutorial [002:189-230]).
+
+Compiling needs a configured IPU system (``configure_ipu_system``): without one
+:class:`~ipu_node.errors.NotConfiguredError` names it, as TF-IPU fails to find the device.
+The system's ``device_connection.type`` and ``floating_point_behaviour`` apply.
 
 Placement: TF-IPU raises when the computation was not placed on an IPU [004:39-41]. ipupod
 requires ``ipu_scope('/device:IPU:0')`` around the call, or a strategy scope (whose replicas
@@ -80,16 +84,26 @@ def compile(computation: Callable[..., Any], inputs: Any = None) -> list | None:
         return per_replica()
     if runner is not None:
         return runner(per_replica)[0]
-    return ReplicaExecutor([_single_replica()]).run(per_replica, [()], [{}])[0]
+    system = _configured()
+    system.require_attached("ipu_compiler.compile")
+    executor = ReplicaExecutor([_single_replica(system)],
+                               errstate=system.config.floating_point_behaviour.errstate())
+    return executor.run(per_replica, [()], [{}])[0]
 
 
-def _single_replica() -> ReplicaContext:
+def _configured():
     try:
-        ipus = get_system().devices[0].ipus
+        return get_system()
     except NotConfiguredError:
-        ipus = ()
+        raise NotConfiguredError(
+            "ipu_compiler.compile: no IPU system is configured, so the computation has no "
+            "IPU to run on: call configure_ipu_system first (cfg = IPUConfig(); "
+            "cfg.auto_select_ipus = 1; cfg.configure_ipu_system())") from None
+
+
+def _single_replica(system) -> ReplicaContext:
     return ReplicaContext(replica_index=0, local_index=0, num_replicas=1,
-                          num_local_replicas=1, ipus=tuple(ipus))
+                          num_local_replicas=1, ipus=tuple(system.devices[0].ipus))
 
 
 def _outputs(result: Any) -> list | None:

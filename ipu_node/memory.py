@@ -49,12 +49,14 @@ class IPUMemory:
     """The tensors placed on one simulated IPU. Thread-safe.
 
     Args:
-        ipu: the IPU; its ``sram_bytes`` is the capacity.
+        ipu: the IPU; its ``sram_bytes`` is the capacity unless ``capacity_bytes`` is given.
+        capacity_bytes: the bytes tensors may use (the SRAM of the compute tiles when
+            ``IPUConfig.io_tiles.num_io_tiles`` reserves some for I/O).
     """
 
-    def __init__(self, ipu: IPU):
+    def __init__(self, ipu: IPU, capacity_bytes: int | None = None):
         self.ipu_id = ipu.id
-        self.capacity_bytes = ipu.sram_bytes
+        self.capacity_bytes = ipu.sram_bytes if capacity_bytes is None else capacity_bytes
         self._tensors: dict[str, int] = {}
         self._in_use = 0
         self._peak = 0

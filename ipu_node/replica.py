@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ipu_node.device import IPU
-from ipu_node.errors import NotInReplicaError
+from ipu_node.errors import IPUFloatingPointError, NotInReplicaError, WiderReplicasNeeded
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +58,17 @@ class ReplicaExecutor:
     """Runs a function once per local replica, concurrently, each in its own thread.
 
     With one local replica the function runs in the caller's thread (no hand-off).
+
+    Args:
+        contexts: one per local replica.
+        errstate: ``numpy.errstate`` keywords in force inside the replica functions
+            (``IPUConfig.floating_point_behaviour``); a floating-point event they make raise
+            comes out as :class:`~ipu_node.errors.IPUFloatingPointError` naming the option.
     """
 
-    def __init__(self, contexts: Sequence[ReplicaContext]):
+    def __init__(self, contexts: Sequence[ReplicaContext], errstate: dict | None = None):
         self._contexts = tuple(contexts)
+        self._errstate = dict(errstate or {})
         self._pool = (ThreadPoolExecutor(len(contexts), thread_name_prefix="ipu-replica")
                       if len(contexts) > 1 else None)
         self._failure_listeners: list[Callable[[BaseException], None]] = []
@@ -119,14 +128,26 @@ class ReplicaExecutor:
     def _call(self, ctx: ReplicaContext, fn, args, kwargs):
         _current.ctx = ctx
         try:
-            return fn(*args, **kwargs)
+            if not self._errstate:
+                return fn(*args, **kwargs)
+            try:
+                with np.errstate(**self._errstate):
+                    return fn(*args, **kwargs)
+            except FloatingPointError as exc:
+                if isinstance(exc, IPUFloatingPointError):
+                    raise
+                raise IPUFloatingPointError(
+                    f"floating-point exception on replica {ctx.replica_index}: {exc} "
+                    f"(IPUConfig.floating_point_behaviour {_options_of(self._errstate)} is "
+                    "set: the IPU stops with an exception here)") from exc
         except BaseException as exc:
             logger.debug("replica %d raised %r", ctx.replica_index, exc)
             with self._error_lock:
                 if self._first_error is None:
                     self._first_error = exc
-            for listener in self._failure_listeners:
-                listener(exc)
+            if not isinstance(exc, WiderReplicasNeeded):  # (a restart, not a failure)
+                for listener in self._failure_listeners:
+                    listener(exc)
             raise
         finally:
             _current.ctx = None
@@ -134,6 +155,11 @@ class ReplicaExecutor:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def _options_of(errstate: dict) -> str:
+    names = {"invalid": "inv", "divide": "div0", "over": "oflo"}
+    return "/".join(names[k] for k in errstate)
 
 
 _runner = threading.local()

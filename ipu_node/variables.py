@@ -8,7 +8,9 @@ active, else shard 0) and its bytes are accounted in that IPU's SRAM through
 A Variable made outside a replica function (host code) is not placed on any IPU
 (``ipu_id is None``): ipupod decision, so that host code can build and inspect Variables.
 
-Variables hash by identity: optimizers and pipelines key gradients and slots by them.
+Variables hash by identity: optimizers and pipelines key gradients and slots by them. In
+expressions a Variable stands for its value, as a ``tf.Variable`` does (arithmetic, ``@``,
+indexing, ``float()``, the numpy array protocol: :mod:`ipu_node._variable_ops`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import weakref
 from typing import Any
 
 import numpy as np
+
+from ipu_node._variable_ops import ArrayOps
 
 __all__ = ["Variable"]
 
@@ -43,7 +47,7 @@ def _free_quietly(memory, tensor_name: str) -> None:
         pass
 
 
-class Variable:
+class Variable(ArrayOps):
     """A named numpy array on a replica's IPU, changed only through :meth:`assign`.
 
     Args:
@@ -137,6 +141,10 @@ class Variable:
             ValueError: the shape differs (names the Variable and both shapes).
             TypeError: the dtype differs and cannot be cast safely (names both dtypes).
         """
+        self._value = self._cast(value)
+
+    def _cast(self, value: Any) -> np.ndarray:
+        """``value`` as a new array of this Variable's shape and dtype (``assign``'s checks)."""
         arr = np.asarray(value)
         if arr.shape != self._value.shape:
             raise ValueError(f"Variable {self._name!r}: cannot assign a value of shape "
@@ -146,13 +154,20 @@ class Variable:
                     not np.can_cast(arr.dtype, self._value.dtype, "safe"):
                 raise TypeError(f"Variable {self._name!r}: cannot assign a value of dtype "
                                 f"{arr.dtype} to a Variable of dtype {self._value.dtype}")
-            arr = arr.astype(self._value.dtype)
-        else:
-            arr = arr.copy()
-        self._value = arr
+            return arr.astype(self._value.dtype)
+        return arr.copy()
 
-    def __array__(self, dtype=None, copy=None):
-        return self._value if dtype is None else self._value.astype(dtype)
+    def read_value(self) -> np.ndarray:
+        """:attr:`value` (TF's name)."""
+        return self.value
+
+    def assign_add(self, delta: Any) -> None:
+        """``assign(value + delta)``."""
+        self.assign(self.value + np.asarray(delta, self.dtype))
+
+    def assign_sub(self, delta: Any) -> None:
+        """``assign(value - delta)``."""
+        self.assign(self.value - np.asarray(delta, self.dtype))
 
     def __repr__(self) -> str:
         where = f"IPU {self.ipu_id}" if self.ipu_id is not None else "host"

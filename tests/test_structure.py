@@ -148,7 +148,7 @@ def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
 COLLECTIVES_API = sorted([
     "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
     "reduce_scatter", "all_to_all", "broadcast", "replication_index",
-    "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
+    "assume_equal_across_replicas", "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
     "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
     "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
     "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",
