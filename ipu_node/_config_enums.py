@@ -3,27 +3,20 @@ value types (``VerificationOptions``, ``KeyId``), re-exported by :mod:`ipu_node.
 (``SelectionOrder.AUTO: 0``, ``SchedulingAlgorithm.CHOOSE_BEST: 0``,
 ``DeviceConnectionType.ALWAYS: 0``, ``MergeRemoteBuffersBehaviour.NO_MERGING: 0``, seed
 004:524, 1012, 1100); the others follow the declaration order (ipupod assumption: the seeds
-give no other value, and nothing in ipupod depends on them).
+give no other value, and nothing in ipupod depends on them). ``SelectionOrder`` is defined
+beside the orders it names, in :mod:`ipu_node.selection` (the hardware model imports no
+configuration), and re-exported here.
 """
 
 from __future__ import annotations
 
 import enum
 
+from ipu_node.selection import SelectionOrder
+
 __all__ = ["SelectionOrder", "MergeRemoteBuffersBehaviour", "DeviceConnectionType",
            "SchedulingAlgorithm", "ExecutionProfileType", "StochasticRoundingBehaviour",
            "SyntheticDataCategory", "KeyId", "VerificationOptions"]
-
-
-class SelectionOrder(enum.Enum):
-    """Order in which a multi-IPU device's IPUs map to physical IPUs (seed 004:1324-1395):
-    ``AUTO`` (the best for the network), ``ZIGZAG`` (natural order), ``SNAKE`` (consecutive
-    shards linked), ``HOOF`` (SNAKE, first and last shard on one C2 card)."""
-
-    AUTO = 0
-    ZIGZAG = 1
-    SNAKE = 2
-    HOOF = 3
 
 
 class MergeRemoteBuffersBehaviour(enum.Enum):

@@ -15,7 +15,7 @@ import numpy as np
 from ipu_node.device import IPU
 from ipu_node.errors import IPUFloatingPointError, NotInReplicaError, WiderReplicasNeeded
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ipu_node.replica")  # (fixed: programs set loggers by name)
 
 _current = threading.local()
 

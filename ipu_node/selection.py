@@ -21,16 +21,34 @@ device of two IPU-M2000s has ZIGZAG 0..7, SNAKE 0, 1, 3, 2, 4, 5, 7, 6 and HOOF 
 7, 5, 3, 1, as the seeds' ladder. A set that is not a full sub-grid keeps the order it was
 given in (ZIGZAG sorts it). In a system of several IPU-Link domains the walk crosses from one
 domain to the next over GW-Links.
+
+:class:`SelectionOrder` is TF-IPU's ``ipu.config.SelectionOrder``; it is defined here, with
+the orders it names, so that the hardware model imports no configuration, and
+:mod:`ipu_node.config` re-exports it.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Iterable, Sequence
 
-from ipu_node.config import SelectionOrder
 from ipu_node.device_ids import devices_of_size, find_device
 from ipu_node.errors import NotEnoughIPUsError
 from ipu_node.systems import SystemModel
+
+__all__ = ["SelectionOrder", "order_ipus", "layout_replicas", "candidate_ipu_sets",
+           "assign_instance_ipus"]
+
+
+class SelectionOrder(enum.Enum):
+    """Order in which a multi-IPU device's IPUs map to physical IPUs (seed 004:1324-1395):
+    ``AUTO`` (the best for the network), ``ZIGZAG`` (natural order), ``SNAKE`` (consecutive
+    shards linked), ``HOOF`` (SNAKE, first and last shard on one C2 card)."""
+
+    AUTO = 0
+    ZIGZAG = 1
+    SNAKE = 2
+    HOOF = 3
 
 
 def _grid(model: SystemModel, ipus: Sequence[int]) -> list[list[int]] | None:

@@ -29,7 +29,7 @@ from ipu_node.memory import IPUMemory
 from ipu_node.replica import ReplicaContext, ReplicaExecutor
 from ipu_node.systems import SystemModel, get_system_model
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ipu_node.system")  # (fixed: programs set loggers by name)
 
 _lock = threading.Lock()
 _system: "IPUSystem | None" = None
