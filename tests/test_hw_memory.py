@@ -7,10 +7,10 @@ import pytest
 
 import ipu_node
 from ipu_node import IPUConfig
-from ipu_node.device import IPU
 from ipu_node.errors import IPUOutOfMemoryError, NotInReplicaError, UnknownIPUError
-from ipu_node.memory import IPUMemory
-from ipu_node.system import get_system
+from ipu_node.runtime.device import IPU
+from ipu_node.runtime.memory import IPUMemory
+from ipu_node.runtime.system import get_system
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 
 

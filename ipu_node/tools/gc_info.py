@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sys
 
-from ipu_node.device import SRAM_BYTES_PER_TILE, TILES_PER_IPU
-from ipu_node.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.errors import IPUError
-from ipu_node.occupancy import Occupancy
-from ipu_node.chips import chip
-from ipu_node.systems import IPUInfo, SystemModel
+from ipu_node.hardware.chips import chip
+from ipu_node.hardware.device_ids import GcDevice, gc_device, gc_devices
+from ipu_node.hardware.systems import IPUInfo, SystemModel
+from ipu_node.runtime.device import SRAM_BYTES_PER_TILE, TILES_PER_IPU
+from ipu_node.runtime.occupancy import Occupancy
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: ICU firmware shown for IPU-M2000 (and Bow-2000) IPUs (seed 000:437)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from ipu_node.device_ids import gc_devices
-from ipu_node.occupancy import Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.device_ids import gc_devices
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import Occupancy
 from ipu_node.tools._common import EXIT_USAGE, parse, parser
 from ipu_node.tools.gc_info import format_device_info
 

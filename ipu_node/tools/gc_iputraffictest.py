@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import sys
 
-from ipu_node.chips import chip
-from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUError
-from ipu_node.links import GB, Link, LinkKind
-from ipu_node.routing import route
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.chips import chip
+from ipu_node.hardware.device_ids import gc_device
+from ipu_node.hardware.links import GB, Link, LinkKind
+from ipu_node.hardware.routing import route
+from ipu_node.hardware.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: the source of each kind of link's per-link figure, by the chip's field

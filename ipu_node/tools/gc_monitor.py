@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from ipu_node.occupancy import Holder, Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import Holder, Occupancy
 from ipu_node.tools._common import EXIT_USAGE, parse, parser
 from ipu_node.tools.gc_info import ICU_FW, clock_mhz
 

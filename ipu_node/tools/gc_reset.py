@@ -25,10 +25,10 @@ import os
 import re
 import sys
 
-from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUBusyError, IPUError
-from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.device_ids import gc_device
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import MACHINE_SCOPE, Occupancy
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: exit status of a reset refused because the device is in use
