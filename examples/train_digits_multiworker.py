@@ -25,7 +25,7 @@ import numpy as np
 import ipu_node
 from collectives.strategies import (IPUHorovodStrategy, IPUMultiWorkerStrategy, IPUStrategy,
                                     ReduceOp)
-from ipu_node.execution.optimizers import GradientDescentOptimizer
+from ipu_node.optimizers import GradientDescentOptimizer
 from poprun import TFConfigClusterResolver, popdist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

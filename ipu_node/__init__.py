@@ -12,9 +12,8 @@ flags (``flags``: TF_POPLAR_FLAGS, POPLAR_ENGINE_OPTIONS, POPLAR_LOG_LEVEL). Thi
 imports no other ipupod package.
 """
 
-from ipu_node.runtime.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
-                                     MergeRemoteBuffersBehaviour, SchedulingAlgorithm,
-                                     SelectionOrder)
+from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
+                             MergeRemoteBuffersBehaviour, SchedulingAlgorithm, SelectionOrder)
 from ipu_node.runtime.device import IPU, IPUDevice
 from ipu_node.hardware.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.env import DEFAULT_SYSTEM, IPUPOD_JOB_ID, IPUPOD_OCCUPANCY_DIR, IPUPOD_SYSTEM
@@ -25,15 +24,12 @@ from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigErro
 from ipu_node.errors import (FailedPreconditionError, InvalidArgumentError, NotPlacedOnIPUError,
                              OutOfRangeError)
 from ipu_node.errors import DeviceNotAttachedError, IPUFloatingPointError
-from ipu_node.execution import (data, ipu_compiler, ipu_infeed_queue, ipu_outfeed_queue, loops,
-                                scopes)
-from ipu_node.execution.data import Dataset
-from ipu_node.execution.ipu_infeed_queue import IPUInfeedQueue
-from ipu_node.execution.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
+from ipu_node import data, ipu_compiler, ipu_infeed_queue, ipu_outfeed_queue, loops, scopes
+from ipu_node.data import Dataset
+from ipu_node.ipu_infeed_queue import IPUInfeedQueue
+from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 from ipu_node.execution.operation import Operation
-from ipu_node import clock
-from ipu_node.execution import optimizers
-from ipu_node.pipelining import pipelining_ops
+from ipu_node import clock, optimizers, pipelining_ops
 from ipu_node.execution.variables import Variable
 from ipu_node.hardware.links import Link, LinkKind
 from ipu_node.runtime.memory import IPUMemory, MemoryUsage
@@ -41,12 +37,11 @@ from ipu_node.runtime.placement import free, memory_usage, place
 from ipu_node.runtime.replica import (ReplicaContext, current_replica_context,
                                       require_replica_context)
 from ipu_node.hardware.routing import host_transfer_time_s, hops, route, transfer_time_s
-from ipu_node.hardware.selection import assign_instance_ipus, layout_replicas, order_ipus
+from ipu_node.selection import assign_instance_ipus, layout_replicas, order_ipus
 from ipu_node.runtime.system import IPUSystem, get_system, reset_ipu_configuration
 from ipu_node.hardware.systems import SYSTEM_NAMES, SystemModel, get_system_model
 from ipu_node.hardware.topology_table import format_topology_table
-from ipu_node.runtime import config, flags
-from ipu_node.execution import rand_ops, utils
+from ipu_node import config, flags, rand_ops, utils
 
 __all__ = [
     "IPUConfig", "SelectionOrder", "MergeRemoteBuffersBehaviour", "IPU", "IPUDevice",

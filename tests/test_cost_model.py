@@ -10,8 +10,8 @@ from collectives._accounting import CallRecord, total
 from collectives.cost_model import (HOST_NETWORK_BYTES_PER_S, HOST_NETWORK_LATENCY_S,
                                     HardwareCostModel)
 from collectives.link_flows import mirrored_ring
+from ipu_node import get_system_model
 from ipu_node.hardware.links import GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, IPU_LINK_LATENCY_S
-from ipu_node.hardware.systems import get_system_model
 
 MiB = 1 << 20
 RINGS = ("clockwise_ring", "anticlockwise_ring", "bidirectional_ring_pair",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ipu_node.data import (INFINITE_CARDINALITY, Dataset, TensorSpec, UNKNOWN_CARDINALITY,
+                           as_dataset)
 from ipu_node.errors import InvalidArgumentError
-from ipu_node.execution.data import (INFINITE_CARDINALITY, Dataset, TensorSpec, UNKNOWN_CARDINALITY,
-                                     as_dataset)
 
 
 def values(ds, n=None):

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from collectives import cross_replica_sum
-from ipu_node import current_replica_context
+from ipu_node import current_replica_context, ipu_compiler, loops, scopes
+from ipu_node.data import Dataset
 from ipu_node.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
-from ipu_node.execution import ipu_compiler, loops, scopes
-from ipu_node.execution.data import Dataset
-from ipu_node.execution.ipu_infeed_queue import IPUInfeedQueue
-from ipu_node.execution.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
+from ipu_node.ipu_infeed_queue import IPUInfeedQueue
+from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:DeprecationWarning")
 

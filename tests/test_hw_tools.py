@@ -8,10 +8,8 @@ import pathlib
 
 import pytest
 
-from ipu_node import IPUConfig, env
+from ipu_node import IPUConfig, env, format_topology_table, get_system_model
 from ipu_node.errors import NotEnoughIPUsError
-from ipu_node.hardware.systems import get_system_model
-from ipu_node.hardware.topology_table import format_topology_table
 from ipu_node.tools import gc_info, gc_links, gc_monitor
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 

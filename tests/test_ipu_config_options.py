@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import ipu_node
-from ipu_node.runtime.config import (AttributeMetadata, DeviceConnectionType, ExecutionProfileType,
-                                     IPUConfig, MergeRemoteBuffersBehaviour, SchedulingAlgorithm,
-                                     SelectionOrder, configure_ipu_system, get_ipu_config)
+from ipu_node.config import (AttributeMetadata, DeviceConnectionType, ExecutionProfileType,
+                             IPUConfig, MergeRemoteBuffersBehaviour, SchedulingAlgorithm,
+                             SelectionOrder, configure_ipu_system, get_ipu_config)
 
 _SEL = "typing.Union[int, typing.List[int], typing.Tuple[int, ]]"
 
@@ -287,7 +287,7 @@ def test_io_tiles_take_memory_and_compute_from_the_ipus():
 
 
 def test_never_attaches_nothing_and_refuses_to_run(isolated_occupancy):
-    from ipu_node.execution import ipu_compiler, scopes
+    from ipu_node import ipu_compiler, scopes
     from ipu_node.runtime import occupancy
     cfg = IPUConfig()
     cfg.auto_select_ipus = 2

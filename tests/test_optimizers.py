@@ -9,12 +9,11 @@ import ipu_node
 from collectives import cross_replica_mean, replication_index
 from collectives.optimizers import (CrossReplicaGradientAccumulationOptimizerV2,
                                     CrossReplicaOptimizer)
+from ipu_node import Variable
 from ipu_node.errors import FailedPreconditionError
 from ipu_node.execution import optimizers as opt_mod
-from ipu_node.execution.optimizers import (GradientAccumulationOptimizerV2,
-                                           GradientDescentOptimizer, MapGradientOptimizer,
-                                           MomentumOptimizer, Optimizer)
-from ipu_node.execution.variables import Variable
+from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
+                                 MapGradientOptimizer, MomentumOptimizer, Optimizer)
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import configure, in_replica
 
@@ -235,7 +234,7 @@ def test_cross_replica_accumulation_exchanges_once_per_n(isolated, in_loop):
 
 def test_gradient_accumulation_v2_inside_loops_repeat(isolated):
     """The loop rule against the real ``loops.repeat`` (reference §1.8)."""
-    from ipu_node.execution import loops
+    from ipu_node import loops
 
     configure(ipus_per_replica=1)
 
@@ -256,7 +255,7 @@ def test_gradient_accumulation_v2_inside_loops_repeat(isolated):
 
 
 def test_variable_follows_the_ipu_shard_scope(isolated):
-    from ipu_node.execution.scopes import ipu_shard
+    from ipu_node.scopes import ipu_shard
 
     system = configure(ipus_per_replica=2)
 
@@ -268,7 +267,7 @@ def test_variable_follows_the_ipu_shard_scope(isolated):
 
 
 def test_gradient_accumulation_v2_in_an_unbounded_while_loop(isolated):
-    from ipu_node.execution import loops
+    from ipu_node import loops
 
     configure(ipus_per_replica=1)
 

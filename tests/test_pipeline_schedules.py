@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from ipu_node import clock, get_system
-from ipu_node.execution.optimizers import GradientDescentOptimizer
 from ipu_node.hardware import routing
+from ipu_node.optimizers import GradientDescentOptimizer
 from ipu_node.pipelining._pipeline_schedules import schedule_steps
-from ipu_node.pipelining.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
-                                                last_report, pipeline)
+from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
+                                     last_report, pipeline)
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import ListOutfeed, configure, in_replica
 

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import ipu_node
+from ipu_node import Variable
 from ipu_node.errors import FailedPreconditionError
-from ipu_node.execution.optimizers import (GradientAccumulationOptimizerV2,
-                                           GradientDescentOptimizer, MomentumOptimizer)
-from ipu_node.execution.variables import Variable
-from ipu_node.pipelining.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule,
-                                                PipelineStageOptions, RecomputationMode, Stage,
-                                                last_report, pipeline)
+from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
+                                 MomentumOptimizer)
+from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule,
+                                     PipelineStageOptions, RecomputationMode, Stage,
+                                     last_report, pipeline)
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, grad_sums, grads_of,
                                    in_replica, init_weights, make_elements, mlp_stages,
@@ -282,10 +282,10 @@ def test_o1_replicated_with_real_feeds_and_cross_replica_optimizer(isolated, rep
     §1.6); the losses come back from an IPUOutfeedQueue as [repeat*G, R] (a list of one)."""
     from collectives.optimizers import CrossReplicaOptimizer
     from collectives.strategies import IPUMultiReplicaStrategy
-    from ipu_node.execution.data import Dataset
-    from ipu_node.execution.ipu_compiler import compile as ipu_compile
-    from ipu_node.execution.ipu_infeed_queue import IPUInfeedQueue
-    from ipu_node.execution.ipu_outfeed_queue import IPUOutfeedQueue
+    from ipu_node.data import Dataset
+    from ipu_node.ipu_compiler import compile as ipu_compile
+    from ipu_node.ipu_infeed_queue import IPUInfeedQueue
+    from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue
 
     configure(ipus_per_replica=2, replicas=replicas)
     g, repeats = 4, 2
@@ -329,9 +329,9 @@ def test_o1_replicated_with_real_feeds_and_cross_replica_optimizer(isolated, rep
 def test_outfeed_shapes_through_an_ipu_outfeed_queue(isolated):
     """PT rows of reference §1.5 through the real queue: mask -> [[4]*8] (a list of one);
     accumulate_outfeed with outfeed_loss -> [8]."""
-    from ipu_node.execution.ipu_compiler import compile as ipu_compile
-    from ipu_node.execution.ipu_outfeed_queue import IPUOutfeedQueue
-    from ipu_node.execution.scopes import ipu_scope
+    from ipu_node.ipu_compiler import compile as ipu_compile
+    from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue
+    from ipu_node.scopes import ipu_scope
 
     configure(ipus_per_replica=2)
 

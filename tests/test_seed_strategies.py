@@ -10,7 +10,7 @@ import pytest
 
 import ipu_node
 from collectives.strategies import IPUStrategy, ReduceOp
-from ipu_node.execution.optimizers import GradientDescentOptimizer, MapGradientOptimizer
+from ipu_node.optimizers import GradientDescentOptimizer, MapGradientOptimizer
 from ipu_node.runtime import occupancy
 from tests.procs import PROGRAMS
 
@@ -45,7 +45,7 @@ def test_the_seeds_pipeline_structure_runs_under_ipu_strategy():
 
 
 def test_a_strategy_made_first_waits_for_the_system_and_compiling_before_it_is_an_error():
-    from ipu_node.execution import ipu_compiler, scopes
+    from ipu_node import ipu_compiler, scopes
     strategy = IPUStrategy()
     with strategy.scope():
         with pytest.raises(ipu_node.NotConfiguredError, match="configure_ipu_system"):
@@ -76,7 +76,7 @@ def test_reduce_of_a_plain_per_worker_value():
 
 
 def _two_stage_pipeline(W1, W2, device_mapping=None):
-    from ipu_node.pipelining.pipelining_ops import OptimizerFunctionOutput, Stage, pipeline
+    from ipu_node.pipelining_ops import OptimizerFunctionOutput, Stage, pipeline
 
     def forward1(x):
         return (x @ W1,), x

@@ -71,7 +71,7 @@ def two_replicas(local_system):
 def test_ipu_strategy_mirrored_and_sync_on_read_in_one_instance(two_replicas):
     from collectives.strategies import (IPUStrategy, ReduceOp, VariableAggregation,
                                         VariableSynchronization)
-    from ipu_node.execution.optimizers import MomentumOptimizer
+    from ipu_node.optimizers import MomentumOptimizer
     strategy = IPUStrategy()
     with strategy.scope():
         w = strategy.Variable(np.ones(2), name="w")

@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 
 import ipu_node
-from ipu_node.execution import rand_ops, utils
-from ipu_node.runtime import flags
-from ipu_node.runtime.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
-                                     MergeRemoteBuffersBehaviour, SchedulingAlgorithm,
-                                     SelectionOrder)
+from ipu_node import flags, rand_ops, utils
+from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
+                             MergeRemoteBuffersBehaviour, SchedulingAlgorithm, SelectionOrder)
 
 
 @pytest.fixture(autouse=True)

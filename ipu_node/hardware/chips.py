@@ -46,7 +46,7 @@ from ipu_node.hardware.links import (GW_LINK_BYTES_PER_S, HOST_NIC_BYTES_PER_S,
                                      IPU_LINK_BYTES_PER_S, PCIE_BYTES_PER_S)
 from ipu_node.hardware.systems import get_system_model
 
-__all__ = ["Chip", "CHIPS", "chip", "chip_of_system", "DTYPES"]
+__all__ = ["Chip", "CHIPS", "GC200", "BOW", "GC2", "chip", "chip_of_system", "DTYPES"]
 
 GB = 1e9
 TERA = 1e12

@@ -15,9 +15,9 @@ import numpy as np
 
 from collectives import cross_replica_sum
 from collectives.strategies import IPUMultiReplicaStrategy
-from ipu_node import IPUConfig, IPUInfeedQueue, IPUOutfeedQueue, current_replica_context
-from ipu_node.execution import ipu_compiler, loops
-from ipu_node.execution.data import Dataset
+from ipu_node import (IPUConfig, IPUInfeedQueue, IPUOutfeedQueue, current_replica_context,
+                      ipu_compiler, loops)
+from ipu_node.data import Dataset
 from poprun import popdist
 
 NUM_REPLICAS, ITERATIONS = 4, 5

@@ -23,13 +23,12 @@ import numpy as np
 
 from collectives.strategies import (IPUHorovodStrategy, IPUMultiWorkerStrategy, IPUStrategy,
                                     ReduceOp)
-from ipu_node import current_replica_context, get_system
-from ipu_node.execution import ipu_compiler, ipu_infeed_queue, ipu_outfeed_queue, utils as ipu_utils
-from ipu_node.execution.data import Dataset
-from ipu_node.execution.optimizers import GradientDescentOptimizer
-from ipu_node.execution.scopes import ipu_scope
-from ipu_node.pipelining import pipelining_ops
-from ipu_node.pipelining.pipelining_ops import Stage
+from ipu_node import (current_replica_context, get_system, ipu_compiler, ipu_infeed_queue,
+                      ipu_outfeed_queue, pipelining_ops, utils as ipu_utils)
+from ipu_node.data import Dataset
+from ipu_node.optimizers import GradientDescentOptimizer
+from ipu_node.pipelining_ops import Stage
+from ipu_node.scopes import ipu_scope
 
 BATCH, FEATURES, HIDDEN, CLASSES = 4, 6, 8, 3
 GRADIENT_ACCUMULATION_COUNT, STEPS, LR = 4, 10, 0.01

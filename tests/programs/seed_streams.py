@@ -8,8 +8,7 @@ import sys
 
 import ipu_node
 from collectives.strategies import PopDistStrategy
-from ipu_node import current_replica_context
-from ipu_node.execution import rand_ops, utils
+from ipu_node import current_replica_context, rand_ops, utils
 from poprun import popdist
 
 cfg = ipu_node.IPUConfig()

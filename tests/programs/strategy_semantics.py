@@ -19,7 +19,7 @@ from collectives import CollectiveMismatchError
 from collectives.strategies import (IPUHorovodStrategy, IPUMultiWorkerStrategy, PopDistStrategy,
                                     ReduceOp, VariableAggregation, VariableSynchronization)
 from ipu_node import IPUConfig, clock, get_system
-from ipu_node.execution.optimizers import GradientDescentOptimizer
+from ipu_node.optimizers import GradientDescentOptimizer
 from ipu_node.runtime import replica
 from poprun import TFConfigClusterResolver, popdist
 
