@@ -10,6 +10,14 @@ IPUConfig option, the enums, ``configure_ipu_system``, ``get_ipu_config``), ``ut
 deprecated configuration API, ``reset_ipu_seed``) and ``rand_ops``; Graphcore's environment
 flags (``flags``: TF_POPLAR_FLAGS, POPLAR_ENGINE_OPTIONS, POPLAR_LOG_LEVEL). This package
 imports no other ipupod package.
+
+The code is in five parts, each a subpackage that imports only the ones below it:
+``hardware`` (the modelled PODs), ``runtime`` (the configuration, attached IPUs, replicas,
+memory), ``execution`` (TF-IPU's execution model) and ``clock`` (each IPU's modelled
+timeline) on top of it, ``pipelining`` on top of those; ``errors``, ``env``,
+``transport_names`` and ``nest`` are the leaves they share, ``tools`` the ``gc-*`` commands.
+The TF-IPU module names at this level (``ipu_node.loops``, ``ipu_node.config``, ...)
+re-export the modules of the parts.
 """
 
 from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,

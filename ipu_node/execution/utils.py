@@ -9,8 +9,8 @@ The seeds' multi-worker examples configure their IPUs with it (seed 004:2056-205
 
 The deprecated configuration functions (``create_ipu_config``, ``auto_select_ipus``,
 ``select_ipus``, ``set_*_options``) build an :class:`~ipu_node.config.IPUConfig` and warn
-with ``DeprecationWarning`` as the seeds mark them (:mod:`ipu_node._utils_legacy`). The rest
-are here: :func:`configure_ipu_system`, :func:`reset_ipu_seed` (the replicas' random streams,
+with ``DeprecationWarning`` as the seeds mark them
+(:mod:`ipu_node.execution._utils_legacy`). The rest are here: :func:`configure_ipu_system`, :func:`reset_ipu_seed` (the replicas' random streams,
 :mod:`ipu_node.rand_ops`), :func:`running_on_ipu_model`,
 :func:`move_variable_initialization_to_cpu`, :func:`get_num_of_ipus_in_device`,
 :func:`use_synthetic_data_for`, and the enums TF-IPU's utils re-exports.

@@ -4,13 +4,13 @@ The stand-in for ``tf.Variable`` (reference execution-model.md §4). A Variable 
 replica function is placed on the replica's IPU of the current shard
 (:func:`ipu_node.scopes.current_shard` when that module is present and a shard scope is
 active, else shard 0) and its bytes are accounted in that IPU's SRAM through
-:mod:`ipu_node.memory`; :meth:`Variable.assign` keeps the accounting (same bytes, same name).
-A Variable made outside a replica function (host code) is not placed on any IPU
+:mod:`ipu_node.runtime.memory`; :meth:`Variable.assign` keeps the accounting (same bytes, same
+name). A Variable made outside a replica function (host code) is not placed on any IPU
 (``ipu_id is None``): ipupod decision, so that host code can build and inspect Variables.
 
 Variables hash by identity: optimizers and pipelines key gradients and slots by them. In
 expressions a Variable stands for its value, as a ``tf.Variable`` does (arithmetic, ``@``,
-indexing, ``float()``, the numpy array protocol: :mod:`ipu_node._variable_ops`).
+indexing, ``float()``, the numpy array protocol: :mod:`ipu_node.execution._variable_ops`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Catalogue of the IPU chips and IPU-Machines the modelled PODs are built of.
 
-:func:`chip_of_system` gives the :class:`Chip` of a system of :mod:`ipu_node.systems`
+:func:`chip_of_system` gives the :class:`Chip` of a system of :mod:`ipu_node.hardware.systems`
 (``POD*``: GC200 in IPU-M2000s; ``BOW-POD*``: Bow IPUs in Bow-2000s; ``C2-16``: GC2 on C2
 cards). Every number carries its source in :data:`SOURCES` (and in the comment beside it):
 a seed line ``[000:L]`` (../shared/reference/seeds-inventory.md), a datasheet quoted in
@@ -18,7 +18,7 @@ FLOP/s, Hz.
   32 GB/s per direction: twice the datasheet.)
 * *IPU-Links between IPU-M2000s.* The IPUs of a POD form a ladder, "pairs of IPUs" (IPUs
   ``2r, 2r+1``) on "each rung", closed into a torus by loopback cables in a full POD (GCL,
-  Poplar and PopLibs User Guide 8.2.1; :mod:`ipu_node.systems`), so 4 IPUs of a machine
+  Poplar and PopLibs User Guide 8.2.1; :mod:`ipu_node.hardware.systems`), so 4 IPUs of a machine
   leave it, IPUs 2, 3 up and 0, 1 down. An IPU-M2000 has "8 IPU-Link ports" (anchors §2.5),
   2 per leaving IPU, each a 512 Gbps port: 4 IPU-Links per neighbour up or down the ladder
   in the next machine. The remaining 6 of the 10 links of an IPU join it to its rung partner
@@ -33,7 +33,7 @@ FLOP/s, Hz.
   per machine per direction, not a PCIe x16 per IPU. Each IPU reaches the gateway over PCIe
   (the GC200's "PCIe Gen4 x16", 64 GB/s bidirectional, seed 001:257-258: 32 GB/s one way).
 * *Latencies*: no seed or datasheet gives one (seeds-inventory §1.2 GAP); those of
-  :mod:`ipu_node.links` are ipupod assumptions, and say so.
+  :mod:`ipu_node.hardware.links` are ipupod assumptions, and say so.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ _DDR_BYTES_PER_S = 2 * 25.6 * GB
 _COMMON_SOURCES = {
     "tiles": "1472 IPU-Tiles (seed 001:224-227; GC200 anchors §2.5)",
     "sram_bytes": "900MB In-Processor-Memory per IPU (seed 001:238; anchors §2.5); "
-                  "ipupod stores 624 KiB x 1472 tiles (ipu_node.device)",
+                  "ipupod stores 624 KiB x 1472 tiles (ipu_node.runtime.device)",
     "ipu_links": "10x IPU-Links (seed 001:247)",
     "ipu_link_bytes_per_s": "320GB/s over 10 links, both directions counted as the slide's "
                             "PCIe figure: 16 GB/s per link per direction (seed 001:247-248; "
@@ -255,7 +255,7 @@ def chip(name: str) -> Chip:
 
 
 def chip_of_system(system_name: str) -> Chip:
-    """The chip of system ``system_name`` (a name of :data:`ipu_node.systems.SYSTEM_NAMES`,
+    """The chip of system ``system_name`` (a name of :data:`ipu_node.hardware.systems.SYSTEM_NAMES`,
     case-insensitive; None or "" means ``$IPUPOD_SYSTEM``, else POD16).
 
     Raises:

@@ -1,6 +1,6 @@
 """Modelled transfer times over the links of a system: IPU to IPU, IPU to host.
 
-Pure functions of a :class:`~ipu_node.systems.SystemModel`; the collectives cost model and
+Pure functions of a :class:`~ipu_node.hardware.systems.SystemModel`; the collectives cost model and
 pipelining call them. Times are *modelled* seconds (what the real POD would take), never wall
 time.
 
@@ -153,7 +153,7 @@ def host_transfer_time_s(model: SystemModel, ipu: int, nbytes: int) -> float:
     """Modelled seconds to move ``nbytes`` bytes between IPU ``ipu`` and its host, one way.
 
     Over the IPU's PCIe Gen4 x16 link: 64 GB/s counting both directions (seed 001:257-258),
-    32 GB/s one way, plus :data:`ipu_node.links.PCIE_LATENCY_S`.
+    32 GB/s one way, plus :data:`ipu_node.hardware.links.PCIE_LATENCY_S`.
 
     Raises:
         UnknownIPUError: ``ipu`` is not an IPU of ``model``.

@@ -3,7 +3,7 @@
 Selection orders (``IPUConfig.selection_order``, seed 004:1324-1395) map the IPUs of a
 multi-IPU device to shards and replicas. They walk the system's IPU-Link ladder, rows of 2
 IPUs: the C2 server's (seed 004:1339-1379) or an IPU-M2000 POD's (rung ``r`` = IPUs ``2r,
-2r+1``, see :mod:`ipu_node.systems`). For the 16 IPUs of ``C2-16`` they are exactly the
+2r+1``, see :mod:`ipu_node.hardware.systems`). For the 16 IPUs of ``C2-16`` they are exactly the
 seeds':
 
 * ``ZIGZAG``: the natural order, ascending ids: 0, 1, 2, ..., 15 (seed 004:1389).
@@ -97,8 +97,8 @@ def layout_replicas(model: SystemModel, ipus: Sequence[int], ipus_per_replica: i
 
     ``AUTO`` ("the best selection given the network", seed 004:1387): replicas take the
     device's IPUs in blocks of ``ipus_per_replica``, in the device's ``gc-info`` listing
-    ("DNC Id") order (:mod:`ipu_node.device_ids`; ascending ids on an IPU-POD), and the shards
-    of a replica walk its block in SNAKE order, each stage linked to the next. GCL numbers a
+    ("DNC Id") order (:mod:`ipu_node.hardware.device_ids`; ascending ids on an IPU-POD), and the
+    shards of a replica walk its block in SNAKE order, each stage linked to the next. GCL numbers a
     replicated graph's replicas that way and builds its rings on that numbering (poplibs
     ``lib/popops/Collectives.cpp``, ``RingTopology``: the "interleaved" ring 0, 2, 4, ..., 5,
     3, 1 of replica ranks is the periphery of the IPU-Link ladder, one link per step, only
@@ -108,7 +108,7 @@ def layout_replicas(model: SystemModel, ipus: Sequence[int], ipus_per_replica: i
     reading of an order a user asked for). A set that is no ``gc-info`` device keeps the
     order it was given in.
 
-    The runtime (:func:`assign_instance_ipus`, :mod:`ipu_node.attach`) and the collectives'
+    The runtime (:func:`assign_instance_ipus`, :mod:`ipu_node.runtime.attach`) and the collectives'
     cost model (``HardwareCostModel.for_replicas``) both lay replicas out with this function,
     so both put replica ``r``'s stage ``j`` on the same IPU.
 

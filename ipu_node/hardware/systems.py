@@ -17,7 +17,7 @@ and ``IPUPOD_SYSTEM`` or an explicit name chooses another (:func:`get_system_mod
     torus, the ends of the 'ladder' loop round to form a closed loop" (Poplar and PopLibs User
     Guide, "Graphcore Communication Library", 8.2.1 Physical topologies,
     docs.graphcore.ai/projects/poplar-user-guide/en/latest/gcl.html). Rung ``r`` is IPUs
-    ``2r, 2r+1`` (the 2-IPU ``gc-info`` devices of an IPU-POD, :mod:`ipu_node.device_ids`,
+    ``2r, 2r+1`` (the 2-IPU ``gc-info`` devices of an IPU-POD, :mod:`ipu_node.hardware.device_ids`,
     and the two IPUs sharing a board serial in seed 000:437-447), so a machine holds two
     rungs, and IPU ``i`` is linked to IPU ``i + 2`` up the ladder's side, inside the machine
     or by cable to the next one: the same ladder as the C2 server's (seed 004:1339-1381).

@@ -1,4 +1,4 @@
-"""The pipeline runtime: runs a checked :class:`~ipu_node._pipeline_check.PipelinePlan`
+"""The pipeline runtime: runs a checked :class:`~ipu_node.pipelining._pipeline_check.PipelinePlan`
 pass by pass in the schedule's order, accumulates gradients, applies the optimizer, feeds
 the outfeed, and lays every pass on the IPUs' modelled timelines (BSP steps).
 
@@ -106,7 +106,7 @@ class _Timing:
 
     def copy_s(self, src: int, dst: int | None, nbytes: int) -> float:
         """Seconds to move ``nbytes`` from IPU ``src`` to IPU ``dst`` (None: the host), as
-        :func:`ipu_node.routing.transfer_time_s` / ``host_transfer_time_s`` price it."""
+        :func:`ipu_node.hardware.routing.transfer_time_s` / ``host_transfer_time_s`` price it."""
         if self.model is None or not nbytes or dst == src:
             return 0.0
         link = self._links.get((src, dst))

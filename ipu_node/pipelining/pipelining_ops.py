@@ -15,8 +15,8 @@ anything else as one argument). Stage 0 receives ``inputs`` followed by the dequ
 element ([004:4009-4013]).
 
 Everything is eager: :func:`pipeline` runs the passes now, in the exact order of the
-schedule's closed forms (:mod:`ipu_node._schedules`), in the calling replica's thread, and
-returns None. Gradients of each Variable are summed over the micro-batches in ascending
+schedule's closed forms (:mod:`ipu_node.pipelining._pipeline_schedules`), in the calling
+replica's thread, and returns None. Gradients of each Variable are summed over the micro-batches in ascending
 order from zeros (bit-reproducible; every schedule gives the same numbers), and the optimizer
 of ``optimizer_function`` applies them once per ``gradient_accumulation_count`` micro-batches
 (once per repeat). Modelled time comes from the stages' FLOPs, the links and the collectives,

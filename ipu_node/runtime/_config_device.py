@@ -56,11 +56,11 @@ class IPUModelConfig(ConfigGroup):
         "compile_ipu_code": bool_option(True, (
             "Whether the IPU Model compiles IPU code (seed 004:1756-1758). ipupod: accepted, "
             "no effect: ipupod compiles nothing, and its memory accounting counts tensors "
-            "only, never code (ipu_node.memory).")),
+            "only, never code (ipu_node.runtime.memory).")),
         "tiles_per_ipu": int_option(0, (
             "Tiles per IPU; 0 is the version's standard count (seed 004:1760-1762). ipupod: "
             "acts: the simulated IPUs have this many tiles and so this much SRAM "
-            "(ipu_node.device.SRAM_BYTES_PER_TILE per tile).")),
+            "(ipu_node.runtime.device.SRAM_BYTES_PER_TILE per tile).")),
         "version": str_option("ipu2", (
             "'ipu1' or 'ipu2' (seed 004:1764-1766). ipupod: acts when assigned: the IPUs "
             "are of this version (tiles, SRAM, peak FLOP/s)."), choices=_VERSIONS),

@@ -7,13 +7,13 @@
 * ``auto_select_ipus`` in instance ``i`` of a multi-instance job
   (``multi_replica_distribution.process_count > 1``): exactly the IPUs of its replicas,
   :func:`ipu_node.selection.assign_instance_ipus`, inside the job's partition when poprun
-  reserved one (:mod:`ipu_node.partition`); busy is an error, never a silent shift.
+  reserved one (:mod:`ipu_node.runtime.partition`); busy is an error, never a silent shift.
 
 Each device's IPUs are then laid out replica by replica (:func:`ipu_node.selection.layout_replicas`:
 the device's ``gc-info`` listing order, each replica's shards in ``selection_order``).
-Occupancy is :mod:`ipu_node.occupancy`: all IPUs of one configuration are held together, in
+Occupancy is :mod:`ipu_node.runtime.occupancy`: all IPUs of one configuration are held together, in
 the partition of the job (``IPUPOD_JOB_ID``), of the launcher (a multi-instance job without a
-job id), or of the machine (:func:`ipu_node.occupancy.default_scope`).
+job id), or of the machine (:func:`ipu_node.runtime.occupancy.default_scope`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ default, checks and docstring, plus ipupod's own (``ipus_per_replica``, ``system
 ``execution.compute_efficiency``, the transport fields of ``multi_replica_distribution``).
 Each option's docstring says whether it acts on the emulation or is accepted with no effect,
 and why (``cfg.get_attribute_metadata("io_tiles.num_io_tiles").__doc__``). The groups live in
-:mod:`ipu_node._config_device` and :mod:`ipu_node._config_compile`, the machinery in
-:mod:`ipu_node._config_base`, the enums in :mod:`ipu_node._config_enums`; this module is
-their public face, with TF-IPU's functions :func:`configure_ipu_system`,
+:mod:`ipu_node.runtime._config_device` and :mod:`ipu_node.runtime._config_compile`, the
+machinery in :mod:`ipu_node.runtime._config_base`, the enums in
+:mod:`ipu_node.runtime._config_enums`; this module is their public face (re-exported as
+``ipu_node.config``), with TF-IPU's functions :func:`configure_ipu_system`,
 :func:`get_ipu_config` and :func:`reset_ipu_configuration`.
 """
 
@@ -105,7 +106,7 @@ class IPUConfig(ConfigGroup):
     real stack derives from the compiled graph. When a program does not set it, ipupod
     derives it too: replicas start with one IPU each, and the first pipeline that needs more
     shards (before the layout is bound, see :meth:`IPUSystem.widen_replicas
-    <ipu_node.system.IPUSystem.widen_replicas>`) gives each replica that many IPUs, so the
+    <ipu_node.runtime.system.IPUSystem.widen_replicas>`) gives each replica that many IPUs, so the
     replication factor is the device's IPUs over the pipeline's shards, as TF-IPU's.
     ``system`` is ipupod's own too: the emulated system (``"POD16"``, ``"C2-16"``, ...);
     ``""`` means ``$IPUPOD_SYSTEM``, else POD16.
@@ -179,12 +180,13 @@ class IPUConfig(ConfigGroup):
         sel = self.auto_select_ipus
         return [sel] if isinstance(sel, int) else list(sel)
 
-    def configure_ipu_system(self, device: str = "cpu") -> "ipu_node.system.IPUSystem":  # noqa: F821
+    def configure_ipu_system(
+            self, device: str = "cpu") -> "ipu_node.runtime.system.IPUSystem":  # noqa: F821
         """Attach the simulated IPUs and make this the process's IPU system (seed
         004:1898-1904; ``device``, the CPU device local to the IPUs, is accepted as TF-IPU's).
 
         Returns:
-            The configured :class:`~ipu_node.system.IPUSystem`.
+            The configured :class:`~ipu_node.runtime.system.IPUSystem`.
 
         Raises:
             IPUConfigError: the options do not describe a usable system.
@@ -252,7 +254,7 @@ def running_on_ipu_model() -> bool:
 
 
 class _Runtime:
-    """What the functions below call in :mod:`ipu_node.system`, installed by that module
+    """What the functions below call in :mod:`ipu_node.runtime.system`, installed by that module
     (it imports this one; this one never imports it, so the package has no import cycle)."""
 
     configure: Callable[[IPUConfig], Any] | None = None
@@ -263,14 +265,14 @@ class _Runtime:
 def install_configure(configure: Callable[[IPUConfig], Any],
                       current: Callable[[], Any] | None = None,
                       reset: Callable[[], None] | None = None) -> None:
-    """Install :mod:`ipu_node.system`'s ``configure(config)``, ``current()`` (the system or
+    """Install :mod:`ipu_node.runtime.system`'s ``configure(config)``, ``current()`` (the system or
     None) and ``reset()`` behind this module's functions (called once by that module)."""
     _Runtime.configure, _Runtime.current, _Runtime.reset = configure, current, reset
 
 
 def _runtime() -> type[_Runtime]:
-    if _Runtime.configure is None:  # (ipu_node/__init__ imports ipu_node.system)
-        raise RuntimeError("ipu_node.system is not imported: import ipu_node first")
+    if _Runtime.configure is None:  # (ipu_node/__init__ imports ipu_node.runtime.system)
+        raise RuntimeError("ipu_node.runtime.system is not imported: import ipu_node first")
     return _Runtime
 
 
@@ -285,7 +287,7 @@ def configure_ipu_system(config: IPUConfig, device: str = "cpu",
             with a system already configured from other options raises.
 
     Returns:
-        The :class:`~ipu_node.system.IPUSystem` (TF-IPU returns None).
+        The :class:`~ipu_node.runtime.system.IPUSystem` (TF-IPU returns None).
 
     Raises:
         TypeError: ``config`` is not an IPUConfig, or ``device`` not a str.

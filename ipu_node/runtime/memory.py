@@ -1,7 +1,7 @@
 """Memory accounting of the simulated IPUs' In-Processor-Memory (SRAM).
 
 Every tensor a program places on a simulated IPU is counted against that IPU's SRAM
-(:attr:`ipu_node.device.IPU.sram_bytes`: 1472 tiles x 624 KiB on ipu2, seed 001:224-238).
+(:attr:`ipu_node.runtime.device.IPU.sram_bytes`: 1472 tiles x 624 KiB on ipu2, seed 001:224-238).
 Going over it raises :class:`~ipu_node.errors.IPUOutOfMemoryError` naming the IPU, the bytes
 needed and available, and the largest tensors. Bytes are counted exactly (``array.nbytes``);
 code, vertex state and exchange buffers of a real Poplar program are not modelled.

@@ -1,6 +1,6 @@
 """Placing tensors on the simulated IPUs of the configured system (``ipu_node.place``,
 ``free``, ``memory_usage``): the calls a program makes, over
-:class:`~ipu_node.memory.IPUMemory` (kept apart from it: these need the configured system,
+:class:`~ipu_node.runtime.memory.IPUMemory` (kept apart from it: these need the configured system,
 which itself holds the memories).
 """
 

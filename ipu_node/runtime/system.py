@@ -49,9 +49,9 @@ class IPUSystem:
         num_replicas: global replication factor (``num_local_replicas * process_count``).
         replica_index_offset: global index of this instance's first replica.
         transport: ``"local"``, ``"mpi"`` or ``"grpc"``: how instances exchange collective data.
-        model: the :class:`~ipu_node.systems.SystemModel` the IPUs belong to (None when built
-            by hand without one).
-        memory: an :class:`~ipu_node.memory.IPUMemory` per attached IPU, by IPU id; its
+        model: the :class:`~ipu_node.hardware.systems.SystemModel` the IPUs belong to (None when
+            built by hand without one).
+        memory: an :class:`~ipu_node.runtime.memory.IPUMemory` per attached IPU, by IPU id; its
             capacity is the SRAM of the compute tiles (``io_tiles.num_io_tiles`` excluded).
         replication_derived: ``ipus_per_replica`` was not set: the first pipeline may widen
             the replicas (:func:`widen_replicas`) until the layout is bound.

@@ -3,7 +3,7 @@
 On a PCIe system (C2-16) the listing has the format of seed 004:749-846, line for line; on an
 IPU-M2000 (Fabric) system, the format Graphcore's command-line tools guide shows for an
 IPU-POD ("gc-info", List devices): ``target: [Fabric], IPU-M host: [...], IPU#: [...]``.
-Device ids follow :mod:`ipu_node.device_ids`.
+Device ids follow :mod:`ipu_node.hardware.device_ids`.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def format_device_info(model: SystemModel, device: GcDevice,
     """The text of ``gc-info -d ID -I``: attributes in ``key: value`` lines, as gc-info prints
     (``header``: its first line; gc-inventory's blocks begin ``Device:``).
 
-    Tile and memory figures are the native version's (:mod:`ipu_node.device`).
+    Tile and memory figures are the native version's (:mod:`ipu_node.runtime.device`).
     """
     lines = [header, f"  id: {device.id}"]
     holders = {h.ipu_id: h for h in (occupancy.holders() if occupancy else [])}
