@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from ipu_node import current_replica_context, get_system
-from ipu_node.variables import Variable
+from ipu_node.execution.variables import Variable
 
 from collectives._fusion import fused_per_dtype
 
@@ -192,8 +192,8 @@ class MirroredVariable(_PerReplica):
     def _place_copy(self, i: int) -> None:
         if self.on_host or i in self._placed:
             return
-        from ipu_node.placement import _target
-        from ipu_node.scopes import current_shard
+        from ipu_node.execution.scopes import current_shard
+        from ipu_node.runtime.placement import _target
 
         parent = self._parent._placed.get(i) if self._parent is not None else None
         memory = parent if parent is not None else _target(
@@ -210,7 +210,7 @@ class MirroredVariable(_PerReplica):
         if i is None or self.on_host:
             return
         self._copy(i)
-        from ipu_node.placement import _target
+        from ipu_node.runtime.placement import _target
 
         target = _target(f"Variable {self.name!r}", shard, None)
         old = self._placed.get(i)

@@ -47,10 +47,10 @@ import os
 import threading
 from typing import Any
 
-from ipu_node.chips import chip_of_system
-from ipu_node.flags import auto_report_directory
-from ipu_node.links import IPU_LINK_LATENCY_S
-from ipu_node.systems import get_system_model
+from ipu_node.hardware.chips import chip_of_system
+from ipu_node.hardware.links import IPU_LINK_LATENCY_S
+from ipu_node.hardware.systems import get_system_model
+from ipu_node.runtime.flags import auto_report_directory
 
 from collectives._accounting import CallRecord
 

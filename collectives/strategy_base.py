@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from ipu_node import clock, current_replica_context, get_system, host_transfer_time_s
 from ipu_node.errors import WiderReplicasNeeded
-from ipu_node.optimizers import set_gradient_aggregator
-from ipu_node.replica import set_active_runner
-from ipu_node.system import add_configure_hook, current_system, widen_replicas
+from ipu_node.execution.optimizers import set_gradient_aggregator
+from ipu_node.runtime.replica import set_active_runner
+from ipu_node.runtime.system import add_configure_hook, current_system, widen_replicas
 
 from collectives import _algorithms as algorithms, _movement as movement, _nest as nest
 from collectives.descriptor import Descriptor

@@ -101,7 +101,7 @@ class WiderReplicasNeeded(IPUError, RuntimeError):
     """A pipeline needs more IPUs per replica than the replicas have, and the replication
     factor is still derived (``ipus_per_replica`` unset, nothing bound to the layout): the
     runner that catches it (``strategy.run``) widens the replicas to :attr:`shards` IPUs
-    with :func:`ipu_node.system.widen_replicas` and runs the function again.
+    with :func:`ipu_node.runtime.system.widen_replicas` and runs the function again.
 
     Attributes:
         shards: IPUs each replica needs.

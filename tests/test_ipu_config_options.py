@@ -287,7 +287,8 @@ def test_io_tiles_take_memory_and_compute_from_the_ipus():
 
 
 def test_never_attaches_nothing_and_refuses_to_run(isolated_occupancy):
-    from ipu_node import ipu_compiler, occupancy, scopes
+    from ipu_node import ipu_compiler, scopes
+    from ipu_node.runtime import occupancy
     cfg = IPUConfig()
     cfg.auto_select_ipus = 2
     cfg.device_connection.type = DeviceConnectionType.NEVER
@@ -308,7 +309,7 @@ def test_never_attaches_nothing_and_refuses_to_run(isolated_occupancy):
 
 
 def test_on_demand_attaches_at_the_first_run(isolated_occupancy):
-    from ipu_node import occupancy
+    from ipu_node.runtime import occupancy
     cfg = IPUConfig()
     cfg.auto_select_ipus = 1
     cfg.device_connection.type = DeviceConnectionType.ON_DEMAND

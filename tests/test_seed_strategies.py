@@ -10,8 +10,8 @@ import pytest
 
 import ipu_node
 from collectives.strategies import IPUStrategy, ReduceOp
-from ipu_node import occupancy
 from ipu_node.optimizers import GradientDescentOptimizer, MapGradientOptimizer
+from ipu_node.runtime import occupancy
 from tests.procs import PROGRAMS
 
 
