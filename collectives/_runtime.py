@@ -7,7 +7,7 @@ import logging
 import threading
 
 from ipu_node import get_system
-from ipu_node.system import IPUSystem
+from ipu_node.runtime.system import IPUSystem
 
 from collectives._accounting import CallRecord, OpStats, format_table, total
 from collectives.cost_model import HardwareCostModel

@@ -7,7 +7,7 @@ import torch
 
 import ipu_node
 import poptorch
-from ipu_node.occupancy import Occupancy, default_scope
+from ipu_node.runtime.occupancy import Occupancy, default_scope
 from tests.poptorch_models import WithLoss, mlp
 
 
