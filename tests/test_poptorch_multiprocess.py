@@ -60,7 +60,9 @@ def _accuracy(stdout: str) -> float:
 
 
 def test_the_fourth_main_job_in_one_process():
-    result = run([PYTHON, EXAMPLE], timeout_s=120, env=child_env(), cwd=ROOT)
+    # (its one replica computes with all the cores: on a loaded machine PyTorch's OpenMP
+    # barriers can make that several times slower, hence the generous hang limit)
+    result = run([PYTHON, EXAMPLE], timeout_s=240, env=child_env(), cwd=ROOT)
     assert result.returncode == 0, describe(result)
     assert _accuracy(result.stdout) >= 0.95
 
