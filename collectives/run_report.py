@@ -23,7 +23,9 @@ prints the summary and draws the step breakdown and a what_if scaling plot.
   and ``memory_peak_bytes`` (:func:`ipu_node.memory_usage`);
 * ``timeline``: per IPU, the modelled clock's events (empty without the clock);
 * ``step_estimate``: :func:`collectives.step_model.predict` of the card given to
-  :func:`use_model_card`, or None (a run declares no FLOPs without it).
+  :func:`use_model_card`, or None (a run declares no FLOPs without it);
+* ``sections``: what front ends add with :func:`add_report_section` (e.g. ``poptorch``: its
+  models, their options and the options the emulation does not act on).
 
 **The trace** follows the Trace Event Format that chrome://tracing and ui.perfetto.dev read:
 ``M`` metadata events name the processes (``IPUs``, ``links``) and their threads (one per
@@ -45,7 +47,7 @@ import enum
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ipu_node.hardware.chips import chip_of_system
 from ipu_node.hardware.links import IPU_LINK_LATENCY_S
@@ -55,7 +57,8 @@ from ipu_node.runtime.flags import auto_report_directory
 from collectives._accounting import CallRecord
 
 __all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
-           "enable_at_exit", "use_model_card", "report_directory", "options_set"]
+           "enable_at_exit", "use_model_card", "report_directory", "options_set",
+           "add_report_section"]
 
 #: Environment variable naming the directory reports are written to.
 REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
@@ -66,6 +69,24 @@ LINK_CLASSES = ("IPU-Link", "GW-Link", "host network")
 
 _state: dict[str, Any] = {"card": None, "config": None, "registered": False, "target": None}
 _state_lock = threading.Lock()
+_sections: dict[str, Callable[[], Any]] = {}
+
+
+def add_report_section(name: str, provider: Callable[[], Any]) -> None:
+    """Put ``provider()`` (plain JSON types) under ``sections[name]`` of every report built
+    from now on; a front end (``poptorch``) describes its models there. Adding ``name``
+    again replaces its provider. A provider that raises gives ``{"error": "<message>"}``."""
+    _sections[name] = provider
+
+
+def _section_values() -> dict:
+    out = {}
+    for name, provider in list(_sections.items()):
+        try:
+            out[name] = provider()
+        except Exception as exc:  # the report is written at exit: never fail it
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def use_model_card(card, **config) -> None:
@@ -136,6 +157,7 @@ def build_report(system, ledger) -> dict:
                    "crosses_domains": _crosses_domains(system, r),
                    "modelled_s": r.modelled_s or 0.0, "wall_s": r.wall_s} for r in records],
         "step_estimate": _estimate(system),
+        "sections": _section_values(),
     }
     return report
 

@@ -24,6 +24,7 @@ from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConf
                              MergeRemoteBuffersBehaviour, SchedulingAlgorithm, SelectionOrder)
 from ipu_node.runtime.device import IPU, IPUDevice
 from ipu_node.hardware.device_ids import GcDevice, gc_device, gc_devices
+from ipu_node.runtime.attach import Attachment, attach_free_device
 from ipu_node.env import DEFAULT_SYSTEM, IPUPOD_JOB_ID, IPUPOD_OCCUPANCY_DIR, IPUPOD_SYSTEM
 from ipu_node.errors import (AlreadyConfiguredError, IPUBusyError, IPUConfigError, IPUError,
                              IPUOutOfMemoryError, NotConfiguredError, NotEnoughIPUsError,
@@ -62,7 +63,7 @@ __all__ = [
     "order_ipus", "assign_instance_ipus", "layout_replicas", "Link", "LinkKind", "route", "hops",
     "transfer_time_s", "host_transfer_time_s", "IPUMemory", "MemoryUsage", "place", "free",
     "memory_usage", "format_topology_table", "IPUPOD_SYSTEM", "IPUPOD_OCCUPANCY_DIR",
-    "IPUPOD_JOB_ID", "DEFAULT_SYSTEM",
+    "IPUPOD_JOB_ID", "DEFAULT_SYSTEM", "Attachment", "attach_free_device",
     # execution model (feeds, loops, compile, scopes)
     "data", "ipu_compiler", "ipu_infeed_queue", "ipu_outfeed_queue", "loops", "scopes",
     "Dataset", "IPUInfeedQueue", "IPUOutfeedQueue", "IPUOutfeedMode", "Operation",

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos")
+PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch")
 # DESIGN.md: poprun -> launch -> protos, poprun -> ipu_node, collectives -> ipu_node,
 # collectives -> protos, launch -> protos; popdist (Graphcore's name for the PopDist API) is a
-# thin layer over poprun.popdist, and nothing of ipupod imports it.
+# thin layer over poprun.popdist (and popdist.poptorch over poptorch), and nothing of ipupod
+# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun.
 ALLOWED = {
-    "popdist": {"poprun"},
+    "popdist": {"poprun", "poptorch"},
+    "poptorch": {"collectives", "ipu_node", "poprun"},
     "poprun": {"launch", "protos", "ipu_node"},
     "launch": {"protos"},
     "collectives": {"ipu_node", "protos"},
@@ -55,6 +57,56 @@ def test_importing_the_packages_loads_neither_mpi_nor_grpc():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_only_poptorch_imports_torch():
+    code = ("import sys, ipu_node, collectives, collectives.strategies, poprun, launch, popdist,"
+            " popdist.tensorflow; print([m for m in ('torch',) if m in sys.modules]);"
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _public(module_name: str, name: str) -> bool:
+    """Whether ``name`` is a public name of ``module_name`` (in its ``__all__``, or a public
+    submodule of a package)."""
+    import importlib
+    module = importlib.import_module(module_name)
+    if name in getattr(module, "__all__", ()):
+        return True
+    return (REPO / module_name.replace(".", "/") / f"{name}.py").exists() and \
+        not name.startswith("_")
+
+
+def test_poptorch_uses_only_public_names_of_the_packages_below():
+    lower = ("collectives", "ipu_node", "poprun")
+    wrong = []
+    for path in sorted((REPO / "poptorch").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # local name -> module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] in lower:
+                        if any(part.startswith("_") for part in a.name.split(".")):
+                            wrong.append(f"{path.name}: import {a.name}")
+                        aliases[a.asname or a.name.split(".")[0]] = \
+                            a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                    node.module.split(".")[0] in lower:
+                for a in node.names:
+                    if any(p.startswith("_") for p in node.module.split(".")) or \
+                            not _public(node.module, a.name):
+                        wrong.append(f"{path.name}: from {node.module} import {a.name}")
+                    elif (REPO / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in aliases and not _public(aliases[node.value.id], node.attr):
+                wrong.append(f"{path.name}: {aliases[node.value.id]}.{node.attr}")
+    assert not wrong, f"poptorch uses private names of the packages below it: {wrong}"
 
 
 # -- no import cycle inside a package (function-level imports included) --------------------

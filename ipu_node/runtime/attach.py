@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from ipu_node import env
 from ipu_node.errors import IPUBusyError, IPUConfigError, NotEnoughIPUsError
@@ -51,16 +52,47 @@ class AttachedDevice:
 
 @dataclass
 class Attachment:
-    """The devices one configuration attached, and the lease holding their IPUs."""
+    """The devices one configuration attached, and the lease holding their IPUs.
+
+    Attributes:
+        label: what ``gc-monitor`` shows as the holder's device (None: the TF device name
+            and gc-info id, e.g. ``/device:IPU:0 (24)``).
+    """
 
     model: SystemModel
     devices: tuple[AttachedDevice, ...]
     lease: Lease
     scope: str
+    label: str | None = None
+
+    @property
+    def attached(self) -> bool:
+        """Whether the IPUs are held now (False after :meth:`release`)."""
+        return bool(self.lease.ipus)
+
+    @property
+    def ipus(self) -> tuple[int, ...]:
+        """The IPU ids of every device, device by device, in selection order."""
+        return tuple(i for d in self.devices for i in d.ipus)
 
     def release(self) -> None:
         """Free the IPUs (idempotent)."""
         self.lease.release()
+
+    def reattach(self) -> None:
+        """Hold the same IPUs again after :meth:`release` (PopTorch's ``attachToDevice``
+        re-attaches the device it was compiled for); nothing happens while they are held.
+
+        Raises:
+            IPUBusyError: one of them is attached by another process or attachment now
+                (names the IPU and its holder); none is held then.
+        """
+        if self.attached:
+            return
+        occupancy = Occupancy(self.model.name, self.scope)
+        lease = occupancy.acquire(self.ipus)
+        lease.write_holder_info(_holder_infos(occupancy, list(self.devices), self.label))
+        self.lease = lease
 
 
 def _selected(config: IPUConfig, model: SystemModel) -> list[tuple[list[int], int | None]]:
@@ -120,12 +152,13 @@ def _acquire_from_sibling(occupancy, ipus: list[int]) -> Lease:
             delay = min(2 * delay, 0.05)
 
 
-def _holder_infos(occupancy: Occupancy, devices: list[AttachedDevice]) -> dict[int, dict]:
+def _holder_infos(occupancy: Occupancy, devices: list[AttachedDevice],
+                  label: str | None = None) -> dict[int, dict]:
     infos = {}
     for d in devices:
-        label = d.name + (f" ({d.device_id})" if d.device_id is not None else "")
+        shown = (label or d.name) + (f" ({d.device_id})" if d.device_id is not None else "")
         for ipu in d.ipus:
-            infos[ipu] = occupancy.holder_info(device=label)
+            infos[ipu] = occupancy.holder_info(device=shown)
     return infos
 
 
@@ -268,3 +301,47 @@ def relayout(attachment: Attachment, config: IPUConfig, ipus_per_replica: int) -
         devices.append(AttachedDevice(d.ordinal, d.device_id, ipus))
     return Attachment(attachment.model, tuple(devices), attachment.lease, attachment.scope)
 
+
+def attach_free_device(model: SystemModel, num_ipus: int, *, within: Sequence[int] | None = None,
+                       label: str | None = None,
+                       occupancy: Occupancy | None = None) -> Attachment:
+    """Attach the first free device of ``num_ipus`` IPUs, the way a framework's device
+    manager acquires "any available device" (PopTorch's ``Always``/``OnDemand`` connection,
+    anchors: poptorch reference §5.6): the candidates of
+    :func:`~ipu_node.selection.candidate_ipu_sets` (whole gc-info devices, lowest id first),
+    busy ones skipped, in this process's partition (:func:`~ipu_node.occupancy.default_scope`).
+
+    Args:
+        model: the system model.
+        num_ipus: IPUs of the device (>= 1).
+        within: only devices whose IPUs all lie in these (e.g. an instance's share of its
+            job's partition); None: any IPU of the system.
+        label: what ``gc-monitor`` shows as the holder's device (default ``/device:IPU:0``).
+        occupancy: the lock files to use (default: this process's partition).
+
+    Returns:
+        An :class:`Attachment` with one device (ordinal 0).
+
+    Raises:
+        NotEnoughIPUsError: the system has fewer than ``num_ipus`` IPUs.
+        IPUBusyError: no candidate is free (the message names the first busy one's holder),
+            or none lies ``within``.
+    """
+    occupancy = occupancy or Occupancy(model.name, default_scope())
+    pool = None if within is None else frozenset(within)
+    busy: list[str] = []
+    for ipus, device_id in candidate_ipu_sets(model, num_ipus):
+        if pool is not None and not pool.issuperset(ipus):
+            continue
+        try:
+            lease = occupancy.acquire(ipus)
+        except IPUBusyError as exc:
+            busy.append(str(exc))
+            continue
+        devices = (AttachedDevice(0, device_id, tuple(ipus)),)
+        lease.write_holder_info(_holder_infos(occupancy, list(devices), label))
+        return Attachment(model, devices, lease, occupancy.scope, label)
+    where = "" if pool is None else f" among IPUs {sorted(pool)}"
+    detail = f" ({busy[0]}{', ...' if len(busy) > 1 else ''})" if busy else ""
+    raise IPUBusyError(f"no free device of {num_ipus} IPUs on {model.name}{where} in "
+                       f"partition {occupancy.scope!r}{detail}")

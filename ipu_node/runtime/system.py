@@ -99,6 +99,31 @@ class IPUSystem:
         if self._attachment is not None:
             self._attachment.release()
 
+    @property
+    def ipus_attached(self) -> bool:
+        """Whether this system holds its IPUs (True unless :meth:`release_ipus` let them go
+        and :meth:`reattach_ipus` has not taken them back; True when built without an
+        attachment; False while an ON_DEMAND system has not attached yet)."""
+        return self._attachment is None or self._attachment.attached
+
+    def release_ipus(self) -> None:
+        """Let the IPUs go (other processes and attachments may take them, ``gc-monitor``
+        no longer lists them) while the system stays configured: its replica contexts,
+        memories and whatever serves its replicas (the collective engine, its transport)
+        stay. PopTorch's ``detachFromDevice`` (poptorch reference §5.6). Idempotent."""
+        self._release()
+
+    def reattach_ipus(self) -> None:
+        """Hold the same IPUs again after :meth:`release_ipus` (PopTorch's
+        ``attachToDevice``); nothing happens while they are held, or for an ON_DEMAND system
+        that has not attached yet (:meth:`require_attached` does that).
+
+        Raises:
+            IPUBusyError: one of them is attached by another process or attachment now.
+        """
+        if self._attachment is not None and self._attachment.scope != Unattached.scope:
+            self._attachment.reattach()
+
     def require_attached(self, what: str) -> None:
         """Make sure the IPUs are attached before ``what`` runs on them: ON_DEMAND attaches
         them now (once); NEVER and PRE_COMPILE never do.
