@@ -33,7 +33,7 @@ import numpy as np
 sys.path[0:1] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import ipu_node  # noqa: E402
-from ipu_node import replica as _replica  # noqa: E402
+from ipu_node.runtime import replica as _replica  # noqa: E402
 
 import collectives as C  # noqa: E402
 from collectives._engine import runtime as _runtime  # noqa: E402

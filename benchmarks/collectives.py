@@ -317,8 +317,7 @@ def gradient_rows(strategy, raw, barrier, quick: bool) -> dict:
 def local_part(size: int = 16 << 20, replicas: int = 8, reps: int = 5) -> dict:
     import collectives as C
     from collectives.strategies import IPUMultiReplicaStrategy, PerReplica
-    from ipu_node import IPUConfig
-    from ipu_node.system import reset_ipu_configuration
+    from ipu_node import IPUConfig, reset_ipu_configuration
 
     cfg = IPUConfig()
     cfg.auto_select_ipus = replicas

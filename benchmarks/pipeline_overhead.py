@@ -34,12 +34,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:1] = [_ROOT]
 
 import ipu_node  # noqa: E402
+from ipu_node import Variable  # noqa: E402
 from ipu_node.data import Dataset  # noqa: E402
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue  # noqa: E402
 from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue  # noqa: E402
 from ipu_node.optimizers import GradientDescentOptimizer  # noqa: E402
 from ipu_node.pipelining_ops import OptimizerFunctionOutput, Stage, pipeline  # noqa: E402
-from ipu_node.variables import Variable  # noqa: E402
 
 SIZES = {"small": (16, 64, 64, 10), "large": (256, 784, 1024, 10)}
 G = 8

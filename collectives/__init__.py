@@ -24,9 +24,9 @@ from collectives.errors import (CollectiveAbortedError, CollectiveArgumentError,
 from collectives.gcl_options import GCLOptions
 from collectives.groups import CommGroup, CommGroupType
 from collectives.operators import CollectiveOperator
-from collectives.ops import (all_gather, all_to_all, broadcast, cross_replica_mean,
-                             cross_replica_reduce, cross_replica_sum, reduce_scatter,
-                             replication_index)
+from collectives.ops import (all_gather, all_to_all, assume_equal_across_replicas, broadcast,
+                             cross_replica_mean, cross_replica_reduce, cross_replica_sum,
+                             reduce_scatter, replication_index)
 from collectives._engine.runtime import call_records, report, reset_stats, stats, total_stats
 
 # TF-IPU's operator names (seed 004:5313-5334), as module constants.
@@ -43,7 +43,7 @@ COLLECTIVE_OP_MEAN = CollectiveOperator.MEAN.value
 __all__ = [
     "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
     "reduce_scatter", "all_to_all", "broadcast", "replication_index",
-    "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
+    "assume_equal_across_replicas", "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
     "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
     "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
     "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",

@@ -331,10 +331,31 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
     return _call("broadcast", arr, g, name, spec, params=params, common_key=common_key)
 
 
-def replication_index() -> np.int32:
-    """The global index of the calling replica, in ``[0, num_replicas)`` (seed 004:5361-5371).
+def replication_index(name: str | None = None) -> np.int32:
+    """The global index of the calling replica, in ``[0, num_replicas)`` (seed 004:5361-5371);
+    ``name`` (TF's op name) is accepted and not used.
 
     Raises:
         NotInReplicaError: called outside a replica function.
     """
     return np.int32(require_replica_context("replication_index").replica_index)
+
+
+def assume_equal_across_replicas(tensors, inplace: bool = False):
+    """Mark ``tensors`` (an array or a nest) as equal on every replica (seed 004:5072-5087).
+
+    TF-IPU's compiler refuses a collective under control flow whose condition may differ
+    between replicas unless its inputs are so marked. ipupod checks divergence when it
+    happens instead (replicas that call different collectives raise
+    ``CollectiveMismatchError`` naming them, never hang), so the mark changes nothing: the
+    values come back as they are, copied unless ``inplace`` (TF-IPU's ``inplace`` lets the
+    mark apply to a slice of a tensor). As in TF-IPU, tensors that are not in fact equal make
+    the program's results undefined.
+    """
+    if inplace:
+        return tensors
+    if isinstance(tensors, dict):
+        return {k: assume_equal_across_replicas(v) for k, v in tensors.items()}
+    if isinstance(tensors, (list, tuple)) and not hasattr(tensors, "_fields"):
+        return type(tensors)(assume_equal_across_replicas(v) for v in tensors)
+    return np.array(tensors, copy=True)

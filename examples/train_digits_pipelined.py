@@ -31,13 +31,13 @@ from collectives.optimizers import CrossReplicaOptimizer
 from collectives.run_report import use_model_card
 from collectives.step_model import ModelCard
 from collectives.strategies import IPUMultiReplicaStrategy, PerReplica
+from ipu_node import Variable
 from ipu_node.data import Dataset
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue
 from ipu_node.ipu_outfeed_queue import IPUOutfeedQueue
 from ipu_node.optimizers import MomentumOptimizer
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
-from ipu_node.variables import Variable
 from poprun import popdist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -13,6 +13,9 @@ again. Every value is read when a function below is called, never at import time
   instances attach their IPUs inside it.
 * ``IPUPOD_JOB_ID``: the job an instance belongs to. All instances of one job share one
   partition (an occupancy scope of their own); processes without it share the machine's scope.
+* Graphcore's own variables, read raw here and parsed by :mod:`ipu_node.flags`:
+  ``TF_POPLAR_FLAGS``, ``POPLAR_ENGINE_OPTIONS``, ``POPLAR_LOG_LEVEL``, ``POPLAR_LOG_DEST``,
+  ``POPLIBS_LOG_LEVEL``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ IPUPOD_JOB_ID = "IPUPOD_JOB_ID"
 
 #: Environment variable with the IPU ids of the job's partition (poprun sets it).
 IPUPOD_PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"
+
+#: TF-IPU's flags (seed 002:111-115, 000:236, 001:487).
+TF_POPLAR_FLAGS = "TF_POPLAR_FLAGS"
+#: Poplar's engine options as JSON (seed 000:255, 001:877-882).
+POPLAR_ENGINE_OPTIONS = "POPLAR_ENGINE_OPTIONS"
+#: Log level and destination of the emulated Poplar layer, and of the PopLibs layer (seed
+#: 001:495-499, 855-864).
+POPLAR_LOG_LEVEL = "POPLAR_LOG_LEVEL"
+POPLAR_LOG_DEST = "POPLAR_LOG_DEST"
+POPLIBS_LOG_LEVEL = "POPLIBS_LOG_LEVEL"
 
 #: The system used when neither an argument nor ``IPUPOD_SYSTEM`` names one.
 DEFAULT_SYSTEM = "POD16"
@@ -50,6 +63,30 @@ def occupancy_dir() -> str:
     if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
         return os.path.join(runtime, "ipupod")
     return os.path.join(tempfile.gettempdir(), f"ipupod-{os.getuid()}")
+
+
+def raw(name: str) -> str:
+    """The text of environment variable ``name`` ('' when unset)."""
+    return os.environ.get(name, "")
+
+
+#: Rank and size of a program started by plain ``mpirun`` (Open MPI's and MPICH's names).
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def mpi_world() -> tuple[int, int] | None:
+    """``(rank, size)`` of a program started by ``mpirun`` (``OMPI_COMM_WORLD_*`` or
+    ``PMI_*``), or None. Variables that are not integers count as absent."""
+    def first(names: tuple[str, ...]) -> int | None:
+        for name in names:
+            try:
+                return int(os.environ[name])
+            except (KeyError, ValueError):
+                continue
+        return None
+    rank, size = first(MPI_RANK_VARS), first(MPI_SIZE_VARS)
+    return None if rank is None or size is None else (rank, size)
 
 
 def job_id() -> str | None:

@@ -84,3 +84,29 @@ class NotPlacedOnIPUError(IPUError, RuntimeError):
 class OccupancyDirError(IPUError, OSError):
     """The directory of the IPU lock files cannot be used safely: it cannot be created, is
     not a directory, belongs to another user or is open to others (names it and why)."""
+
+
+class DeviceNotAttachedError(IPUError, RuntimeError):
+    """A program asked to run on IPUs that ``device_connection.type`` (NEVER or
+    PRE_COMPILE) left unattached (names the option)."""
+
+
+class IPUFloatingPointError(IPUError, FloatingPointError):
+    """A floating-point exception inside a replica function that
+    ``IPUConfig.floating_point_behaviour`` (inv, div0, oflo or set_all) asked to raise, as
+    the IPU's exception stops the program (names the event and the option)."""
+
+
+class WiderReplicasNeeded(IPUError, RuntimeError):
+    """A pipeline needs more IPUs per replica than the replicas have, and the replication
+    factor is still derived (``ipus_per_replica`` unset, nothing bound to the layout): the
+    runner that catches it (``strategy.run``) widens the replicas to :attr:`shards` IPUs
+    with :func:`ipu_node.runtime.system.widen_replicas` and runs the function again.
+
+    Attributes:
+        shards: IPUs each replica needs.
+    """
+
+    def __init__(self, message: str, shards: int):
+        super().__init__(message)
+        self.shards = shards

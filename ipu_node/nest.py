@@ -1,14 +1,17 @@
-"""Nested structures of arrays (tuples, lists, namedtuples, dicts): datasets and feeds, and
-the nests the collectives take (``collectives`` uses this module).
+"""Nested structures of arrays (tuples, lists, namedtuples, dicts): ``tf.nest``'s job.
 
 A structure's *treedef* is a hashable description of its shape (containers and dict keys, not
 the leaves), so two elements have the same structure exactly when their treedefs are equal.
-Dict keys are taken in sorted order, as ``tf.nest`` does.
+Dict keys are taken in sorted order, as ``tf.nest`` does. The datasets and feeds of
+:mod:`ipu_node.execution` and the collectives' nests use it; it is a leaf module (it imports
+nothing of ipupod), so that the packages above ``ipu_node`` may share it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+__all__ = ["LEAF", "flatten", "unflatten", "map_structure", "describe", "leaf_paths"]
 
 LEAF = "*"
 

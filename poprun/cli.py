@@ -28,10 +28,10 @@ import uuid
 from dataclasses import replace
 
 from ipu_node.errors import IPUBusyError, IPUError
-from ipu_node.occupancy import Occupancy, scope_name
-from ipu_node.partition import reserve_partition
-from ipu_node.systems import SystemModel, get_system_model
-from ipu_node.topology_table import format_topology_table
+from ipu_node.hardware.systems import SystemModel, get_system_model
+from ipu_node.hardware.topology_table import format_topology_table
+from ipu_node.runtime.occupancy import Occupancy, scope_name
+from ipu_node.runtime.partition import reserve_partition
 from ipu_node.transport_names import INSTANCE_TRANSPORTS
 from launch.errors import InstanceFailedError, JobInterruptedError, LaunchError
 from launch.hydra import mpirun_command_line

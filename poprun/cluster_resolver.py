@@ -25,5 +25,16 @@ class TFConfigClusterResolver(_tf.TFConfigClusterResolver):
                                 "python -m launch.multiworker, or set TF_CONFIG")
         super().__init__(text)
 
+    def update_ipu_config(self, config):
+        """ipupod: fill ``config``'s ``experimental.multi_replica_distribution`` with this
+        cluster's workers (process count and index, the grpc transport, the coordinator
+        that instance 0 hosts), as ``popdist.set_ipu_config`` does, unless it is set
+        already. ``IPUMultiWorkerStrategy(resolver)`` made before the IPU system calls it
+        when the program configures one (seed 004:1991-2058). Returns ``config``."""
+        mrd = config.experimental.multi_replica_distribution
+        if mrd.process_count == 0:
+            popdist._configure_tf_cluster(mrd, self.config)
+        return config
+
 
 __all__ = ["TFConfigClusterResolver", "ClusterSpec", "TFConfigError"]

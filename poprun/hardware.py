@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ipu_node import env as ipu_env
-from ipu_node.systems import SystemModel, get_system_model
+from ipu_node.hardware.systems import SystemModel, get_system_model
 from launch import env as envnames
 from launch.plan import LaunchPlan
 from poprun.mpi_args import (MpiArgsError, check_interface, local_interfaces,

@@ -23,7 +23,7 @@ import shutil
 import sys
 from typing import Sequence
 
-from ipu_node.systems import SYSTEM_NAMES
+from ipu_node.hardware.systems import SYSTEM_NAMES
 from ipu_node.transport_names import INSTANCE_TRANSPORTS
 from launch.plan import LAUNCHERS
 

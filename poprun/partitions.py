@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from ipu_node.errors import IPUBusyError
-from ipu_node.occupancy import NAMED_PARTITION_RECORD, Occupancy, scope_name
+from ipu_node.runtime.occupancy import NAMED_PARTITION_RECORD, Occupancy, scope_name
 
 __all__ = ["PartitionError", "NamedPartition", "prepare_named_partition"]
 

@@ -184,10 +184,10 @@ def getDeviceId(ipusPerReplica: int = 0) -> int:
             instance's IPUs form no ``gc-info`` device (a count that is not a power of two).
         NotEnoughIPUsError: the job does not fit the system.
     """
-    from ipu_node.device_ids import find_device
     from ipu_node.env import partition_ipus
-    from ipu_node.selection import assign_instance_ipus
-    from ipu_node.systems import get_system_model
+    from ipu_node.hardware.device_ids import find_device
+    from ipu_node.hardware.selection import assign_instance_ipus
+    from ipu_node.hardware.systems import get_system_model
 
     ipus = ipusPerReplica or getNumIpusPerReplica()
     if not checkNumIpusPerReplica(ipus):

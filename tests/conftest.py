@@ -34,6 +34,18 @@ def local_system():
     ipu_node.reset_ipu_configuration()
 
 
+@pytest.fixture
+def one_ipu_system():
+    """A configured system of one IPU (reset afterwards)."""
+    import ipu_node
+
+    cfg = ipu_node.IPUConfig()
+    cfg.auto_select_ipus = 1
+    cfg.configure_ipu_system()
+    yield
+    ipu_node.reset_ipu_configuration()
+
+
 # Tests by layer: a test that starts a process (poprun, mpirun, a child interpreter), runs a
 # whole training job or waits out a timeout of seconds is marked ``slow``, so that
 # ``pytest -m "not slow"`` runs the unit layer alone (under 30 s on 2 cores). An unmarked test

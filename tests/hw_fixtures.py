@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipu_node import env
-from ipu_node.system import reset_ipu_configuration
+from ipu_node import env, reset_ipu_configuration
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 import ipu_node
+from ipu_node import Variable
 from ipu_node.pipelining_ops import Stage
-from ipu_node.variables import Variable
 
 
 class ListInfeed:

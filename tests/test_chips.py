@@ -7,10 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ipu_node import chips
+from ipu_node import SYSTEM_NAMES, chips, get_system_model
 from ipu_node.errors import UnknownSystemError
-from ipu_node.links import GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, LinkKind
-from ipu_node.systems import SYSTEM_NAMES, get_system_model
+from ipu_node.hardware.links import GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, LinkKind
 
 
 def test_every_system_has_a_chip_and_bow_pods_have_bow():

@@ -13,8 +13,7 @@ import pytest
 import collectives as C
 from collectives.options import STALL_WARNING_ENV, TIMEOUT_ENV
 from collectives.strategies import IPUMultiReplicaStrategy
-from ipu_node import IPUConfig
-from ipu_node.system import reset_ipu_configuration
+from ipu_node import IPUConfig, reset_ipu_configuration
 
 R = 4
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipu_node.system import reset_ipu_configuration
+from ipu_node import reset_ipu_configuration
 from tests.collective_cases import all_cases, assert_same, nest_cases, oracle, packed
 from tests.procs import PYTHON, ROOT, child_env, run
 from tests.procs import run_poprun as poprun

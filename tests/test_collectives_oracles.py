@@ -10,8 +10,7 @@ import pytest
 
 import collectives as C
 from collectives.strategies import IPUMultiReplicaStrategy
-from ipu_node import IPUConfig
-from ipu_node.system import reset_ipu_configuration
+from ipu_node import IPUConfig, reset_ipu_configuration
 from tests.collective_cases import DTYPES, all_cases, assert_same, oracle, run_case
 
 R = 8

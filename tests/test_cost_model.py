@@ -10,8 +10,8 @@ from collectives.records import CallRecord, total
 from collectives.cost_model import (HOST_NETWORK_BYTES_PER_S, HOST_NETWORK_LATENCY_S,
                                     HardwareCostModel)
 from collectives.performance.link_flows import mirrored_ring
-from ipu_node.links import (GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, IPU_LINK_LATENCY_S)
-from ipu_node.systems import get_system_model
+from ipu_node import get_system_model
+from ipu_node.hardware.links import GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, IPU_LINK_LATENCY_S
 
 MiB = 1 << 20
 RINGS = ("clockwise_ring", "anticlockwise_ring", "bidirectional_ring_pair",
@@ -260,7 +260,7 @@ def test_set_cost_model_overrides_the_default(local_system):
 
 @pytest.mark.parametrize("system", ["C2-16", "POD16", "POD128"])
 def test_routes_from_is_route_to_every_ipu(system):
-    from ipu_node.routing import route, routes_from
+    from ipu_node.hardware.routing import route, routes_from
     model = get_system_model(system)
     for src in (0, 5, model.num_ipus - 1):
         routes = routes_from(model, src)

@@ -11,9 +11,8 @@ import pytest
 
 from collectives.cost_model import HardwareCostModel
 from collectives.schedules import CHAIN, CHAIN_STREAMS, RINGS, Pricer, folded_order
+from ipu_node import get_system_model, route
 from ipu_node.selection import assign_instance_ipus, layout_replicas
-from ipu_node.routing import route
-from ipu_node.systems import get_system_model
 
 OPS = ("cross_replica_sum", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 # one system per topology (the BOW-POD* share their POD's links: checked once below)

@@ -18,6 +18,10 @@ from ipu_node.ipu_outfeed_queue import IPUOutfeedMode, IPUOutfeedQueue
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:DeprecationWarning")
 
 
+# ipu_compiler.compile needs a configured system: a 1-IPU one unless a test makes another
+pytestmark = pytest.mark.usefixtures("one_ipu_system")
+
+
 def on_ipu(fn, inputs=None):
     with scopes.ipu_scope("/device:IPU:0"):
         return ipu_compiler.compile(fn, inputs)

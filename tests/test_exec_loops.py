@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 import ipu_node
-from ipu_node import current_replica_context, ipu_compiler, loops, scopes
+from ipu_node import Operation, current_replica_context, ipu_compiler, loops, scopes
 from ipu_node.data import Dataset
 from ipu_node.errors import NotPlacedOnIPUError
 from ipu_node.ipu_infeed_queue import IPUInfeedQueue
-from ipu_node.operation import Operation
+
+
+# ipu_compiler.compile needs a configured system: a 1-IPU one unless a test makes another
+pytestmark = pytest.mark.usefixtures("one_ipu_system")
 
 
 def on_ipu(fn, inputs=None):

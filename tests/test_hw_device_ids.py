@@ -6,9 +6,9 @@ import pathlib
 
 import pytest
 
-from ipu_node.device_ids import devices_of_size, find_device, gc_device, gc_devices
+from ipu_node import SYSTEM_NAMES, get_system_model
 from ipu_node.errors import UnknownDeviceError
-from ipu_node.systems import SYSTEM_NAMES, get_system_model
+from ipu_node.hardware.device_ids import devices_of_size, find_device, gc_device, gc_devices
 from ipu_node.tools.gc_info import format_listing
 
 SEED_LISTING = pathlib.Path(__file__).parent / "data" / "gc_info_l_c2_16.txt"  # seed 004:750-846

@@ -10,7 +10,7 @@ import pytest
 
 from ipu_node import IPUConfig
 from ipu_node.chips import GC200
-from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
+from ipu_node.runtime.occupancy import MACHINE_SCOPE, Occupancy
 from ipu_node.tools import (gc_absent, gc_hosttraffictest, gc_info, gc_inventory,
                             gc_iputraffictest, gc_reset)
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from ipu_node import get_system_model
 from ipu_node.errors import UnknownIPUError
-from ipu_node.links import (GW_LINK_LATENCY_S, IPU_LINK_LATENCY_S, PCIE_LATENCY_S, Link,
-                            LinkKind)
-from ipu_node.routing import (crosses_gw_links, hops, host_transfer_time_s, path_hops, route,
-                              transfer_time_s)
-from ipu_node.systems import get_system_model
+from ipu_node.hardware.links import (GW_LINK_LATENCY_S, IPU_LINK_LATENCY_S, PCIE_LATENCY_S, Link,
+                                     LinkKind)
+from ipu_node.hardware.routing import (crosses_gw_links, hops, host_transfer_time_s, path_hops,
+                                       route, transfer_time_s)
 
 C2 = get_system_model("C2-16")
 

@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 
 import ipu_node
-from ipu_node import IPUConfig
-from ipu_node.device import IPU
+from ipu_node import IPU, IPUConfig, IPUMemory, get_system
 from ipu_node.errors import IPUOutOfMemoryError, NotInReplicaError, UnknownIPUError
-from ipu_node.memory import IPUMemory
-from ipu_node.system import get_system
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 
 

@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from ipu_node import IPUConfig, env
+from ipu_node import IPUConfig, env, reset_ipu_configuration
 from ipu_node.errors import IPUBusyError
-from ipu_node.occupancy import Occupancy
-from ipu_node.system import reset_ipu_configuration
+from ipu_node.runtime.occupancy import Occupancy
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 
 TIMEOUT_S = 20

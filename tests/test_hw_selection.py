@@ -6,12 +6,11 @@ import logging
 
 import pytest
 
-from ipu_node import IPUConfig, SelectionOrder
+from ipu_node import IPUConfig, SelectionOrder, get_system_model
 from ipu_node.errors import (IPUConfigError, NotEnoughIPUsError, UnknownDeviceError,
                              UnknownSystemError)
-from ipu_node.routing import path_hops
+from ipu_node.hardware.routing import path_hops
 from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, order_ipus
-from ipu_node.systems import get_system_model
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 
 C2 = get_system_model("C2-16")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ipu_node import env
+from ipu_node import SYSTEM_NAMES, env, get_system_model
 from ipu_node.errors import IPUConfigError, UnknownIPUError, UnknownSystemError
-from ipu_node.links import IPU_LINKS_PER_IPU, LinkKind
-from ipu_node.systems import SYSTEM_NAMES, get_system_model
+from ipu_node.hardware.links import IPU_LINKS_PER_IPU, LinkKind
 
 
 def test_registry_names_and_sizes():

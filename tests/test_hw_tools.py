@@ -8,11 +8,9 @@ import pathlib
 
 import pytest
 
-from ipu_node import IPUConfig, env
+from ipu_node import IPUConfig, env, format_topology_table, get_system_model
 from ipu_node.errors import NotEnoughIPUsError
-from ipu_node.systems import get_system_model
 from ipu_node.tools import gc_info, gc_links, gc_monitor
-from ipu_node.topology_table import format_topology_table
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 
 SEED_LISTING = pathlib.Path(__file__).parent / "data" / "gc_info_l_c2_16.txt"  # seed 004:750-846

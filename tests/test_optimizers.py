@@ -9,11 +9,11 @@ import ipu_node
 from collectives import cross_replica_mean, replication_index
 from collectives.optimizers import (CrossReplicaGradientAccumulationOptimizerV2,
                                     CrossReplicaOptimizer)
-from ipu_node import optimizers as opt_mod
+from ipu_node import Variable
 from ipu_node.errors import FailedPreconditionError
+from ipu_node.execution import optimizers as opt_mod
 from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
                                  MapGradientOptimizer, MomentumOptimizer, Optimizer)
-from ipu_node.variables import Variable
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import configure, in_replica
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from ipu_node import get_system_model
 from ipu_node.errors import IPUBusyError
-from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
-from ipu_node.partition import reserve_partition
+from ipu_node.runtime.occupancy import MACHINE_SCOPE, Occupancy
+from ipu_node.runtime.partition import reserve_partition
 from ipu_node.selection import assign_instance_ipus
-from ipu_node.systems import get_system_model
 from tests.hw_fixtures import isolated  # noqa: F401  (pytest fixture)
 from tests.procs import PROGRAMS, describe, run_poprun
 

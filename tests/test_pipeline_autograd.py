@@ -4,10 +4,10 @@ one, labels pass through, and every schedule gives the same bits."""
 import autograd.numpy as anp
 import numpy as np
 
+from ipu_node import Variable
 from ipu_node.optimizers import GradientDescentOptimizer
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      pipeline)
-from ipu_node.variables import Variable
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, in_replica,
                                    init_weights, make_elements, mlp_stages)

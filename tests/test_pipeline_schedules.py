@@ -5,9 +5,10 @@ equals the closed forms) and O3 (modelled time of uniform stages), the S=3 G=6 t
 import numpy as np
 import pytest
 
-from ipu_node import clock, get_system, routing
-from ipu_node._schedules import schedule_steps
+from ipu_node import clock, get_system
+from ipu_node.hardware import routing
 from ipu_node.optimizers import GradientDescentOptimizer
+from ipu_node.pipelining._pipeline_schedules import schedule_steps
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
 from tests.hw_fixtures import isolated  # noqa: F401

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 import ipu_node
+from ipu_node import Variable
 from ipu_node.errors import FailedPreconditionError
 from ipu_node.optimizers import (GradientAccumulationOptimizerV2, GradientDescentOptimizer,
                                  MomentumOptimizer)
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule,
                                      PipelineStageOptions, RecomputationMode, Stage,
                                      last_report, pipeline)
-from ipu_node.variables import Variable
 from tests.hw_fixtures import isolated  # noqa: F401
 from tests.pipeline_models import (ListInfeed, ListOutfeed, configure, grad_sums, grads_of,
                                    in_replica, init_weights, make_elements, mlp_stages,

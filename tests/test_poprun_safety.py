@@ -292,7 +292,7 @@ def test_an_occupancy_directory_owned_by_another_user_is_refused(tmp_path, capsy
 
 def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
     from ipu_node.errors import OccupancyDirError
-    from ipu_node.occupancy import Occupancy
+    from ipu_node.runtime.occupancy import Occupancy
     victim = tmp_path / "victim"
     victim.write_text("precious")
     occupancy = Occupancy("POD16", "machine", str(tmp_path / "occ"))
@@ -305,7 +305,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
 
 def test_occupancy_directories_are_private(tmp_path):
     import stat as stat_
-    from ipu_node.occupancy import Occupancy
+    from ipu_node.runtime.occupancy import Occupancy
     occupancy = Occupancy("POD16", "machine", str(tmp_path / "occ"))
     lease = occupancy.acquire([3])
     for path in (tmp_path / "occ", tmp_path / "occ" / "POD16", Path(occupancy.dir)):

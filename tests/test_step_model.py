@@ -10,8 +10,8 @@ from tests.hw_fixtures import isolated  # noqa: F401
 from collectives.cost_model import HardwareCostModel
 from collectives.step_model import (DEFAULT_EFFICIENCY, TERMS, ModelCard, StepConfig, predict,
                                     what_if)
+from ipu_node import get_system_model
 from ipu_node.chips import GC200
-from ipu_node.systems import get_system_model
 
 R50 = ModelCard(25_557_032, 24.5e9, input_bytes_per_item=150_528)
 
@@ -156,12 +156,12 @@ def test_card_from_a_pipelined_run_with_an_infeed_reads_its_input_bytes(isolated
     come from the queue (40), and predict on the card is what_if from the run."""
     from collectives.optimizers import CrossReplicaOptimizer
     from collectives.strategies import IPUMultiReplicaStrategy
+    from ipu_node import Variable
     from ipu_node.data import Dataset
     from ipu_node.ipu_compiler import compile as ipu_compile
     from ipu_node.ipu_infeed_queue import IPUInfeedQueue, dequeued_bytes, reset_dequeued_bytes
     from ipu_node.optimizers import GradientDescentOptimizer
     from ipu_node.pipelining_ops import OptimizerFunctionOutput, last_report, pipeline
-    from ipu_node.variables import Variable
     from tests.pipeline_models import (ListOutfeed, configure, hidden_stage, init_weights,
                                        loss_stage, make_elements)
 

@@ -64,13 +64,8 @@ def test_popdist_strategy_under_poprun_with_two_replicas_per_instance(tmp_path):
 
 
 @pytest.fixture
-def two_replicas():
-    import ipu_node
-    cfg = ipu_node.IPUConfig()
-    cfg.auto_select_ipus = 2
-    cfg.configure_ipu_system()
-    yield
-    ipu_node.reset_ipu_configuration()
+def two_replicas(local_system):
+    local_system(2)   # (conftest: a system of two 1-IPU replicas, reset afterwards)
 
 
 def test_ipu_strategy_mirrored_and_sync_on_read_in_one_instance(two_replicas):
@@ -119,6 +114,18 @@ def test_update_ipu_config_and_variables_on_host_in_one_instance(two_replicas):
         strategy.Variable(np.ones(1000, np.float32), name="big")
     assert sum(m.in_use_bytes for m in system.memory.values()) == before  # on the host
     with IPUStrategy().scope() as s:
-        v = s.Variable(np.ones(1000, np.float32), name="big")  # on both replicas' IPUs
+        # the layout is still derived (ipus_per_replica unset): each replica places its
+        # copy when it first uses it
+        v = s.Variable(np.ones(1000, np.float32), name="big")
+        assert sum(m.in_use_bytes for m in system.memory.values()) == before
+        s.run(lambda: v.value)
         assert sum(m.in_use_bytes for m in system.memory.values()) == before + 8000
         assert "MirroredVariable 'big'" in repr(v)
+    cfg = ipu_node.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.ipus_per_replica = 1                 # a bound layout: placed at creation
+    system = cfg.configure_ipu_system()
+    with IPUStrategy().scope() as s:
+        kept = s.Variable(np.ones(1000, np.float32), name="big")
+        assert sum(m.in_use_bytes for m in system.memory.values()) == 8000
+        assert kept.ipu_id == system.devices[0].ipus[0].id

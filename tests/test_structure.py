@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos")
+PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch")
 # DESIGN.md: poprun -> launch -> protos, poprun -> ipu_node, collectives -> ipu_node,
 # collectives -> protos, launch -> protos; popdist (Graphcore's name for the PopDist API) is a
-# thin layer over poprun.popdist, and nothing of ipupod imports it.
+# thin layer over poprun.popdist (and popdist.poptorch over poptorch), and nothing of ipupod
+# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun.
 ALLOWED = {
-    "popdist": {"poprun"},
+    "popdist": {"poprun", "poptorch"},
+    "poptorch": {"collectives", "ipu_node", "poprun"},
     "poprun": {"launch", "protos", "ipu_node"},
     "launch": {"protos"},
     "collectives": {"ipu_node", "protos"},
@@ -55,6 +57,56 @@ def test_importing_the_packages_loads_neither_mpi_nor_grpc():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_only_poptorch_imports_torch():
+    code = ("import sys, ipu_node, collectives, collectives.strategies, poprun, launch, popdist,"
+            " popdist.tensorflow; print([m for m in ('torch',) if m in sys.modules]);"
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _public(module_name: str, name: str) -> bool:
+    """Whether ``name`` is a public name of ``module_name`` (in its ``__all__``, or a public
+    submodule of a package)."""
+    import importlib
+    module = importlib.import_module(module_name)
+    if name in getattr(module, "__all__", ()):
+        return True
+    return (REPO / module_name.replace(".", "/") / f"{name}.py").exists() and \
+        not name.startswith("_")
+
+
+def test_poptorch_uses_only_public_names_of_the_packages_below():
+    lower = ("collectives", "ipu_node", "poprun")
+    wrong = []
+    for path in sorted((REPO / "poptorch").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # local name -> module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] in lower:
+                        if any(part.startswith("_") for part in a.name.split(".")):
+                            wrong.append(f"{path.name}: import {a.name}")
+                        aliases[a.asname or a.name.split(".")[0]] = \
+                            a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                    node.module.split(".")[0] in lower:
+                for a in node.names:
+                    if any(p.startswith("_") for p in node.module.split(".")) or \
+                            not _public(node.module, a.name):
+                        wrong.append(f"{path.name}: from {node.module} import {a.name}")
+                    elif (REPO / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in aliases and not _public(aliases[node.value.id], node.attr):
+                wrong.append(f"{path.name}: {aliases[node.value.id]}.{node.attr}")
+    assert not wrong, f"poptorch uses private names of the packages below it: {wrong}"
 
 
 # -- no import cycle inside a package (function-level imports included) --------------------
@@ -180,12 +232,98 @@ def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
     assert _cycle({"p.a": {"p.b"}, "p.b": set()}) is None
 
 
+# -- ipu_node: its parts import downwards, its public module paths stay ------------------------
+
+#: The parts of ipu_node and the parts each may import (the leaf modules at its root, errors,
+#: env, transport_names, nest, import no other module of ipu_node and every part may import
+#: them). The modules at the root that re-export a part's module (``ipu_node.loops``, ...) are
+#: for programs: no part imports them.
+IPU_NODE_PARTS = {
+    "hardware": set(),
+    "runtime": {"hardware"},
+    "execution": {"runtime", "hardware"},
+    "clock": {"runtime", "hardware"},
+    "pipelining": {"execution", "clock", "runtime", "hardware"},
+    "tools": {"runtime", "hardware"},
+}
+IPU_NODE_LEAVES = {"ipu_node.errors", "ipu_node.env", "ipu_node.transport_names", "ipu_node.nest"}
+
+#: Public module paths of ipu_node -> the module whose public names they give: TF-IPU's module
+#: names, the ones the README shows, and the modules ipu_node.__all__ names.
+IPU_NODE_PUBLIC_MODULES = {
+    "ipu_node.config": "ipu_node.runtime.config",
+    "ipu_node.flags": "ipu_node.runtime.flags",
+    "ipu_node.chips": "ipu_node.hardware.chips",
+    "ipu_node.selection": "ipu_node.hardware.selection",
+    "ipu_node.data": "ipu_node.execution.data",
+    "ipu_node.loops": "ipu_node.execution.loops",
+    "ipu_node.ipu_infeed_queue": "ipu_node.execution.ipu_infeed_queue",
+    "ipu_node.ipu_outfeed_queue": "ipu_node.execution.ipu_outfeed_queue",
+    "ipu_node.ipu_compiler": "ipu_node.execution.ipu_compiler",
+    "ipu_node.scopes": "ipu_node.execution.scopes",
+    "ipu_node.optimizers": "ipu_node.execution.optimizers",
+    "ipu_node.rand_ops": "ipu_node.execution.rand_ops",
+    "ipu_node.utils": "ipu_node.execution.utils",
+    "ipu_node.pipelining_ops": "ipu_node.pipelining.pipelining_ops",
+    "ipu_node.clock": "ipu_node.clock._timelines",
+}
+
+
+def _ipu_node_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in IPU_NODE_PARTS else None
+
+
+def test_the_parts_of_ipu_node_import_downwards():
+    graph = _import_graph("ipu_node")
+    wrong = []
+    for module, imported in graph.items():
+        for target in imported:
+            here, there = _ipu_node_part(module), _ipu_node_part(target)
+            if module in IPU_NODE_LEAVES:
+                ok = target in IPU_NODE_LEAVES
+            elif here is None:          # ipu_node/__init__ and the re-exporting modules
+                ok = True
+            elif there is None:         # the root: leaves only, never a re-exporting module
+                ok = target in IPU_NODE_LEAVES
+            else:
+                ok = there == here or there in IPU_NODE_PARTS[here]
+            if not ok:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("public, home", sorted(IPU_NODE_PUBLIC_MODULES.items()))
+def test_a_public_module_path_of_ipu_node_gives_its_modules_names(public, home):
+    import importlib
+
+    import ipu_node
+
+    module, code = importlib.import_module(public), importlib.import_module(home)
+    assert sorted(module.__all__) == sorted(code.__all__)
+    missing = [n for n in code.__all__ if getattr(module, n, None) is not getattr(code, n)]
+    assert not missing, missing
+    name = public.rpartition(".")[2]
+    if name in ipu_node.__all__:
+        assert getattr(ipu_node, name) is module
+
+
+def test_every_module_ipu_node_all_names_has_a_public_path():
+    import types
+
+    import ipu_node
+
+    modules = {f"ipu_node.{n}" for n in ipu_node.__all__
+               if isinstance(getattr(ipu_node, n), types.ModuleType)}
+    assert modules <= set(IPU_NODE_PUBLIC_MODULES), modules - set(IPU_NODE_PUBLIC_MODULES)
+
+
 # -- the collectives API ---------------------------------------------------------------------
 
 COLLECTIVES_API = sorted([
     "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
     "reduce_scatter", "all_to_all", "broadcast", "replication_index",
-    "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
+    "assume_equal_across_replicas", "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
     "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
     "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
     "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",

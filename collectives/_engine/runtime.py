@@ -7,7 +7,7 @@ import logging
 import threading
 
 from ipu_node import get_system
-from ipu_node.system import IPUSystem
+from ipu_node.runtime.system import IPUSystem
 
 from collectives.records import CallRecord, OpStats, format_table, total
 from collectives.performance.cost_model import HardwareCostModel

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from ipu_node.optimizers import (GradientAccumulationOptimizerV2, Optimizer,
-                                 OptimizerWrapper, check_grads_and_vars)
+from ipu_node.execution.optimizers import (GradientAccumulationOptimizerV2, Optimizer,
+                                           OptimizerWrapper, check_grads_and_vars)
 
 from collectives.ops import cross_replica_mean
 

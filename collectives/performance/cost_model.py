@@ -90,11 +90,11 @@ import math
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from ipu_node.config import SelectionOrder
-from ipu_node.links import GW_LINK_LATENCY_S
-from ipu_node.routing import routes_from
-from ipu_node.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.links import GW_LINK_LATENCY_S
+from ipu_node.hardware.routing import routes_from
+from ipu_node.hardware.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.config import SelectionOrder
 
 from collectives.records import CallRecord
 from collectives.gcl_options import METHODS
@@ -102,7 +102,7 @@ from collectives.performance.link_flows import StepProfile, mirrored_ring, step_
 from collectives.performance.pricing import Pricer as _Pricer, folded_order, split_groups
 
 if TYPE_CHECKING:
-    from ipu_node.system import IPUSystem
+    from ipu_node.runtime.system import IPUSystem
 
 #: Host-to-host network, bytes/s one way: the IPU-M2000's "1x 100GbE RoCEv2 NIC"
 #: (anchors §2.5); ipupod assumption that the hosts of a job talk over that class of network.

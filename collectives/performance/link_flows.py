@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ipu_node.links import Link
-from ipu_node.routing import routes_from
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.links import Link
+from ipu_node.hardware.routing import routes_from
+from ipu_node.hardware.systems import SystemModel
 
 __all__ = ["StepProfile", "flow_seconds_per_byte", "mirrored_ring", "step_profile"]
 

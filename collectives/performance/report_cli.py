@@ -45,7 +45,7 @@ def _load(path: str) -> dict:
 def _scaling(report: dict) -> tuple[str, list[float], list[float] | None]:
     """(y label, values per POD of SCALING_SYSTEMS, samples/s or None)."""
     from collectives.performance.step_model import ModelCard, StepConfig, predict
-    from ipu_node.systems import get_system_model
+    from ipu_node.hardware.systems import get_system_model
 
     est = report.get("step_estimate")
     if est:

@@ -3,12 +3,18 @@
 Set ``IPUPOD_REPORT_DIR`` (or ``poprun --report-dir DIR``) and every instance of a run writes,
 at interpreter exit, ``DIR/report-<instance>.json``, ``DIR/trace-<instance>.json`` and prints
 a short summary (:func:`enable_at_exit`, installed by :func:`collectives._engine.runtime.get_engine`).
+Poplar's way asks for the same: ``POPLAR_ENGINE_OPTIONS='{"autoReport.all": "true",
+"autoReport.directory": "DIR"}'`` (or ``autoReport.outputExecutionProfile``), or those engine
+options in ``IPUConfig.compilation_poplar_options`` (where ``utils.create_ipu_config(
+profiling=True, report_directory=DIR)`` puts them); :func:`report_directory` says which wins.
 :func:`write_report` does the same on demand. ``ipupod-report REPORT.json`` (:mod:`collectives.performance.report_cli`)
 prints the summary and draws the step breakdown and a what_if scaling plot.
 
 **The JSON report** (plain types; times in modelled seconds unless named ``wall_s``):
 
 * ``system``, ``chip``, ``replicas``, ``ipus_per_replica``, ``instance``, ``instances``;
+* ``options``: the ``IPUConfig`` options the program set (full dotted name: value; enums by
+  name, secrets shown as ``"<set>"``), :meth:`ipu_node.config.IPUConfig.explicit_options`;
 * ``collectives``: per op and schedule, ``calls``, ``payload_bytes`` (input bytes per
   replica, summed), ``method`` (the schedule the cost model charged, ``auto`` resolved),
   ``modelled_s``, ``wall_s``;
@@ -17,7 +23,9 @@ prints the summary and draws the step breakdown and a what_if scaling plot.
   and ``memory_peak_bytes`` (:func:`ipu_node.memory_usage`);
 * ``timeline``: per IPU, the modelled clock's events (empty without the clock);
 * ``step_estimate``: :func:`collectives.performance.step_model.predict` of the card given to
-  :func:`use_model_card`, or None (a run declares no FLOPs without it).
+  :func:`use_model_card`, or None (a run declares no FLOPs without it);
+* ``sections``: what front ends add with :func:`add_report_section` (e.g. ``poptorch``: its
+  models, their options and the options the emulation does not act on).
 
 **The trace** follows the Trace Event Format that chrome://tracing and ui.perfetto.dev read:
 ``M`` metadata events name the processes (``IPUs``, ``links``) and their threads (one per
@@ -35,19 +43,22 @@ order. Slices of one track never overlap.
 from __future__ import annotations
 
 import atexit
+import enum
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
-from ipu_node.chips import chip_of_system
-from ipu_node.links import IPU_LINK_LATENCY_S
-from ipu_node.systems import get_system_model
+from ipu_node.hardware.chips import chip_of_system
+from ipu_node.hardware.links import IPU_LINK_LATENCY_S
+from ipu_node.hardware.systems import get_system_model
+from ipu_node.runtime.flags import auto_report_directory
 
 from collectives.records import CallRecord
 
 __all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
-           "enable_at_exit", "use_model_card"]
+           "enable_at_exit", "use_model_card", "report_directory", "options_set",
+           "add_report_section"]
 
 #: Environment variable naming the directory reports are written to.
 REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
@@ -56,8 +67,26 @@ IPU_PID, LINK_PID = 1, 2
 #: Link classes, one track each (tid = index + 1).
 LINK_CLASSES = ("IPU-Link", "GW-Link", "host network")
 
-_state: dict[str, Any] = {"card": None, "config": None, "registered": False}
+_state: dict[str, Any] = {"card": None, "config": None, "registered": False, "target": None}
 _state_lock = threading.Lock()
+_sections: dict[str, Callable[[], Any]] = {}
+
+
+def add_report_section(name: str, provider: Callable[[], Any]) -> None:
+    """Put ``provider()`` (plain JSON types) under ``sections[name]`` of every report built
+    from now on; a front end (``poptorch``) describes its models there. Adding ``name``
+    again replaces its provider. A provider that raises gives ``{"error": "<message>"}``."""
+    _sections[name] = provider
+
+
+def _section_values() -> dict:
+    out = {}
+    for name, provider in list(_sections.items()):
+        try:
+            out[name] = provider()
+        except Exception as exc:  # the report is written at exit: never fail it
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def use_model_card(card, **config) -> None:
@@ -120,6 +149,7 @@ def build_report(system, ledger) -> dict:
         "system": name, "chip": chip_of_system(name).name if name else None,
         "replicas": system.num_replicas, "ipus_per_replica": system.ipus_per_replica,
         "instance": system.process_index, "instances": system.process_count,
+        "options": options_set(system.config),
         "collectives": list(collectives.values()), "ipus": per_ipu,
         "timeline": {str(i): [e.to_dict() for e in tl.events()] for i, tl in timelines.items()},
         "calls": [{"op": r.op, "method": _schedule(cost, r), "nbytes": r.nbytes,
@@ -127,8 +157,44 @@ def build_report(system, ledger) -> dict:
                    "crosses_domains": _crosses_domains(system, r),
                    "modelled_s": r.modelled_s or 0.0, "wall_s": r.wall_s} for r in records],
         "step_estimate": _estimate(system),
+        "sections": _section_values(),
     }
     return report
+
+
+def options_set(config) -> dict[str, Any]:
+    """The options ``config`` (an IPUConfig) had set, as plain JSON values."""
+    def plain(path: str, value: Any) -> Any:
+        if path.endswith("job_token"):
+            return "<set>" if value else ""
+        if isinstance(value, enum.Enum):
+            return f"{type(value).__name__}.{value.name}"
+        if isinstance(value, dict):
+            return {str(k): plain("", v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain("", v) for v in value]
+        return value if isinstance(value, (bool, int, float, str)) or value is None \
+            else repr(value)
+    explicit = getattr(config, "explicit_options", None)
+    return {k: plain(k, v) for k, v in explicit().items()} if explicit else {}
+
+
+def report_directory(system) -> str | None:
+    """Where reports go: ``IPUPOD_REPORT_DIR``, else ``POPLAR_ENGINE_OPTIONS``' autoReport,
+    else the autoReport engine options in ``system.config.compilation_poplar_options``;
+    None when none asks for them.
+
+    Raises:
+        ipu_node.IPUConfigError: POPLAR_ENGINE_OPTIONS is malformed (names it).
+    """
+    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
+    if directory:
+        return directory
+    options = getattr(system.config, "compilation_poplar_options", {}) or {}
+    if "true" in (options.get("autoReport.all"),
+                  options.get("autoReport.outputExecutionProfile")):
+        return options.get("autoReport.directory") or "."
+    return None
 
 
 def _crosses_domains(system, record: CallRecord) -> bool:
@@ -249,6 +315,9 @@ def summary(report: dict) -> str:
     lines = [f"ipupod report: {report['system']} ({report['chip']}), {report['replicas']} "
              f"replicas x {report['ipus_per_replica']} IPU, instance {report['instance']} of "
              f"{report['instances']}"]
+    if report.get("options"):
+        lines.append("  options set: " + ", ".join(f"{k}={v}"
+                                                   for k, v in report["options"].items()))
     for row in report["collectives"]:
         lines.append(f"  {row['op']:<20} x{row['calls']:<5} {row['payload_bytes']:>12} B  "
                      f"modelled {row['modelled_s'] * 1e3:9.3f} ms  wall "
@@ -284,17 +353,21 @@ def write_report(directory: str, system, ledger) -> tuple[str, str]:
 
 
 def enable_at_exit(system, ledger) -> None:
-    """If ``IPUPOD_REPORT_DIR`` is set, write the report of ``system`` and ``ledger`` (its
-    engine's) there at interpreter exit and print its summary (once per process)."""
-    directory = os.environ.get(REPORT_DIR_ENV)
+    """If a report is asked for (:func:`report_directory`), write the report of ``system``
+    and ``ledger`` (its engine's) there at interpreter exit and print its summary (once per
+    process: a later system, e.g. after a reconfiguration or widened replicas, replaces the
+    earlier one in the report)."""
+    directory = report_directory(system)
     if not directory:
         return
     with _state_lock:
+        _state["target"] = (directory, system, ledger)
         if _state["registered"]:
             return
         _state["registered"] = True
 
     def _at_exit():
+        directory, system, ledger = _state["target"]
         try:
             report_path, _ = write_report(directory, system, ledger)
             with open(report_path) as f:

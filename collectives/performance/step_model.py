@@ -47,9 +47,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ipu_node.chips import Chip, chip_of_system
-from ipu_node.ipu_infeed_queue import dequeued_bytes
-from ipu_node.systems import canonical_system_name, get_system_model
+from ipu_node.execution.ipu_infeed_queue import dequeued_bytes
+from ipu_node.hardware.chips import Chip, chip_of_system
+from ipu_node.hardware.systems import canonical_system_name, get_system_model
 
 from collectives.performance.cost_model import ALL_REDUCE_OPS, HardwareCostModel
 

@@ -32,7 +32,7 @@ import threading
 from typing import Callable
 
 from ipu_node.errors import OccupancyDirError
-from ipu_node.occupancy import private_dir
+from ipu_node.runtime.occupancy import private_dir
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import sys
 
 from ipu_node import env
 from ipu_node.errors import IPUError
-from ipu_node.systems import SYSTEM_NAMES, SystemModel, get_system_model
+from ipu_node.hardware.systems import SYSTEM_NAMES, SystemModel, get_system_model
 
 #: Exit status of a tool given bad input (argparse uses the same).
 EXIT_USAGE = 2

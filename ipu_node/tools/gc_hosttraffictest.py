@@ -21,11 +21,11 @@ import json
 import sys
 from collections import Counter
 
-from ipu_node.chips import chip
-from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUError
-from ipu_node.links import GB
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.chips import chip
+from ipu_node.hardware.device_ids import gc_device
+from ipu_node.hardware.links import GB
+from ipu_node.hardware.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 

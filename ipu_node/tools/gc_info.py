@@ -3,19 +3,19 @@
 On a PCIe system (C2-16) the listing has the format of seed 004:749-846, line for line; on an
 IPU-M2000 (Fabric) system, the format Graphcore's command-line tools guide shows for an
 IPU-POD ("gc-info", List devices): ``target: [Fabric], IPU-M host: [...], IPU#: [...]``.
-Device ids follow :mod:`ipu_node.device_ids`.
+Device ids follow :mod:`ipu_node.hardware.device_ids`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ipu_node.device import SRAM_BYTES_PER_TILE, TILES_PER_IPU
-from ipu_node.device_ids import GcDevice, gc_device, gc_devices
 from ipu_node.errors import IPUError
-from ipu_node.occupancy import Occupancy
-from ipu_node.chips import chip
-from ipu_node.systems import IPUInfo, SystemModel
+from ipu_node.hardware.chips import chip
+from ipu_node.hardware.device_ids import GcDevice, gc_device, gc_devices
+from ipu_node.hardware.systems import IPUInfo, SystemModel
+from ipu_node.runtime.device import SRAM_BYTES_PER_TILE, TILES_PER_IPU
+from ipu_node.runtime.occupancy import Occupancy
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: ICU firmware shown for IPU-M2000 (and Bow-2000) IPUs (seed 000:437)
@@ -100,7 +100,7 @@ def format_device_info(model: SystemModel, device: GcDevice,
     """The text of ``gc-info -d ID -I``: attributes in ``key: value`` lines, as gc-info prints
     (``header``: its first line; gc-inventory's blocks begin ``Device:``).
 
-    Tile and memory figures are the native version's (:mod:`ipu_node.device`).
+    Tile and memory figures are the native version's (:mod:`ipu_node.runtime.device`).
     """
     lines = [header, f"  id: {device.id}"]
     holders = {h.ipu_id: h for h in (occupancy.holders() if occupancy else [])}

@@ -2,8 +2,8 @@
 
 Graphcore's tool "Lists device IDs, physical parameters and firmware version numbers" (seed
 001:569) as "key-value string pairs" (Graphcore's command-line tools guide, "Device
-attributes"): here one ``Device:`` block per gc-info device (:mod:`ipu_node.device_ids`), in
-id order, the single IPUs with the attributes ``gc-info -d ID -I`` prints
+attributes"): here one ``Device:`` block per gc-info device
+(:mod:`ipu_node.hardware.device_ids`), in id order, the single IPUs with the attributes ``gc-info -d ID -I`` prints
 (:func:`ipu_node.tools.gc_info.format_device_info`, firmware version included), the
 multi-IPU devices with their member IPUs. Temperatures and power are not modelled, so they
 are not listed.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from ipu_node.device_ids import gc_devices
-from ipu_node.occupancy import Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.device_ids import gc_devices
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import Occupancy
 from ipu_node.tools._common import EXIT_USAGE, parse, parser
 from ipu_node.tools.gc_info import format_device_info
 

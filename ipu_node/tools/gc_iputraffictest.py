@@ -5,8 +5,8 @@ simultaneous bi-directional bandwidth: the sum of the bandwidth from device0 to 
 the bandwidth from device1 to device0" (Graphcore's command-line tools guide,
 "gc-iputraffictest"). The emulation has no IPU-Links to push bytes over: this prints what
 the model of the system says instead, *modelled*, never measured: the route between the two
-IPUs (:func:`ipu_node.routing.route`), the slowest bundle on it, and the sources of its
-figures (:mod:`ipu_node.chips`, :mod:`ipu_node.links`). ``--all-links`` lists every
+IPUs (:func:`ipu_node.hardware.routing.route`), the slowest bundle on it, and the sources of its
+figures (:mod:`ipu_node.chips`, :mod:`ipu_node.hardware.links`). ``--all-links`` lists every
 IPU-Link and GW-Link bundle the same way.
 
     gc-iputraffictest --device0 0 --device1 2 [-j]
@@ -18,19 +18,19 @@ from __future__ import annotations
 import json
 import sys
 
-from ipu_node.chips import chip
-from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUError
-from ipu_node.links import GB, Link, LinkKind
-from ipu_node.routing import route
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.chips import chip
+from ipu_node.hardware.device_ids import gc_device
+from ipu_node.hardware.links import GB, Link, LinkKind
+from ipu_node.hardware.routing import route
+from ipu_node.hardware.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: the source of each kind of link's per-link figure, by the chip's field
 _FIELD = {LinkKind.IPU_LINK: "ipu_link_bytes_per_s", LinkKind.GW_LINK: "gw_link_bytes_per_s",
           LinkKind.PCIE: "pcie_bytes_per_s"}
 #: where the number of links in a bundle comes from
-BUNDLE_SOURCE = ("links per bundle: ipu_node.systems (the IPU-Link ladder of the POD, its "
+BUNDLE_SOURCE = ("links per bundle: ipu_node.hardware.systems (the IPU-Link ladder of the POD, its "
                  "cables 4 links, inside a machine 3: ipupod assumption for the inside)")
 
 

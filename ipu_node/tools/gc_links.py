@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ipu_node.links import GB, Link, LinkKind
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.links import GB, Link, LinkKind
+from ipu_node.hardware.systems import SystemModel
 from ipu_node.tools._common import EXIT_USAGE, parse, parser
 
 

@@ -4,7 +4,7 @@ In the format of seed 000:431-460: a device table (for IPU-M2000 systems the see
 ``IPU-M | Serial | ICU FW | Type | Server version | ID | PCIe ID | Routing | GWSW``, a rule
 after each board pair of IPUs; for the C2 server ``Card | Serial | Type | ID | PCI Domain``),
 then the attached processes ``PID | Command | Time | User | ID | Clock | Temp | Temp | Power``,
-plus the partition each attached in (see :mod:`ipu_node.occupancy`). Temperatures and power
+plus the partition each attached in (see :mod:`ipu_node.runtime.occupancy`). Temperatures and power
 are not modelled (``N/A``, as in the seed).
 """
 
@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from ipu_node.occupancy import Holder, Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import Holder, Occupancy
 from ipu_node.tools._common import EXIT_USAGE, parse, parser
 from ipu_node.tools.gc_info import ICU_FW, clock_mhz
 

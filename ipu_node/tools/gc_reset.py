@@ -2,13 +2,13 @@
 
 A real ``gc-reset`` "Resets an IPU device" (seed 001:571), refusing one a process has
 attached. The emulated IPUs hold no state between programs; what a killed job can leave is
-in the occupancy directory (:mod:`ipu_node.occupancy`): the partition directories of
+in the occupancy directory (:mod:`ipu_node.runtime.occupancy`): the partition directories of
 launchers that were killed before removing them, and lock files whose holder died. Both are
 harmless to new jobs (poprun reclaims the former when it reserves a partition, and a dead
 holder's lock is free), but they clutter it; ``gc-reset`` removes them:
 
 * every stale partition, by poprun's own reclaim
-  (:meth:`ipu_node.occupancy.Occupancy.reclaim_stale_scopes`; a named partition kept with
+  (:meth:`ipu_node.runtime.occupancy.Occupancy.reclaim_stale_scopes`; a named partition kept with
   ``--remove-partition no`` stays);
 * every lock file of the device's IPUs that no live process holds, in every partition, each
   taken and released as an attach would (so a process attaching at that moment is never
@@ -25,10 +25,10 @@ import os
 import re
 import sys
 
-from ipu_node.device_ids import gc_device
 from ipu_node.errors import IPUBusyError, IPUError
-from ipu_node.occupancy import MACHINE_SCOPE, Occupancy
-from ipu_node.systems import SystemModel
+from ipu_node.hardware.device_ids import gc_device
+from ipu_node.hardware.systems import SystemModel
+from ipu_node.runtime.occupancy import MACHINE_SCOPE, Occupancy
 from ipu_node.tools._common import EXIT_USAGE, fail, parse, parser
 
 #: exit status of a reset refused because the device is in use

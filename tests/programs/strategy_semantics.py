@@ -18,8 +18,9 @@ import numpy as np
 from collectives import CollectiveMismatchError
 from collectives.strategies import (IPUHorovodStrategy, IPUMultiWorkerStrategy, PopDistStrategy,
                                     ReduceOp, VariableAggregation, VariableSynchronization)
-from ipu_node import IPUConfig, clock, get_system, replica
+from ipu_node import IPUConfig, clock, get_system
 from ipu_node.optimizers import GradientDescentOptimizer
+from ipu_node.runtime import replica
 from poprun import TFConfigClusterResolver, popdist
 
 

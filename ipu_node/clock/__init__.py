@@ -1,0 +1,16 @@
+"""The modelled clock: one timeline of events per simulated IPU, in modelled seconds.
+
+Pipelines write compute, copy, host I/O and sync events on it, collectives their
+``"collective"`` events (:func:`charge_collective`); reports and traces read
+:func:`timelines`. The code is in :mod:`ipu_node.clock._timelines` (its docstring says who
+writes what); this module is its public face.
+
+Imports the device runtime (the configured system) and the hardware model's chips.
+"""
+
+from ipu_node.clock._timelines import (EVENT_KINDS, Event, Timeline, charge_collective,
+                                       compute_efficiency, compute_time_s, peak_flops,
+                                       reset_timelines, timeline, timelines)
+
+__all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_timelines",
+           "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency"]

@@ -1,0 +1,58 @@
+"""``import poptorch``: Graphcore's PopTorch API on CPU PyTorch, over ipupod's emulated IPUs.
+
+A PopTorch program runs as written: the user's ``nn.Module``, autograd and optimizer do the
+arithmetic; ipupod supplies what the IPU would (poptorch reference, ``shared/reference/
+poptorch.md``): replicas on emulated IPUs (attached, counted in SRAM, released on detach),
+PopTorch's batch arithmetic and output modes, and the gradient reduction over every replica
+of the job through GCL's collectives, bit-identical at every layout of the replicas over
+instances (see :mod:`poptorch._threads` for the intra-op threads that takes)::
+
+    opts = poptorch.Options().deviceIterations(50)
+    loader = poptorch.DataLoader(opts, dataset, batch_size=8, shuffle=True)
+    model = poptorch.trainingModel(ModelWithLoss(net), opts,
+                                   optimizer=torch.optim.SGD(net.parameters(), lr=0.05))
+    for x, y in loader:
+        out, loss = model(x, y)
+    model.detachFromDevice()
+    predictions = poptorch.inferenceModel(net)(x_test)
+
+Only this package imports torch (``import ipu_node``, ``collectives``, ``poprun``,
+``popdist`` do not).
+"""
+
+from poptorch import enums, optim
+from poptorch._async import AsynchronousDataAccessor
+from poptorch._dataloader import DataLoader
+from poptorch._errors import (ConfigFileError, Error, RecoverableError, UnrecoverableError,
+                              createPoptorchError)
+from poptorch._executor import NO_EXECUTABLE_ERR, PoplarExecutor
+from poptorch._logging import logger, setLogLevel
+from poptorch._ops import (for_loop, identity_loss, ipu_print_tensor, ipuHardwareIsAvailable,
+                           ipuHardwareVersion, isRunningOnIpu, nop, recomputationCheckpoint,
+                           serializedMatMul, set_available_memory)
+from poptorch._options import Options
+from poptorch._options_groups import TensorLocationSettings
+from poptorch._version import __version__
+from poptorch._wrap import inferenceModel, load, trainingModel
+from poptorch.enums import (AutoStage, CommGroupType, ConnectionType, DataLoaderMode, Liveness,
+                            MatMulSerializationMode, MeanReductionStrategy, MultiConvPlanType,
+                            OutputMode, OverlapMode, ReductionType, SharingStrategy,
+                            SyncPattern, VariableRetrievalMode)
+
+#: SDK 2.x's name of :class:`OutputMode` (removed in SDK 2.5; kept for older programs)
+AnchorMode = OutputMode
+
+
+__all__ = [
+    "Options", "TensorLocationSettings", "DataLoader", "AsynchronousDataAccessor",
+    "trainingModel", "inferenceModel", "PoplarExecutor", "NO_EXECUTABLE_ERR", "load",
+    "identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
+    "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
+    "ipuHardwareIsAvailable", "ipuHardwareVersion", "setLogLevel", "logger",
+    "Error", "RecoverableError", "UnrecoverableError", "ConfigFileError",
+    "createPoptorchError", "enums", "optim",
+    "OutputMode", "AnchorMode", "ReductionType", "MeanReductionStrategy", "ConnectionType",
+    "SyncPattern", "DataLoaderMode", "SharingStrategy", "AutoStage", "Liveness",
+    "CommGroupType", "VariableRetrievalMode", "MultiConvPlanType", "OverlapMode",
+    "MatMulSerializationMode", "__version__",
+]

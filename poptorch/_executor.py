@@ -1,0 +1,388 @@
+"""``PoplarExecutor``: a model wrapped by ``trainingModel``/``inferenceModel`` (poptorch
+reference §5).
+
+The first call (or :meth:`~PoplarExecutor.compile`) checks the options and the input batch,
+attaches the replicas to emulated IPUs (:mod:`poptorch._device`), makes the replica copies
+(:mod:`poptorch._replicas`) and optimizers (:mod:`poptorch._device_optim`), counts their
+tensors in SRAM, and traces the model once on replica 0 with its first micro-batch (the
+loss rules, the buffer rule; buffers and random state are put back). Each call then runs
+``deviceIterations`` steps on every local replica (:mod:`poptorch._step`) and returns the
+outputs of the output mode (:mod:`poptorch._batching`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from poptorch import enums
+from poptorch._batching import Layout, MicroBatches, OutputCollector, check_batch
+from poptorch._device import attach_free, attach_job, ipus_to_reserve
+from poptorch._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
+                                    needs_running_mean, state_nbytes_per_param)
+from poptorch._errors import createPoptorchError
+from poptorch._executor_info import ExecutorInfo
+from poptorch._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
+from poptorch._export import ExecutorExport
+from poptorch._logging import logger
+from poptorch._nest import flatten
+from poptorch._options import Options
+from poptorch._popart_options import validate as validate_popart
+from poptorch._replicas import Replicas
+from poptorch._report import register_model
+from poptorch._runner import JobRunner, LocalRunner
+from poptorch._signature import CompiledInputs
+from poptorch._step import SingleStage, TrainPlan, infer_replica, train_replica
+from poptorch._threads import threads_per_replica
+from poptorch._tracing import ReplicaRNG, Trace
+from poptorch._wrapped import unwrap
+
+__all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
+
+#: IPUs each replica of an unannotated model uses (issue 23: blocks and stages)
+_IPUS_PER_REPLICA = 1
+
+
+class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
+    """A PyTorch model running on emulated IPUs (make one with ``poptorch.trainingModel``
+    or ``poptorch.inferenceModel``). Attributes not found here are the user model's.
+    Weight and optimizer methods: :class:`~poptorch._executor_weights.ExecutorWeights`;
+    reporting: :class:`~poptorch._executor_info.ExecutorInfo`; precompilation:
+    :class:`~poptorch._export.ExecutorExport`."""
+
+    def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 user_model: torch.nn.Module | None = None):
+        if options is None:
+            options = Options()
+        elif not isinstance(options, Options):
+            raise createPoptorchError(f"Invalid type: 'options' is of type {type(options)} "
+                                      "(Expected poptorch.Options)")
+        options._freeze()
+        options = options.clone()
+        if options.defaultOutputMode():
+            options.outputMode(enums.OutputMode.Final if training else enums.OutputMode.All)
+        if not training and options.Training.gradient_accumulation != 1:
+            raise createPoptorchError(
+                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave "
+                "it as its default value (1) when running a poptorch.inferenceModel(). Use "
+                "poptorch.Options().deviceIterations to process a sufficient number of "
+                "batches each run for pipelined execution instead.")
+        self._user_model = user_model if user_model is not None else model
+        self._model = model
+        self._training = training
+        self._options = options
+        if training:
+            if optimizer is None:
+                from poptorch.optim import SGD
+                optimizer = SGD(self._user_model.parameters(), lr=0.01)
+            native_class(optimizer)
+            if needs_running_mean(optimizer):
+                options.Training._values["meanAccumulationAndReplicationReductionStrategy"] = \
+                    enums.MeanReductionStrategy.Running
+        self._optimizer = optimizer
+        self._compiled = False
+        self._attached = False
+        self._device = None
+        self._runner = None
+        self._replicas: Replicas | None = None
+        self._optimizers: list[ReplicaOptimizer] = []
+        self._constants: dict = {}
+        self._rngs: list[ReplicaRNG] = []
+        self._inputs: CompiledInputs | None = None
+        self._layout: Layout | None = None
+        self._stage: SingleStage | None = None
+        self._compile_time: datetime.timedelta | None = None
+        self._pending_rng_state: list | None = None  # poptorch.load's, set at compile
+        self._perf: dict[str, list] = {k: [[]] for k in
+                                       ("input", "input_complete", "output", "output_complete")}
+        register_model(self)
+
+    # -- PopTorch's attributes ------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_user_model" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_user_model"], name)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The user's model."""
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        """This model's (resolved) copy of the options."""
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def isCompiled(self) -> bool:
+        return self._compiled
+
+    def isAttachedToDevice(self) -> bool:
+        return self._compiled and self._attached
+
+    def _device_attached(self) -> bool:
+        return self._attached
+
+    # -- compiling ----------------------------------------------------------------------
+    def compile(self, *args, **kwargs) -> None:
+        """Check, attach (unless ``ConnectionType.Never``) and trace without running."""
+        if self._compiled:
+            logger.warning("Call to compile() ignored: the executable is already compiled")
+            return
+        self._compile(args, kwargs)
+
+    def _compile(self, args: tuple, kwargs: dict) -> None:
+        started = time.perf_counter()
+        opts = self._options
+        for name in ("device_iterations", "replication_factor"):
+            if getattr(opts, name) < 1:
+                raise createPoptorchError(f"Options.{name} must be >= 1, got "
+                                          f"{getattr(opts, name)}")
+        if opts.Training.gradient_accumulation < 1:
+            raise createPoptorchError("Options.Training.gradientAccumulation must be >= 1")
+        validate_popart(opts._Popart.options)
+        layout = Layout(opts.device_iterations, opts.Training.gradient_accumulation,
+                        opts.replication_factor, opts.input_group_size, opts.input_cgt)
+        check_batch(args, kwargs, layout)
+        OutputCollector(layout, enums.OutputMode(opts.output_mode), opts.output_return_period)
+        procs, pid = opts.Distributed.numProcesses, opts.Distributed.processId
+        replicas = opts.replication_factor
+        if self._training and procs > 1:
+            _check_poprun(replicas, procs)
+        count = ipus_to_reserve(replicas, _IPUS_PER_REPLICA, opts.auto_round_num_ipus)
+        self._layout = layout
+        self._replicas = Replicas(self._model, replicas)
+        seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
+        self._rngs = [ReplicaRNG(seed, pid * replicas + r) for r in range(replicas)]
+        if self._pending_rng_state:
+            self.rng_state, self._pending_rng_state = self._pending_rng_state, None
+        threads = threads_per_replica(replicas * procs)
+        try:
+            if opts.connection_type != enums.ConnectionType.Never:
+                self._attach_new(replicas, count, procs, pid)
+            self._runner = (JobRunner(threads) if self._device is not None and
+                            self._device.job_system is not None else
+                            LocalRunner(replicas, threads))
+            if self._training:
+                self._make_optimizers()
+            if self._attached:
+                self._place_tensors()
+            self._trace(args, kwargs)
+        except BaseException:
+            self._drop_executable()
+            raise
+        self._inputs = CompiledInputs(self._model, args, kwargs)
+        self._compiled = True
+        self._compile_time = datetime.timedelta(seconds=time.perf_counter() - started)
+
+    def _attach_new(self, replicas: int, count: int, procs: int, pid: int) -> None:
+        label = f"poptorch {self._name()}"
+        if self._training and replicas * procs > 1:
+            self._device = attach_job(replicas, _IPUS_PER_REPLICA, count, pid, procs, self)
+        else:
+            ipu_id = self._options.ipu_id if self._options.exists("ipu_id") else None
+            self._device = attach_free(replicas, _IPUS_PER_REPLICA, count, label, ipu_id)
+        self._attached = True
+        # a model that is garbage collected lets its IPUs go (PopTorch's executable does)
+        weakref.finalize(self, self._device.release)
+
+    def _name(self) -> str:
+        opts = self._options
+        return opts.model_name if opts.exists("model_name") else \
+            ("training" if self._training else "inference")
+
+    def _make_optimizers(self) -> None:
+        opt = self._optimizer
+        self._optimizers = [ReplicaOptimizer(opt, self._replicas.mapping(r), share_state=r == 0)
+                            for r in range(len(self._replicas.modules))]
+        self._constants = constant_attributes(opt)
+
+    def _place_tensors(self) -> None:
+        """Count parameters, buffers, optimizer state and accumulators in SRAM."""
+        name, G = self._name(), self._options.Training.gradient_accumulation
+        slots = state_nbytes_per_param(self._optimizer) if self._training else {}
+        accum = getattr(self._optimizer, "accum_type", torch.float32) if self._training else None
+        for r in range(len(self._replicas.modules)):
+            for tname, t in self._replicas.tensors(r):
+                kind = "param" if isinstance(t, torch.nn.Parameter) else "buffer"
+                self._device.place(r, f"{name}/{kind}/{tname}", t.nbytes)
+                if kind == "param" and t.requires_grad and self._training:
+                    for slot, size in slots.items():
+                        self._device.place(r, f"{name}/optimizer/{slot}/{tname}",
+                                           t.numel() * size)
+                    if G > 1:
+                        size = torch.empty((), dtype=accum).element_size()
+                        self._device.place(r, f"{name}/accumulator/{tname}", t.numel() * size)
+
+    @torch.no_grad()
+    def _snapshot_buffers(self) -> list[torch.Tensor]:
+        return [b.clone() for _, b in self._replicas.modules[0].named_buffers() if b is not None]
+
+    def _trace(self, args: tuple, kwargs: dict) -> None:
+        """PopTorch's compile-time checks, from one forward pass of replica 0."""
+        micro = MicroBatches(args, kwargs, self._layout)
+        module = self._replicas.modules[0]
+        saved, versions = self._snapshot_buffers(), self._replicas.buffer_versions()
+        rng = ReplicaRNG(0, 0)
+        rng.state = self._rngs[0].state.clone()
+        flags = self._replicas.enter_compiled_mode()
+        try:
+            with torch.enable_grad() if self._training else torch.no_grad(), Trace(rng) as trace:
+                output = module(*micro.get(0, 0, 0)[0], **micro.get(0, 0, 0)[1])
+            loss_index = None
+            if self._training:
+                loss = trace.final_loss()
+                leaves = flatten(output)[0]
+                loss_index = next((i for i, leaf in enumerate(leaves) if leaf is loss), None)
+            self._stage = SingleStage(loss_index, traced=trace.random_calls > 0 or
+                                      (self._training and loss_index is None))
+            changed = self._replicas.changed_buffers(versions)
+            if changed and self._options.replication_factor > 1 and \
+                    self._options.broadcast_buffers:
+                raise createPoptorchError(
+                    "PopTorch does not support broadcasting buffers. If your model is able to "
+                    "tolerate buffers becoming out of sync between replicas, you can disable "
+                    "buffer broadcasting using poptorch.Options.broadcastBuffers(False).")
+        finally:
+            self._replicas.restore_mode(flags)
+            with torch.no_grad():
+                for (_, b), old in zip(((n, b) for n, b in module.named_buffers()
+                                        if b is not None), saved):
+                    b.copy_(old)
+            self._replicas.upload()
+
+    # -- running ------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs) -> Any:
+        t_input = time.perf_counter()
+        if not self._compiled:
+            self._compile(args, kwargs)
+        else:
+            self._inputs.validate(args, kwargs)
+        if self._options.connection_type == enums.ConnectionType.Never:
+            raise AssertionError("Trying to run a model on an offline device "
+                                 "(ConnectionType.Never): use model.compile(inputs) instead "
+                                 "of model(inputs)")
+        if not self._attached:
+            self.attachToDevice()
+        if self._replicas.host_changed():
+            self.copyWeightsToDevice()
+        opts, layout = self._options, self._layout
+        micro = MicroBatches(args, kwargs, layout)
+        collector = OutputCollector(layout, enums.OutputMode(opts.output_mode),
+                                    opts.output_return_period)
+        t_ready = time.perf_counter()
+        modules, rngs, stage = self._replicas.modules, self._rngs, self._stage
+        flags = self._replicas.enter_compiled_mode()
+        try:
+            if self._training:
+                plan = TrainPlan(micro, collector, stage,
+                                 opts.replication_factor * opts.Distributed.numProcesses,
+                                 opts.Training.accumulation_and_replication_reduction_type,
+                                 opts.Training.meanAccumulationAndReplicationReductionStrategy,
+                                 float(getattr(self._optimizer, "loss_scaling", 1.0)),
+                                 getattr(self._optimizer, "accum_type", None) == torch.float16)
+                optimizers, runner = self._optimizers, self._runner
+
+                def replica(r: int) -> None:
+                    with torch.enable_grad():
+                        train_replica(r, plan, modules[r], optimizers[r], rngs[r], runner)
+            else:
+                def replica(r: int) -> None:
+                    infer_replica(r, micro, collector, stage, modules[r], rngs[r])
+            self._runner.run(replica)
+        finally:
+            self._replicas.restore_mode(flags)
+        self._replicas.mark_synced()
+        t_output = time.perf_counter()
+        result = collector.result()
+        self._record_perf(t_input, t_ready, t_output, time.perf_counter(), args, result)
+        return result
+
+    # -- device -------------------------------------------------------------------------
+    def detachFromDevice(self) -> None:
+        """Release the IPUs (weights and optimizer state stay on the host).
+
+        Raises:
+            poptorch.Error: not compiled; not attached.
+        """
+        if not self._compiled:
+            raise createPoptorchError(NO_EXECUTABLE_ERR)
+        if not self._attached:
+            raise createPoptorchError("Device is not attached")
+        self._device.release()
+        self._attached = False
+
+    def attachToDevice(self) -> None:
+        """Attach the same IPUs again and upload weights and optimizer state.
+
+        Raises:
+            poptorch.Error: not compiled; already attached; "Failed to acquire ..." when
+                another model or process holds the IPUs.
+            AssertionError: ``ConnectionType.Never``.
+        """
+        if not self._compiled:
+            raise createPoptorchError(NO_EXECUTABLE_ERR)
+        if self._options.connection_type == enums.ConnectionType.Never:
+            raise AssertionError("Trying to attach to an offline device "
+                                 "(ConnectionType.Never)")
+        if self._attached:
+            raise createPoptorchError("Device is already attached")
+        if self._device is None or self._device.stale:
+            opts = self._options
+            replicas = opts.replication_factor
+            self._attach_new(replicas, ipus_to_reserve(replicas, _IPUS_PER_REPLICA,
+                                                       opts.auto_round_num_ipus),
+                             opts.Distributed.numProcesses, opts.Distributed.processId)
+            threads = self._runner.threads
+            self._runner.close()
+            self._runner = (JobRunner(threads) if self._device.job_system is not None
+                            else LocalRunner(replicas, threads))
+        else:
+            self._device.reattach(self)
+            self._attached = True
+        self._place_tensors()
+        self.copyWeightsToDevice()
+
+    def destroy(self) -> None:
+        """Drop the executable and release the IPUs; a training model also un-wraps the
+        user's model. Nothing happens when not compiled."""
+        if not self._compiled:
+            return
+        self._drop_executable()
+        if self._training:
+            unwrap(self._user_model)
+
+    def _drop_executable(self) -> None:
+        if self._device is not None and self._attached:
+            self._device.release()
+        if self._runner is not None:
+            self._runner.close()
+        self._device = self._runner = None
+        self._attached = self._compiled = False
+        self._optimizers = []
+
+
+def _check_poprun(replicas: int, procs: int) -> None:
+    """Under poprun, a training model's replicas and processes are poprun's.
+
+    Raises:
+        poptorch.Error: ``replicationFactor`` or the process count disagrees.
+    """
+    from poprun import popdist
+    if not popdist.isPopdistEnvSet():
+        return
+    local, instances = popdist.getNumLocalReplicas(), popdist.getNumInstances()
+    if replicas != local or procs != instances:
+        raise createPoptorchError(
+            f"replicationFactor({replicas}) over {procs} processes does not match poprun's "
+            f"{local} local replicas over {instances} instances (--num-replicas "
+            f"{popdist.getNumTotalReplicas()}): use popdist.poptorch.Options(), which sets "
+            "them from poprun")

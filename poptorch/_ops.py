@@ -1,0 +1,121 @@
+"""PopTorch's operations that programs call inside models (poptorch reference §9, §5.3).
+Outside the IPU they compute what PopTorch's CPU kernels compute."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from poptorch import enums
+from poptorch._tracing import record_identity_loss
+
+__all__ = ["identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
+           "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
+           "ipuHardwareIsAvailable", "ipuHardwareVersion"]
+
+
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Mark ``x`` reduced by ``reduction`` ("sum", "mean" or "none") as the model's loss:
+    backward starts from it with a gradient of ones.
+
+    Raises:
+        AssertionError: another reduction ("Unsupported reduction type!").
+    """
+    if reduction == "sum":
+        loss = torch.sum(x)
+    elif reduction == "mean":
+        loss = torch.mean(x)
+    elif reduction == "none":
+        loss = x.clone()
+    else:
+        raise AssertionError("Unsupported reduction type!")
+    record_identity_loss(loss)
+    return loss
+
+
+def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool = True,
+                     summarise_threshold: int = 1000, edge_items: int = 3,
+                     max_line_width: int = 80, digits: int = 4, float_format: str = "auto",
+                     separator: str = ", ", open_bracket: str = "(",
+                     close_bracket: str = ")") -> torch.Tensor:
+    """Print ``tensor`` (and, in the backward pass, its gradient under ``title +
+    "_gradient"``) every time it is computed; returns it (use the result).
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"ipu_print_tensor expects a torch.Tensor, got {type(tensor).__name__}")
+
+    def show(t: torch.Tensor, name: str) -> None:
+        values = t.detach()
+        if values.is_floating_point() and values.dtype not in (torch.float32, torch.float64):
+            values = values.float()
+        body = np.array2string(values.cpu().numpy(), max_line_width=max_line_width,
+                               precision=digits, separator=separator,
+                               threshold=summarise_threshold, edgeitems=edge_items)
+        if body.startswith("[") and body.endswith("]"):
+            body = open_bracket + body[1:-1] + close_bracket
+        print(f"{name}: {body}" if name else body, flush=True)
+
+    show(tensor, title)
+    if print_gradient and tensor.requires_grad:
+        tensor.register_hook(lambda g: show(g, f"{title}_gradient"))
+    return tensor
+
+
+def nop(tensor: torch.Tensor) -> torch.Tensor:
+    """The identity, never optimised away on the IPU."""
+    return tensor
+
+
+def recomputationCheckpoint(*tensors: torch.Tensor):
+    """Mark a recomputation checkpoint; returns the tensors (one tensor alone)."""
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float = 0.6
+                         ) -> torch.Tensor:
+    """Temporary memory of the op producing ``tensor``; returns it."""
+    return tensor
+
+
+def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor,
+                     mode: enums.MatMulSerializationMode, factor: int = 0,
+                     keep_precision: bool = False) -> torch.Tensor:
+    """``lhs @ rhs`` computed in ``factor`` pieces on the IPU (``torch.matmul`` here)."""
+    return torch.matmul(lhs, rhs)
+
+
+def for_loop(count: int, body, inputs: list) -> list:
+    """Run ``body`` ``count`` times, each iteration's outputs the next one's inputs.
+
+    Raises:
+        ValueError: ``inputs`` is not a list of tensors.
+    """
+    if not isinstance(inputs, list) or not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of "
+                         "tensors. (Object contained in list cannot be passed as a tensor)")
+    for _ in range(count):
+        out = body(*inputs)
+        inputs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return inputs
+
+
+def isRunningOnIpu() -> bool:
+    """False: ipupod runs models eagerly on the CPU (PopTorch is True only while tracing)."""
+    return False
+
+
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """False: the IPUs are emulated (no physical IPU hardware)."""
+    return False
+
+
+def ipuHardwareVersion() -> int:
+    """Raises: no IPU hardware on this system (the IPUs are emulated).
+
+    Raises:
+        AssertionError: "No IPU hardware available on this system".
+    """
+    raise AssertionError("No IPU hardware available on this system")
