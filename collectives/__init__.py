@@ -6,14 +6,11 @@ loads neither mpi4py nor grpc.
 
 The parts, each a subpackage: the private engine (``collectives._engine``), the transports
 (:mod:`collectives.transports`), the performance model (:mod:`collectives.performance`) and
-the framework layer (:mod:`collectives.framework`); the public paths of the modules that
-moved into them stay (:mod:`collectives._paths`: ``collectives.strategies``, ``horovod``,
-``optimizers``, ``step_model``, ``cost_model``, ``run_report``, ...).
+the framework layer (:mod:`collectives.framework`). The public paths of the modules that
+moved into them stay as modules that re-export their public names (``collectives.strategies``,
+``horovod``, ``optimizers``, ``step_model``, ``cost_model``, ``run_report``, ...), beside
+TF-IPU's module names (``collectives.ipu_strategy``, ``cross_replica_ops``, ...).
 """
-
-from collectives import _paths
-
-_paths.install()
 
 from collectives._engine.ledger import set_cost_model  # noqa: E402
 from collectives.records import CallRecord, OpStats  # noqa: E402

@@ -104,6 +104,9 @@ from collectives.performance.pricing import Pricer as _Pricer, folded_order, spl
 if TYPE_CHECKING:
     from ipu_node.runtime.system import IPUSystem
 
+__all__ = ["HardwareCostModel", "HOST_NETWORK_BYTES_PER_S", "HOST_NETWORK_LATENCY_S",
+           "ALL_REDUCE_OPS", "KNOWN_OPS"]
+
 #: Host-to-host network, bytes/s one way: the IPU-M2000's "1x 100GbE RoCEv2 NIC"
 #: (anchors §2.5); ipupod assumption that the hosts of a job talk over that class of network.
 HOST_NETWORK_BYTES_PER_S = 100e9 / 8

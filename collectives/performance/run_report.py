@@ -58,7 +58,7 @@ from collectives.records import CallRecord
 
 __all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
            "enable_at_exit", "use_model_card", "report_directory", "options_set",
-           "add_report_section"]
+           "add_report_section", "IPU_PID", "LINK_PID", "LINK_CLASSES"]
 
 #: Environment variable naming the directory reports are written to.
 REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
