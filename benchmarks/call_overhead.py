@@ -47,16 +47,19 @@ _SIZE = 4096
 
 class _LoopbackComm(Communicator):
     """Instance 0 of two: the agreement always agrees, and carries this instance's payload
-    (written into a send buffer of its own) as both instances' blocks, copied there (the same
-    views from call to call, as the MPI agreement hands them)."""
+    as both instances' blocks (the same views from call to call, as the MPI agreement hands
+    them). As over MPI, the payload is written once, by the call, into the agreement's send
+    buffer, and this instance's block is that buffer itself (``Rounds.send_area``: the
+    payload is sent from there); the other instance's block is a copy, standing for the
+    receive."""
 
     capabilities = Capabilities(carries=True)
 
     def __init__(self):
         self.members, self.rank = (0, 1), 0
         self._capacity = agree_block_bytes(64 << 10)
-        self._buf = np.zeros(2 * self._capacity, np.uint8)
         self._send = np.zeros(self._capacity, np.uint8)
+        self._received = np.zeros(self._capacity, np.uint8)
         self._blocks: dict[int, list[np.ndarray]] = {}
 
     def send_buffer(self, carry):
@@ -68,10 +71,8 @@ class _LoopbackComm(Communicator):
         n = carry.sizes[0]
         blocks = self._blocks.get(n)
         if blocks is None:
-            blocks = self._blocks[n] = [self._buf[:n],
-                                        self._buf[self._capacity:self._capacity + n]]
-        blocks[0][...] = self._send[:n]
-        blocks[1][...] = self._send[:n]
+            blocks = self._blocks[n] = [self._send[:n], self._received[:n]]
+        blocks[1][...] = blocks[0]
         return Done((True, blocks))
 
     def _unused(self, *args, **kwargs):
