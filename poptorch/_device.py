@@ -17,9 +17,8 @@ Two kinds of attachment:
 * a **free device**: any other model takes the first free gc-info device of its size
   (``ipu_node.attach_free_device``), under poprun among its instance's IPUs.
 
-A model with blocks over several IPUs (``ipus_per_replica > 1``) in training is a job
-device too (its replica's IPUs are the configured system's, so that the run report and trace
-show them). What a model keeps on each IPU of a replica is counted in its SRAM
+A replica of a model with blocks over several IPUs has ``ipus_per_replica`` IPUs in either
+kind. What a model keeps on each IPU of a replica is counted in its SRAM
 (``ipu_node.IPUMemory``, :mod:`poptorch._memory`); PopTorch's out-of-memory error when it does
 not fit. Each IPU has a modelled timeline: the configured system's
 (:func:`ipu_node.clock.timeline`) for a job device, its own (an ``ipu_node.clock.Timeline``)
@@ -211,8 +210,8 @@ def _claim(system, owner) -> None:
 
 def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int,
                num_processes: int, owner, engine_options: dict | None = None) -> Device:
-    """This process's IPU system for a training model with replicas across the job (or over
-    several IPUs). ``engine_options``: the model's Poplar engine options (PopTorch's
+    """This process's IPU system for a training model with replicas across the job.
+    ``engine_options``: the model's Poplar engine options (PopTorch's
     ``enableProfiling``): a system this configures gets them as its
     ``compilation_poplar_options``, so that their ``autoReport`` settings ask for the run
     report.

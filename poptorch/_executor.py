@@ -198,7 +198,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
 
     def _attach_new(self, replicas: int, count: int, procs: int, pid: int) -> None:
         label = f"poptorch {self._name()}"
-        if self._training and (replicas * procs > 1 or self._ipr > 1):
+        if self._training and replicas * procs > 1:
             self._device = attach_job(replicas, self._ipr, count, pid, procs, self,
                                       self._options._Popart.options.get("engineOptions"))
         else:

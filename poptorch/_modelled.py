@@ -70,7 +70,7 @@ class Template:
         phase = self.compute_phase_s
         busy = sum(self.busy_s.values())
         n = len(self.busy_s)
-        return 1.0 - busy / (n * phase) if phase > 0 and n else 0.0
+        return max(0.0, 1.0 - busy / (n * phase)) if phase > 0 and n else 0.0
 
 
 class ModelledClock:

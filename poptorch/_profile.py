@@ -4,9 +4,12 @@ micro-batch (the input signature is fixed from then on: poptorch reference §3.2
 :func:`profile_forward` runs replica 0's first micro-batch through a discovering
 :class:`~poptorch._stage_trace.StageTrace` and counts, per stage (segment):
 
-* FLOPs of the forward and (training) of each stage's backward pass, with PyTorch's
-  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and convolutions; element-wise
-  operations count 0, as in PyTorch's counter);
+* FLOPs of the forward and (training) of each stage's backward pass, counted as PyTorch's
+  ``torch.utils.flop_counter.FlopCounterMode`` counts them (its ``flop_registry`` and its rule
+  of decomposing the operations the registry does not know; matrix products, convolutions and
+  attention; element-wise operations count 0), by :class:`FlopCount`, the same dispatch mode
+  without the counter's module tracking (whose hooks would run operations of their own in
+  the model's forward pass);
 * the activations kept for backward: the tensors autograd saves
   (``torch.autograd.graph.saved_tensors_hooks``), each storage once, parameters and buffers
   left out; the largest piece between two ``recomputationCheckpoint``\\s; the checkpointed
@@ -24,14 +27,50 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from poptorch._nest import flatten
 from poptorch._stage_trace import StagePlan, StageTrace
 from poptorch._strategies import ExecutionStrategy
 from poptorch._tracing import ReplicaRNG
 
-__all__ = ["StageCounts", "ModelProfile", "profile_forward"]
+__all__ = ["StageCounts", "ModelProfile", "profile_forward", "FlopCount"]
+
+#: size and layout queries FlopCounterMode leaves to the next mode
+_QUERIES = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "sym_is_contiguous", "is_contiguous", "is_strides_like_format",
+    "is_non_overlapping_and_dense", "size", "sym_size", "stride", "sym_stride",
+    "storage_offset", "sym_storage_offset", "numel", "sym_numel", "dim")
+    if hasattr(torch.ops.aten, name)) | {torch.ops.aten.is_contiguous.memory_format,
+                                        torch.ops.prim.layout.default}
+
+
+class FlopCount(TorchDispatchMode):
+    """FLOPs of the ATen operations run while active (:attr:`total`), as
+    ``FlopCounterMode`` counts them (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def get_total_flops(self) -> int:
+        return self.total
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _QUERIES:
+            return NotImplemented
+        if func not in flop_registry and func is not torch.ops.prim.device.default:
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            self.total += count(*args, **kwargs, out_val=out)
+        return out
 
 
 @dataclass
@@ -108,7 +147,7 @@ class _Profiler:
     """The observer of a discovering StageTrace (and the saved-tensor hooks)."""
 
     def __init__(self, module: torch.nn.Module, inputs: list[torch.Tensor],
-                 counter: FlopCounterMode):
+                 counter: FlopCount):
         self.counter = counter
         self.stages: list[StageCounts] = [StageCounts()]
         self._flops_at = 0.0
@@ -230,7 +269,7 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
     """
     inputs = [t for t in flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     grads = {p: p.grad for p in module.parameters()}
-    counter = FlopCounterMode(display=False)
+    counter = FlopCount()
     profiler = _Profiler(module, inputs, counter)
     trace = StageTrace(rng, strategy, boundaries=True, observer=profiler)
     profiler.segment_of_trace = lambda: trace.segment

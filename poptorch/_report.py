@@ -6,11 +6,11 @@ and modelled step, :class:`poptorch._model_report.ModelReport`).
 Where reports go: ``IPUPOD_REPORT_DIR`` (``poprun --report-dir``), else the ``autoReport``
 directory of ``POPLAR_ENGINE_OPTIONS``, else that of a model's ``enableProfiling``. There the
 section is the ``sections.poptorch`` entry of ``report-<instance>.json`` when the run has a
-job IPU system (a training model with more than one replica or over more than one IPU: the
-run report and trace of :mod:`collectives.run_report` show its IPUs' modelled timelines), and
+job IPU system (a training model with more than one replica in the job: the run report and
+trace of :mod:`collectives.run_report` show its IPUs' modelled timelines), and
 ``poptorch-<instance>.json`` in every case, with ``poptorch-trace-<instance>.json`` (the same
 Trace Event Format) for the models whose IPUs have timelines of their own (the free devices of
-inference and one-IPU training), written at interpreter exit (0600, the directory 0700); the
+inference and of one-replica training, pipelined or not), written at interpreter exit (0600, the directory 0700); the
 modelled step of each model that ran is printed then.
 """
 

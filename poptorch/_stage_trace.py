@@ -224,7 +224,8 @@ class StageTrace(Trace):
             args = self._cross_all(args)
             if kwargs:
                 kwargs = dict(zip(kwargs, self._cross_all(tuple(kwargs.values()))))
-        if self.plan is None:
+        discovering = self.plan is None and getattr(func, "__name__", "") != "__get__"
+        if discovering:  # (a tensor's attribute read is no operation of a stage)
             if self.segment == 0:
                 self._ops_in_first += 1
             if self.observer is not None:
@@ -237,7 +238,7 @@ class StageTrace(Trace):
                 for o in out:
                     if isinstance(o, torch.Tensor):
                         producers[o] = self.segment
-        if self.observer is not None and self.plan is None:
+        if discovering and self.observer is not None:
             self.observer.result(self.segment, out)
         return out
 
