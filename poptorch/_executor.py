@@ -99,7 +99,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
         self._inputs: CompiledInputs | None = None
         self._layout: Layout | None = None
         self._stage = None  # SingleStage or PipelinedStages
-        self._profile = self._memory = self._clock = None
+        self._profile = self._memory = self._clock = self._report_base = None
         self._loss_index, self._traced, self._micro_rows = None, True, 1
         self._ipr = self._reserved = 1  # IPUs per replica (a power of two), in all
         self._modelled = {"calls": 0, "steps": 0, "total_s": 0.0, "last_call_s": 0.0}
@@ -188,6 +188,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
             if self._attached:
                 self._place_tensors()
             self._make_clock()
+            self._remember()
             self._offer_card()
         except BaseException:
             self._drop_executable()
@@ -314,6 +315,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
             self._runner = (JobRunner(threads) if self._device.job_system is not None
                             else LocalRunner(replicas, threads))
             self._make_clock()
+            self._remember()
         else:
             self._device.reattach(self)
             self._attached = True

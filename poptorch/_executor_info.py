@@ -3,6 +3,7 @@ and its entry in the run report (a mixin of :class:`poptorch._executor.PoplarExe
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import torch
@@ -12,7 +13,7 @@ from ipu_node.pipelining.schedules import stash_depths
 from poptorch._device_optim import state_nbytes_per_param
 from poptorch._errors import createPoptorchError
 from poptorch._model_report import ModelReport, StageReport
-from poptorch._report import describe_options
+from poptorch._report import describe_options, remember
 
 __all__ = ["ExecutorInfo"]
 
@@ -73,9 +74,22 @@ class ExecutorInfo:
         Raises:
             poptorch.Error: not compiled.
         """
-        if self._profile is None:
+        if self._profile is None or self._report_base is None:
             raise createPoptorchError("Please compile the model before asking for its report.")
-        return _model_report(self)
+        return _with_counts(self._report_base, self._modelled)
+
+    def _remember(self) -> None:
+        """Make the model's report (at compile and on a new device) and leave the run report
+        what to say of it once the model is gone."""
+        base = self._report_base = _model_report(self)
+        entry = {k: v for k, v in self._describe().items() if k != "model"}
+        modelled = self._modelled
+
+        def snapshot() -> dict:
+            now = _with_counts(base, modelled)
+            return {**entry, "compiled": False, "attached": False, "alive": False,
+                    "model": now.to_dict(), "table": now.table()}
+        remember(self, snapshot)
 
     def getPerfCounters(self) -> dict[str, list]:
         """Wall-clock time stamps (seconds) of the last call: per input/output tensor, one
@@ -139,8 +153,13 @@ class ExecutorInfo:
                            if any(i in r for r in device.replica_ipus)} if device else {},
             "threads_per_replica": self._runner.threads if self._runner else None,
             "options": describe_options(self._options),
-            "model": _model_report(self).to_dict() if self._profile is not None else None,
+            "model": self.modelReport().to_dict() if self._report_base is not None else None,
         }
+
+
+def _with_counts(base: ModelReport, modelled: dict) -> ModelReport:
+    return dataclasses.replace(base, steps=modelled["steps"], modelled_s=modelled["total_s"],
+                               last_call_s=modelled["last_call_s"])
 
 
 def _model_report(ex) -> ModelReport:

@@ -173,10 +173,11 @@ def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[in
     plan.assumptions = (
         f"code, vertex state and exchange buffers: {CODE_AND_EXCHANGE_FRACTION:.0%} of each "
         "IPU's memory (ipupod assumption)",
-        "activations of training: " + (
+        ("activations of training: " + (
             "stage inputs and checkpoints x stash depth, plus one micro-batch's saved "
             "tensors between checkpoints (recomputation)" if plan.recompute else
-            "the tensors autograd saves x stash depth"),
+            "the tensors autograd saves x stash depth")) if training else
+        "activations of inference: the largest operation's operands and result per stage",
     )
     return plan
 

@@ -5,9 +5,12 @@ PT python/options.py), on :class:`~poptorch._options_dict.OptionsDict`.
 given (the executors work on a ``clone()``), so one object serves a loader, a training and
 an inference model. The emulation acts on: ``deviceIterations``, ``replicationFactor``,
 ``inputReplicaGrouping``, ``outputMode``, ``randomSeed``, ``connectionType``,
-``autoRoundNumIPUs``, ``broadcastBuffers``, ``useIpuId``, the ``Training`` and
-``Distributed`` groups; every other option is accepted, recorded in the run report
-(:func:`poptorch._report.describe_options`) and says so in its docstring.
+``autoRoundNumIPUs``, ``broadcastBuffers``, ``useIpuId``, ``setExecutionStrategy``,
+``logCycleCount``, ``enableProfiling``, the ``Training`` and ``Distributed`` groups, the
+``TensorLocations`` of weights, optimizer state, accumulators and activations (memory and
+modelled time) and ``_Popart``'s ``autoRecomputation``; every other option is accepted,
+recorded in the run report (:func:`poptorch._report.describe_options`) and says so in its
+docstring.
 """
 
 from __future__ import annotations

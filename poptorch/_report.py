@@ -21,7 +21,7 @@ import json
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from poptorch import enums
 
@@ -90,7 +90,7 @@ def describe_options(options) -> dict[str, dict]:
 def register_model(executor) -> None:
     """Include ``executor`` in the reports (held weakly) and install the exit writer."""
     with _lock:
-        _models.append(weakref.ref(executor))
+        _models.append([weakref.ref(executor), None])
         if _state["registered"]:
             return
         _state["registered"] = True
@@ -99,16 +99,34 @@ def register_model(executor) -> None:
     atexit.register(_write_at_exit)
 
 
-def report() -> dict:
-    """The poptorch section: ``{"models": [...]}`` (module docstring)."""
+def remember(executor, snapshot: Callable[[], dict]) -> None:
+    """What to report of ``executor`` once it is gone: ``snapshot()`` (its entry, with
+    the modelled steps it ran; it must not hold the executor)."""
     with _lock:
-        models = [m() for m in _models]
-    return {"models": [m._describe() for m in models if m is not None]}
+        for entry in _models:
+            if entry[0]() is executor:
+                entry[1] = snapshot
+
+
+def _entries() -> list[tuple[Any, Callable[[], dict] | None]]:
+    with _lock:
+        return [(ref(), snap) for ref, snap in _models]
+
+
+def report() -> dict:
+    """The poptorch section: ``{"models": [...]}`` (module docstring): the models alive,
+    and the compiled ones gone since (``"alive": False``)."""
+    out = []
+    for model, snapshot in _entries():
+        if model is not None:
+            out.append({**model._describe(), "alive": True})
+        elif snapshot is not None:
+            out.append(snapshot())
+    return {"models": out}
 
 
 def _live_models() -> list:
-    with _lock:
-        return [m for m in (ref() for ref in _models) if m is not None]
+    return [m for m, _ in _entries() if m is not None]
 
 
 def report_directory() -> str | None:
@@ -154,9 +172,17 @@ def trace(models: list | None = None) -> dict:
 
 
 def summary() -> str:
-    """The modelled step of every model that ran (:meth:`ModelReport.table`)."""
-    return "\n".join(m.modelReport().table() for m in _live_models()
-                     if m._profile is not None and m._modelled["calls"])
+    """The modelled step of every model that ran, alive or gone
+    (:meth:`poptorch._model_report.ModelReport.table`)."""
+    tables = []
+    for model, snapshot in _entries():
+        if model is not None and model._profile is not None and model._modelled["calls"]:
+            tables.append(model.modelReport().table())
+        elif model is None and snapshot is not None:
+            entry = snapshot()
+            if entry.get("model") and entry["model"].get("steps"):
+                tables.append(entry["table"])
+    return "\n".join(tables)
 
 
 def _write_at_exit() -> None:

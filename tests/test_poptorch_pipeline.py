@@ -505,7 +505,8 @@ def test_run_report_and_trace_of_a_replicated_pipeline(tmp_path):
         assert any(e["kind"] == "collective" for e in first)
         assert report["ipus"][str(ipus[0])]["compute_s"] > 0
     section = report["sections"]["poptorch"]["models"]
-    entry = next(m for m in section if m["name"] == "training" and m["model"]["steps"])
+    entry = next(m for m in section if m["alive"] and m["ipus"] == [list(i) for i in
+                                                                   replica_ipus])
     assert [s["ipu"] for s in entry["model"]["stages"]] == [0, 1]
     assert set(entry["model"]["memory"]) == {str(i) for i in replica_ipus[0]}
     estimate = report["step_estimate"]
@@ -528,7 +529,7 @@ def test_the_poptorch_report_and_trace_of_free_devices(tmp_path, monkeypatch, ca
     monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path))
     _report._write_at_exit()
     written = json.loads((tmp_path / "poptorch-0.json").read_text())
-    mine = [m for m in written["models"] if m["model"] and m["model"]["steps"]
+    mine = [m for m in written["models"] if m["alive"] and m["model"]["steps"]
             and m["ipus"] == [list(model._device.replica_ipus[0])]]
     assert mine and mine[0]["model"]["schedule"] == "PipelinedExecution"
     trace = json.loads((tmp_path / "poptorch-trace-0.json").read_text())["traceEvents"]
