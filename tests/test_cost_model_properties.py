@@ -166,6 +166,7 @@ def test_replicas_sit_where_the_runtime_puts_them():
     assert layout_replicas(get_system_model("C2-16"), [5, 7, 4, 6], 1) == [[5], [7], [4], [6]]
 
 
+@pytest.mark.slow   # prices every size on POD128 and POD256: about 6 s of link flows
 def test_bigger_pods_never_make_the_whole_pod_all_reduce_cheaper():
     """POD16 <= POD64 <= POD128 and POD64 <= POD256; POD128 <= POD256 but for the
     latency-bound tensors below about 2 KiB (8 bytes: 15.5 us on POD128, 14.0 us on POD256):
