@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.procs import PROGRAMS, PYTHON, ROOT, child_env, describe, poprun, run
+from tests.test_poptorch_multiprocess import parse_digests
 
 pytestmark = pytest.mark.slow  # starts processes, runs training jobs (tests/conftest.py)
 
@@ -16,27 +17,17 @@ PROGRAM = str(PROGRAMS / "poptorch_layout.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits_poptorch_pipelined.py")
 
 
-def _digests(stdout: str) -> dict[int, tuple[str, np.ndarray]]:
-    found = {}
-    for line in stdout.splitlines():
-        if "digest=" in line:
-            fields = dict(f.split("=", 1) for f in line.split(">:")[-1].split())
-            losses = np.frombuffer(bytes.fromhex(fields["losses"]), np.float32)
-            found[int(fields["instance"])] = (fields["digest"], losses.reshape(3, -1))
-    return found
-
-
 def test_a_pipelined_model_gives_the_same_bits_at_every_layout():
     single = run([PYTHON, PROGRAM, "sgd", "pipelined"], timeout_s=180, env=child_env(),
                  cwd=ROOT)
     assert single.returncode == 0, describe(single)
-    digest, losses = _digests(single.stdout)[0]
+    digest, losses = parse_digests(single.stdout)[0]
     assert losses.shape == (3, 4)
     for n in ("2", "4"):
         job = poprun(["-n", n, "--num-replicas", "4", "--ipus-per-replica", "2", PYTHON,
                       PROGRAM, "sgd", "pipelined"], timeout_s=240)
         assert job.returncode == 0, describe(job)
-        found = _digests(job.stdout)
+        found = parse_digests(job.stdout)
         assert sorted(found) == list(range(int(n)))
         assert {d for d, _ in found.values()} == {digest}, (n, found)
         gathered = np.concatenate([found[i][1] for i in sorted(found)], axis=1)
