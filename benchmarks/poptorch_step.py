@@ -8,6 +8,16 @@
     ``torch.nn.parallel.DistributedDataParallel`` over gloo in 2 processes: same model,
     per-process batch and step count.
 (c) ``replicationFactor(4)`` in one process against 4 DDP processes.
+(d) A pipelined model: the MLP of ``--sizes`` cut into two stages of about half the
+    parameters each on two IPUs (``poptorch.BeginBlock``, ``PipelinedExecution``), G
+    micro-batches per step (``--accumulation``), against the same model unsplit in the plain
+    PyTorch loop with the same accumulation (G backward passes into ``.grad``, divided by G,
+    one SGD step). Aim: at most 1.15x.
+(e) The cost of counting: the modelled time laid on the IPUs' clocks at every step (the
+    counts themselves are made once, at compile) as a share of a step of (d), measured twice:
+    the replay alone, timed over many steps, and the same model with and without it; and what
+    the compile-time count (one forward and backward pass of a micro-batch, with FLOP and
+    saved-tensor counting) adds to the first call. Aim: under 2% of a step after the first.
 
 Every DDP process computes with ``max(1, cores // processes)`` intra-op threads, what the
 emulation gives each replica (``poptorch._threads``; torchrun's ``OMP_NUM_THREADS=1`` on
@@ -95,6 +105,82 @@ def one_replica(size: str, steps: int, rounds: int, di: int, batch: int) -> dict
             times[name].append((time.perf_counter() - start) / (calls * di))
     model.destroy()
     return {k: min(v) for k, v in times.items()}
+
+
+# -- (d), (e) a pipelined model ----------------------------------------------------------------
+
+def _cut(widths) -> tuple[torch.nn.Module, int]:
+    """The MLP with a block beginning at the layer that halves its parameters (IPU 1)."""
+    import poptorch
+    net = mlp(widths)
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    total, running = sum(p.numel() for p in net.parameters()), 0
+    for i, layer in enumerate(linears):
+        running += sum(p.numel() for p in layer.parameters())
+        if running >= total / 2:
+            poptorch.BeginBlock(linears[min(i + 1, len(linears) - 1)], "second", ipu_id=1)
+            return net, i + 1
+    raise ValueError("no second stage")
+
+
+def pipelined(size: str, steps: int, rounds: int, di: int, batch: int,
+              G: int) -> dict[str, float]:
+    import poptorch
+    from poptorch._threads import threads_per_replica
+    widths = SIZES[size]
+    net, _ = _cut(widths)
+    ref = mlp(widths)
+    opts = poptorch.Options().deviceIterations(di)
+    opts.Training.gradientAccumulation(G)
+    model = poptorch.trainingModel(WithLoss(net), opts,
+                                   torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-3, momentum=0.9)
+    x, y = batches(widths, di * G * batch)
+    xs, ys = x.view(di, G, batch, -1), y.view(di, G, batch)
+    torch.set_num_threads(threads_per_replica(1))
+    start = time.perf_counter()
+    model(x, y)  # compile (with the counting pass) and the first call
+    first = time.perf_counter() - start
+
+    def plain() -> None:
+        for d in range(di):
+            ref_opt.zero_grad()
+            for g in range(G):
+                torch.nn.functional.cross_entropy(ref(xs[d, g]), ys[d, g]).backward()
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p.grad /= G
+            ref_opt.step()
+
+    clock = model._clock
+
+    def without_clock():
+        model._clock = None
+        try:
+            model(x, y)
+        finally:
+            model._clock = clock
+
+    plain()
+    calls = max(1, steps // di)
+    times: dict[str, list[float]] = {"plain": [], "poptorch": [], "no_clock": []}
+    for _ in range(rounds):
+        for name, fn in (("plain", plain), ("poptorch", lambda: model(x, y)),
+                         ("no_clock", without_clock)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / (calls * di))
+    replays = 2000
+    start = time.perf_counter()
+    for _ in range(replays):
+        clock.pipeline(0)
+        clock.weight_update(0)
+    replay = (time.perf_counter() - start) / replays
+    out = {k: min(v) for k, v in times.items()}
+    out.update(replay=replay, first_call=first)
+    model.destroy()
+    return out
 
 
 # -- (b), (c) several processes: the workers ----------------------------------------------------
@@ -216,6 +302,9 @@ def main(argv=None) -> int:
     p.add_argument("--di", type=int, default=10, help="device iterations per call")
     p.add_argument("--batch", type=int, default=32, help="micro-batch per replica")
     p.add_argument("--sizes", default="1M,10M")
+    p.add_argument("--accumulation", type=int, default=4,
+                   help="micro-batches per step of the pipelined case (at least 3)")
+    p.add_argument("--only", default="abcde", help="the cases to run (letters)")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads of every replica and process (default: the rule)")
     p.add_argument("--json", default=None)
@@ -238,12 +327,25 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     rows = []
     for size in args.sizes.split(","):
-        a = one_replica(size, args.steps, args.rounds, args.di, args.batch)
-        rows.append((f"(a) 1 replica, {size}", "plain loop", a["plain"], a["poptorch"]))
-        b = processes(size, args.steps, args.di, args.batch, 2, 2, args.rounds)
-        rows.append((f"(b) poprun -n 2, {size}", "DDP x2 gloo", b["ddp"], b["poptorch"]))
-        c = processes(size, args.steps, args.di, args.batch, 1, 4, args.rounds)
-        rows.append((f"(c) 4 replicas, {size}", "DDP x4 gloo", c["ddp"], c["poptorch"]))
+        if "a" in args.only:
+            a = one_replica(size, args.steps, args.rounds, args.di, args.batch)
+            rows.append((f"(a) 1 replica, {size}", "plain loop", a["plain"], a["poptorch"]))
+        if "b" in args.only:
+            b = processes(size, args.steps, args.di, args.batch, 2, 2, args.rounds)
+            rows.append((f"(b) poprun -n 2, {size}", "DDP x2 gloo", b["ddp"], b["poptorch"]))
+        if "c" in args.only:
+            c = processes(size, args.steps, args.di, args.batch, 1, 4, args.rounds)
+            rows.append((f"(c) 4 replicas, {size}", "DDP x4 gloo", c["ddp"], c["poptorch"]))
+        if "d" in args.only or "e" in args.only:
+            d = pipelined(size, args.steps, args.rounds, args.di, args.batch, args.accumulation)
+            rows.append((f"(d) 2-stage pipe, {size}", f"plain G={args.accumulation}",
+                         d["plain"], d["poptorch"]))
+            rows.append((f"(e) clock replay, {size}", "a step of (d)", d["poptorch"],
+                         d["replay"]))
+            rows.append((f"(e) clock on/off, {size}", "(d) no clock", d["no_clock"],
+                         d["poptorch"]))
+            rows.append((f"(e) first call, {size}", "a step of (d)", d["poptorch"] * args.di,
+                         d["first_call"]))
     print(f"# wall ms per optimizer step, best of {args.rounds} rounds of {args.steps} steps: "
           f"micro-batch {args.batch} per replica, {args.di} device iterations per call, "
           f"{os.cpu_count()} cores, threads per replica "

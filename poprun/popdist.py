@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import os
 
+from ipu_node.runtime.config import set_launcher_config
 from launch import env as names
 from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cluster_token
 
@@ -262,6 +263,18 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
     return config
 
 
+def _launcher_config():
+    """This instance's default IPU config (:func:`set_ipu_config` on a fresh
+    ``IPUConfig``, ``ipus_per_replica`` from poprun), or None for a process poprun or
+    TF_CONFIG did not start; registered with ipu_node when this module is imported
+    (:func:`ipu_node.runtime.config.set_launcher_config`), for ``hvd.init()`` in a program
+    that does not configure the IPU system itself."""
+    if not isPopdistEnvSet() and tf_config_text() is None:
+        return None
+    from ipu_node import IPUConfig
+    return set_ipu_config(IPUConfig(), ipus_per_replica=getNumIpusPerReplica())
+
+
 def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
     """The grpc transport at the cluster's addresses; instance 0 hosts the coordinator."""
     global _hosted_coordinator
@@ -305,3 +318,6 @@ __all__ = [
     "checkNumIpusPerReplica", "set_ipu_config", "tf_config", "init", "getDeviceId",
     "execute_on_instances",
 ]
+
+
+set_launcher_config(_launcher_config)

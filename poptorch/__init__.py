@@ -16,22 +16,37 @@ instances (see :mod:`poptorch._threads` for the intra-op threads that takes)::
     model.detachFromDevice()
     predictions = poptorch.inferenceModel(net)(x_test)
 
+A model cut over the IPUs of each replica with ``BeginBlock``/``Block`` runs as a
+``PipelinedExecution`` (the default) or ``ShardedExecution``, pass by pass in the schedule's
+order; its FLOPs and activations are counted from the real operations, its memory per IPU is
+checked at compile, and each step's modelled time is charged to the IPUs' clocks::
+
+    poptorch.BeginBlock(net.encoder, ipu_id=0)
+    poptorch.BeginBlock(net.head, ipu_id=1)
+    opts.Training.gradientAccumulation(4)            # >= 2 x stages - 1
+    model = poptorch.trainingModel(ModelWithLoss(net), opts)
+    model(x, y)
+    print(model.modelReport().table())               # stages, bubble, memory per IPU
+
 Only this package imports torch (``import ipu_node``, ``collectives``, ``poprun``,
 ``popdist`` do not).
 """
 
 from poptorch import enums, optim
 from poptorch._async import AsynchronousDataAccessor
+from poptorch._blocks import BeginBlock, Block, BlockFunction, removeBlocks
 from poptorch._dataloader import DataLoader
 from poptorch._errors import (ConfigFileError, Error, RecoverableError, UnrecoverableError,
                               createPoptorchError)
 from poptorch._executor import NO_EXECUTABLE_ERR, PoplarExecutor
 from poptorch._logging import logger, setLogLevel
-from poptorch._ops import (for_loop, identity_loss, ipu_print_tensor, ipuHardwareIsAvailable,
-                           ipuHardwareVersion, isRunningOnIpu, nop, recomputationCheckpoint,
-                           serializedMatMul, set_available_memory)
+from poptorch._model_report import ModelReport
+from poptorch._ops import (MultiConv, for_loop, identity_loss, ipu_print_tensor,
+                           ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, nop,
+                           recomputationCheckpoint, serializedMatMul, set_available_memory)
 from poptorch._options import Options
 from poptorch._options_groups import TensorLocationSettings
+from poptorch._strategies import PipelinedExecution, ShardedExecution, Stage
 from poptorch._version import __version__
 from poptorch._wrap import inferenceModel, load, trainingModel
 from poptorch.enums import (AutoStage, CommGroupType, ConnectionType, DataLoaderMode, Liveness,
@@ -55,4 +70,7 @@ __all__ = [
     "SyncPattern", "DataLoaderMode", "SharingStrategy", "AutoStage", "Liveness",
     "CommGroupType", "VariableRetrievalMode", "MultiConvPlanType", "OverlapMode",
     "MatMulSerializationMode", "__version__",
+    # models over several IPUs
+    "Block", "BeginBlock", "BlockFunction", "removeBlocks", "Stage", "PipelinedExecution",
+    "ShardedExecution", "MultiConv", "ModelReport",
 ]

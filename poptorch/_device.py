@@ -17,8 +17,12 @@ Two kinds of attachment:
 * a **free device**: any other model takes the first free gc-info device of its size
   (``ipu_node.attach_free_device``), under poprun among its instance's IPUs.
 
-Parameters, optimizer state and accumulators are counted in the replicas' SRAM
-(``ipu_node.IPUMemory``); PopTorch's out-of-memory error when they do not fit.
+A replica of a model with blocks over several IPUs has ``ipus_per_replica`` IPUs in either
+kind. What a model keeps on each IPU of a replica is counted in its SRAM
+(``ipu_node.IPUMemory``, :mod:`poptorch._memory`); PopTorch's out-of-memory error when it does
+not fit. Each IPU has a modelled timeline: the configured system's
+(:func:`ipu_node.clock.timeline`) for a job device, its own (an ``ipu_node.clock.Timeline``)
+for a free one.
 """
 
 from __future__ import annotations
@@ -75,15 +79,21 @@ class Device:
         replica_ipus: IPU ids of each local replica (``ipus_per_replica`` each).
         memories: ``IPUMemory`` by IPU id.
         job_system: the ``ipu_node.IPUSystem`` of a job device, else None.
+        model: the modelled POD (``ipu_node.SystemModel``) the IPUs belong to.
+        timelines: the modelled timeline of each IPU, by id.
     """
 
     def __init__(self, replica_ipus: list[tuple[int, ...]], memories: dict,
                  release: Callable[[], None], reattach: Callable[[], None],
-                 attached: Callable[[], bool], job_system=None):
+                 attached: Callable[[], bool], job_system=None, model=None):
         self.replica_ipus = replica_ipus
         self.memories = memories
         self._release, self._reattach, self._attached = release, reattach, attached
         self.job_system = job_system
+        self.model = model if model is not None else ipu_node.get_system_model(None)
+        ids = [i for ipus in replica_ipus for i in ipus]
+        self.timelines = ({i: ipu_node.clock.timeline(i) for i in ids} if job_system is not None
+                          else {i: ipu_node.clock.Timeline(i) for i in ids})
         self._placed: list[tuple[int, str]] = []
 
     @property
@@ -118,14 +128,19 @@ class Device:
         except ipu_node.IPUError as exc:
             raise _failed(sum(len(i) for i in self.replica_ipus), exc) from None
 
-    def place(self, replica: int, name: str, nbytes: int) -> None:
-        """Count ``nbytes`` of tensor ``name`` on the first IPU of local replica ``replica``.
+    def replica_timelines(self, replica: int) -> dict:
+        """IPU index -> timeline of local replica ``replica``'s IPUs."""
+        return {i: self.timelines[ipu] for i, ipu in enumerate(self.replica_ipus[replica])}
+
+    def place(self, replica: int, name: str, nbytes: int, ipu_index: int = 0) -> None:
+        """Count ``nbytes`` of tensor ``name`` on IPU ``ipu_index`` of local replica
+        ``replica``.
 
         Raises:
             poptorch.Error: PopTorch's out-of-memory error (the IPU, bytes needed and free,
                 the largest tensors).
         """
-        ipu = self.replica_ipus[replica][0]
+        ipu = self.replica_ipus[replica][ipu_index]
         try:
             self.memories[ipu].allocate(name, int(nbytes), replace=True)
         except ipu_node.IPUOutOfMemoryError as exc:
@@ -180,7 +195,7 @@ def attach_free(replicas: int, ipus_per_replica: int, count: int, label: str,
     replica_ipus = [tuple(ipus[r * ipus_per_replica:(r + 1) * ipus_per_replica])
                     for r in range(replicas)]
     return Device(replica_ipus, memories, attachment.release, attachment.reattach,
-                  lambda: attachment.attached)
+                  lambda: attachment.attached, model=model)
 
 
 def _claim(system, owner) -> None:
@@ -194,8 +209,12 @@ def _claim(system, owner) -> None:
 
 
 def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int,
-               num_processes: int, owner) -> Device:
+               num_processes: int, owner, engine_options: dict | None = None) -> Device:
     """This process's IPU system for a training model with replicas across the job.
+    ``engine_options``: the model's Poplar engine options (PopTorch's
+    ``enableProfiling``): a system this configures gets them as its
+    ``compilation_poplar_options``, so that their ``autoReport`` settings ask for the run
+    report.
 
     Raises:
         poptorch.Error: "Failed to acquire ..." (another replicated training model of this
@@ -226,16 +245,18 @@ def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int
     if not same:
         if current is system and system is not None:
             _claim(system, owner)  # refuses while another model uses it
-        system = _configure(replicas, ipus_per_replica, process_id, num_processes)
+        system = _configure(replicas, ipus_per_replica, process_id, num_processes,
+                            engine_options)
         _job["system"] = system
         _claim(system, owner)
     return Device([tuple(ipu.id for ipu in system.replica_context(r).ipus)
                    for r in range(system.num_local_replicas)],
                   system.memory, system.release_ipus, system.reattach_ipus,
-                  lambda: system.ipus_attached, job_system=system)
+                  lambda: system.ipus_attached, job_system=system, model=system.model)
 
 
-def _configure(replicas: int, ipus_per_replica: int, process_id: int, num_processes: int):
+def _configure(replicas: int, ipus_per_replica: int, process_id: int, num_processes: int,
+               engine_options: dict | None = None):
     """The system of ``replicas`` local replicas (not rounded up: the system has exactly the
     model's replicas, each reducing in the collectives)."""
     count = replicas * ipus_per_replica
@@ -250,6 +271,9 @@ def _configure(replicas: int, ipus_per_replica: int, process_id: int, num_proces
                 f"{mrd.process_index} of {max(mrd.process_count, 1)} (poprun or mpirun)")
     cfg.ipus_per_replica = ipus_per_replica
     cfg.auto_select_ipus = count
+    reports = {k: str(v) for k, v in (engine_options or {}).items() if k.startswith("autoReport")}
+    if reports:
+        cfg.compilation_poplar_options = reports
     try:
         return cfg.configure_ipu_system()
     except ipu_node.IPUError as exc:

@@ -2,12 +2,16 @@
 reference §5).
 
 The first call (or :meth:`~PoplarExecutor.compile`) checks the options and the input batch,
-attaches the replicas to emulated IPUs (:mod:`poptorch._device`), makes the replica copies
-(:mod:`poptorch._replicas`) and optimizers (:mod:`poptorch._device_optim`), counts their
-tensors in SRAM, and traces the model once on replica 0 with its first micro-batch (the
-loss rules, the buffer rule; buffers and random state are put back). Each call then runs
-``deviceIterations`` steps on every local replica (:mod:`poptorch._step`) and returns the
-outputs of the output mode (:mod:`poptorch._batching`).
+makes the replica copies (:mod:`poptorch._replicas`), runs the model once on replica 0 with
+its first micro-batch to find its blocks and stages and count it (the loss rules, the buffer
+rule, the stage rules; buffers and random state are put back:
+:mod:`poptorch._executor_stages`), attaches the replicas to emulated IPUs
+(:mod:`poptorch._device`), makes the optimizers (:mod:`poptorch._device_optim`), places the
+model's memory on each IPU and lays out its modelled steps. Each call then runs
+``deviceIterations`` steps on every local replica (:mod:`poptorch._step`, through the
+pipeline schedule for a model of several stages: :mod:`poptorch._pipeline`), charges their
+modelled time to the IPUs' clocks and returns the outputs of the output mode
+(:mod:`poptorch._batching`).
 """
 
 from __future__ import annotations
@@ -23,36 +27,34 @@ from poptorch import enums
 from poptorch._batching import Layout, MicroBatches, OutputCollector, check_batch
 from poptorch._device import attach_free, attach_job, ipus_to_reserve
 from poptorch._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
-                                    needs_running_mean, state_nbytes_per_param)
+                                    needs_running_mean)
 from poptorch._errors import createPoptorchError
 from poptorch._executor_info import ExecutorInfo
+from poptorch._executor_stages import ExecutorStages
 from poptorch._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
 from poptorch._export import ExecutorExport
 from poptorch._logging import logger
-from poptorch._nest import flatten
 from poptorch._options import Options
 from poptorch._popart_options import validate as validate_popart
 from poptorch._replicas import Replicas
 from poptorch._report import register_model
 from poptorch._runner import JobRunner, LocalRunner
 from poptorch._signature import CompiledInputs
-from poptorch._step import SingleStage, TrainPlan, infer_replica, train_replica
+from poptorch._step import Accumulation, TrainPlan, infer_replica, train_replica
 from poptorch._threads import threads_per_replica
-from poptorch._tracing import ReplicaRNG, Trace
+from poptorch._tracing import ReplicaRNG
 from poptorch._wrapped import unwrap
 
 __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
 
-#: IPUs each replica of an unannotated model uses (issue 23: blocks and stages)
-_IPUS_PER_REPLICA = 1
 
-
-class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
+class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStages):
     """A PyTorch model running on emulated IPUs (make one with ``poptorch.trainingModel``
     or ``poptorch.inferenceModel``). Attributes not found here are the user model's.
     Weight and optimizer methods: :class:`~poptorch._executor_weights.ExecutorWeights`;
     reporting: :class:`~poptorch._executor_info.ExecutorInfo`; precompilation:
-    :class:`~poptorch._export.ExecutorExport`."""
+    :class:`~poptorch._export.ExecutorExport`; stages, memory and modelled time:
+    :class:`~poptorch._executor_stages.ExecutorStages`."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
                  optimizer: torch.optim.Optimizer | None = None,
@@ -67,11 +69,12 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         if options.defaultOutputMode():
             options.outputMode(enums.OutputMode.Final if training else enums.OutputMode.All)
         if not training and options.Training.gradient_accumulation != 1:
+            sharded = getattr(options._execution_strategy, "sharded", False)
             raise createPoptorchError(
                 "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave "
-                "it as its default value (1) when running a poptorch.inferenceModel(). Use "
-                "poptorch.Options().deviceIterations to process a sufficient number of "
-                "batches each run for pipelined execution instead.")
+                "it as its default value (1) when running a poptorch.inferenceModel()." +
+                ("" if sharded else " Use poptorch.Options().deviceIterations to process a "
+                 "sufficient number of batches each run for pipelined execution instead."))
         self._user_model = user_model if user_model is not None else model
         self._model = model
         self._training = training
@@ -95,7 +98,11 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         self._rngs: list[ReplicaRNG] = []
         self._inputs: CompiledInputs | None = None
         self._layout: Layout | None = None
-        self._stage: SingleStage | None = None
+        self._stage = None  # SingleStage or PipelinedStages
+        self._profile = self._memory = self._clock = self._report_base = None
+        self._loss_index, self._traced, self._micro_rows = None, True, 1
+        self._ipr = self._reserved = 1  # IPUs per replica (a power of two), in all
+        self._modelled = {"calls": 0, "steps": 0, "total_s": 0.0, "last_call_s": 0.0}
         self._compile_time: datetime.timedelta | None = None
         self._pending_rng_state: list | None = None  # poptorch.load's, set at compile
         self._perf: dict[str, list] = {k: [[]] for k in
@@ -157,7 +164,6 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         replicas = opts.replication_factor
         if self._training and procs > 1:
             _check_poprun(replicas, procs)
-        count = ipus_to_reserve(replicas, _IPUS_PER_REPLICA, opts.auto_round_num_ipus)
         self._layout = layout
         self._replicas = Replicas(self._model, replicas)
         seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
@@ -166,6 +172,10 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
             self.rng_state, self._pending_rng_state = self._pending_rng_state, None
         threads = threads_per_replica(replicas * procs)
         try:
+            self._profile_model(args, kwargs)
+            ipus = self._ipus_per_replica()
+            count = ipus_to_reserve(replicas, ipus, opts.auto_round_num_ipus)
+            self._ipr, self._reserved = 1 << (ipus - 1).bit_length(), count
             if opts.connection_type != enums.ConnectionType.Never:
                 self._attach_new(replicas, count, procs, pid)
             self._runner = (JobRunner(threads) if self._device is not None and
@@ -173,9 +183,13 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
                             LocalRunner(replicas, threads))
             if self._training:
                 self._make_optimizers()
+            self._stage = self._make_stage(threads)
+            self._plan_memory()
             if self._attached:
                 self._place_tensors()
-            self._trace(args, kwargs)
+            self._make_clock()
+            self._remember()
+            self._offer_card()
         except BaseException:
             self._drop_executable()
             raise
@@ -186,10 +200,11 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
     def _attach_new(self, replicas: int, count: int, procs: int, pid: int) -> None:
         label = f"poptorch {self._name()}"
         if self._training and replicas * procs > 1:
-            self._device = attach_job(replicas, _IPUS_PER_REPLICA, count, pid, procs, self)
+            self._device = attach_job(replicas, self._ipr, count, pid, procs, self,
+                                      self._options._Popart.options.get("engineOptions"))
         else:
             ipu_id = self._options.ipu_id if self._options.exists("ipu_id") else None
-            self._device = attach_free(replicas, _IPUS_PER_REPLICA, count, label, ipu_id)
+            self._device = attach_free(replicas, self._ipr, count, label, ipu_id)
         self._attached = True
         # a model that is garbage collected lets its IPUs go (PopTorch's executable does)
         weakref.finalize(self, self._device.release)
@@ -204,60 +219,6 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         self._optimizers = [ReplicaOptimizer(opt, self._replicas.mapping(r), share_state=r == 0)
                             for r in range(len(self._replicas.modules))]
         self._constants = constant_attributes(opt)
-
-    def _place_tensors(self) -> None:
-        """Count parameters, buffers, optimizer state and accumulators in SRAM."""
-        name, G = self._name(), self._options.Training.gradient_accumulation
-        slots = state_nbytes_per_param(self._optimizer) if self._training else {}
-        accum = getattr(self._optimizer, "accum_type", torch.float32) if self._training else None
-        for r in range(len(self._replicas.modules)):
-            for tname, t in self._replicas.tensors(r):
-                kind = "param" if isinstance(t, torch.nn.Parameter) else "buffer"
-                self._device.place(r, f"{name}/{kind}/{tname}", t.nbytes)
-                if kind == "param" and t.requires_grad and self._training:
-                    for slot, size in slots.items():
-                        self._device.place(r, f"{name}/optimizer/{slot}/{tname}",
-                                           t.numel() * size)
-                    if G > 1:
-                        size = torch.empty((), dtype=accum).element_size()
-                        self._device.place(r, f"{name}/accumulator/{tname}", t.numel() * size)
-
-    @torch.no_grad()
-    def _snapshot_buffers(self) -> list[torch.Tensor]:
-        return [b.clone() for _, b in self._replicas.modules[0].named_buffers() if b is not None]
-
-    def _trace(self, args: tuple, kwargs: dict) -> None:
-        """PopTorch's compile-time checks, from one forward pass of replica 0."""
-        micro = MicroBatches(args, kwargs, self._layout)
-        module = self._replicas.modules[0]
-        saved, versions = self._snapshot_buffers(), self._replicas.buffer_versions()
-        rng = ReplicaRNG(0, 0)
-        rng.state = self._rngs[0].state.clone()
-        flags = self._replicas.enter_compiled_mode()
-        try:
-            with torch.enable_grad() if self._training else torch.no_grad(), Trace(rng) as trace:
-                output = module(*micro.get(0, 0, 0)[0], **micro.get(0, 0, 0)[1])
-            loss_index = None
-            if self._training:
-                loss = trace.final_loss()
-                leaves = flatten(output)[0]
-                loss_index = next((i for i, leaf in enumerate(leaves) if leaf is loss), None)
-            self._stage = SingleStage(loss_index, traced=trace.random_calls > 0 or
-                                      (self._training and loss_index is None))
-            changed = self._replicas.changed_buffers(versions)
-            if changed and self._options.replication_factor > 1 and \
-                    self._options.broadcast_buffers:
-                raise createPoptorchError(
-                    "PopTorch does not support broadcasting buffers. If your model is able to "
-                    "tolerate buffers becoming out of sync between replicas, you can disable "
-                    "buffer broadcasting using poptorch.Options.broadcastBuffers(False).")
-        finally:
-            self._replicas.restore_mode(flags)
-            with torch.no_grad():
-                for (_, b), old in zip(((n, b) for n, b in module.named_buffers()
-                                        if b is not None), saved):
-                    b.copy_(old)
-            self._replicas.upload()
 
     # -- running ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs) -> Any:
@@ -282,13 +243,20 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         modules, rngs, stage = self._replicas.modules, self._rngs, self._stage
         flags = self._replicas.enter_compiled_mode()
         try:
+            clock = self._clock
+            before = clock.now(0) if clock is not None else 0.0
             if self._training:
+                reduction = opts.Training.accumulation_and_replication_reduction_type
+                running = (reduction == enums.ReductionType.Mean and
+                           opts.Training.meanAccumulationAndReplicationReductionStrategy ==
+                           enums.MeanReductionStrategy.Running)
+                half = getattr(self._optimizer, "accum_type", None) == torch.float16
                 plan = TrainPlan(micro, collector, stage,
                                  opts.replication_factor * opts.Distributed.numProcesses,
-                                 opts.Training.accumulation_and_replication_reduction_type,
+                                 reduction,
                                  opts.Training.meanAccumulationAndReplicationReductionStrategy,
                                  float(getattr(self._optimizer, "loss_scaling", 1.0)),
-                                 getattr(self._optimizer, "accum_type", None) == torch.float16)
+                                 Accumulation(running, half, layout.G), clock)
                 optimizers, runner = self._optimizers, self._runner
 
                 def replica(r: int) -> None:
@@ -296,10 +264,12 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
                         train_replica(r, plan, modules[r], optimizers[r], rngs[r], runner)
             else:
                 def replica(r: int) -> None:
-                    infer_replica(r, micro, collector, stage, modules[r], rngs[r])
+                    infer_replica(r, micro, collector, stage, modules[r], rngs[r], clock)
             self._runner.run(replica)
         finally:
             self._replicas.restore_mode(flags)
+        if clock is not None:
+            self._count_modelled(clock.now(0) - before)
         self._replicas.mark_synced()
         t_output = time.perf_counter()
         result = collector.result()
@@ -338,13 +308,14 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
         if self._device is None or self._device.stale:
             opts = self._options
             replicas = opts.replication_factor
-            self._attach_new(replicas, ipus_to_reserve(replicas, _IPUS_PER_REPLICA,
-                                                       opts.auto_round_num_ipus),
-                             opts.Distributed.numProcesses, opts.Distributed.processId)
+            self._attach_new(replicas, self._reserved, opts.Distributed.numProcesses,
+                             opts.Distributed.processId)
             threads = self._runner.threads
             self._runner.close()
             self._runner = (JobRunner(threads) if self._device.job_system is not None
                             else LocalRunner(replicas, threads))
+            self._make_clock()
+            self._remember()
         else:
             self._device.reattach(self)
             self._attached = True
@@ -365,7 +336,9 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport):
             self._device.release()
         if self._runner is not None:
             self._runner.close()
-        self._device = self._runner = None
+        if self._stage is not None:
+            self._stage.close()
+        self._device = self._runner = self._stage = self._clock = None
         self._attached = self._compiled = False
         self._optimizers = []
 

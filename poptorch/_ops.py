@@ -7,11 +7,12 @@ import numpy as np
 import torch
 
 from poptorch import enums
+from poptorch._blocks import current_forward
 from poptorch._tracing import record_identity_loss
 
 __all__ = ["identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
            "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
-           "ipuHardwareIsAvailable", "ipuHardwareVersion"]
+           "ipuHardwareIsAvailable", "ipuHardwareVersion", "MultiConv"]
 
 
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -70,13 +71,26 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def recomputationCheckpoint(*tensors: torch.Tensor):
-    """Mark a recomputation checkpoint; returns the tensors (one tensor alone)."""
+    """Keep ``tensors`` for the backward pass instead of recomputing them (when the model
+    recomputes: a pipeline over several IPUs, or PopART's ``autoRecomputation``); returns
+    the tensors (one tensor alone). The memory model stashes them and recomputes the rest
+    of their stage piece by piece (:mod:`poptorch._memory`). A tuple or list argument counts
+    as its tensors."""
+    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
+        tensors = tuple(tensors[0])
+    forward = current_forward()
+    if forward is not None:
+        forward.checkpoint(tensors)
     return tensors[0] if len(tensors) == 1 else tensors
 
 
 def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float = 0.6
                          ) -> torch.Tensor:
-    """Temporary memory of the op producing ``tensor``; returns it."""
+    """Temporary memory of the op producing ``tensor`` (a proportion of the tile memory);
+    returns it. ipupod: recorded per stage in the model's report."""
+    forward = current_forward()
+    if forward is not None:
+        forward.note("available_memory_proportion", float(available_memory_proportion))
     return tensor
 
 
@@ -119,3 +133,52 @@ def ipuHardwareVersion() -> int:
         AssertionError: "No IPU hardware available on this system".
     """
     raise AssertionError("No IPU hardware available on this system")
+
+
+class MultiConv:
+    """A context manager: the convolutions inside run as one multi-convolution on the IPU.
+    The builder methods set its options (each a value for all convolutions or a list, one per
+    convolution). ipupod: no effect on the numbers; the convolutions and options are recorded
+    per stage in the model's report.
+
+    Raises:
+        AssertionError: an option of the wrong type.
+    """
+
+    def __init__(self) -> None:
+        self._options: dict = {}
+
+    def _set(self, name: str, value, kind) -> "MultiConv":
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(v, kind) for v in values):
+            raise AssertionError(f"MultiConv.{name} expects {kind} or a list of them, "
+                                 f"got {value!r}")
+        self._options[name] = value
+        return self
+
+    def availableMemoryProportions(self, value) -> "MultiConv":
+        return self._set("availableMemoryProportions", value, (int, float))
+
+    def partialsTypes(self, value) -> "MultiConv":
+        return self._set("partialsTypes", value, torch.dtype)
+
+    def enableConvDithering(self, value) -> "MultiConv":
+        return self._set("enableConvDithering", value, bool)
+
+    def planType(self, value: enums.MultiConvPlanType) -> "MultiConv":
+        return self._set("planType", value, enums.MultiConvPlanType)
+
+    def perConvReservedTiles(self, value: int) -> "MultiConv":
+        return self._set("perConvReservedTiles", value, int)
+
+    def cycleBackOff(self, value: float) -> "MultiConv":
+        return self._set("cycleBackOff", value, (int, float))
+
+    def __enter__(self) -> "MultiConv":
+        forward = current_forward()
+        if forward is not None:
+            forward.note("multi_conv", dict(self._options))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None

@@ -5,9 +5,12 @@ PT python/options.py), on :class:`~poptorch._options_dict.OptionsDict`.
 given (the executors work on a ``clone()``), so one object serves a loader, a training and
 an inference model. The emulation acts on: ``deviceIterations``, ``replicationFactor``,
 ``inputReplicaGrouping``, ``outputMode``, ``randomSeed``, ``connectionType``,
-``autoRoundNumIPUs``, ``broadcastBuffers``, ``useIpuId``, the ``Training`` and
-``Distributed`` groups; every other option is accepted, recorded in the run report
-(:func:`poptorch._report.describe_options`) and says so in its docstring.
+``autoRoundNumIPUs``, ``broadcastBuffers``, ``useIpuId``, ``setExecutionStrategy``,
+``logCycleCount``, ``enableProfiling``, the ``Training`` and ``Distributed`` groups, the
+``TensorLocations`` of weights, optimizer state, accumulators and activations (memory and
+modelled time) and ``_Popart``'s ``autoRecomputation``; every other option is accepted,
+recorded in the run report (:func:`poptorch._report.describe_options`) and says so in its
+docstring.
 """
 
 from __future__ import annotations
@@ -55,14 +58,14 @@ class Options(OptionsDict):
         self._training = TrainingOptions(self._popart)
         self._distributed = DistributedOptions()
         self._tensor_locations = TensorLocationOptions()
-        #: issue 23 (pipelining) gives this PopTorch's execution strategies; None is the
-        #: default PipelinedExecution(AutoStage.SameAsIpu) of an unannotated model
+        #: the execution strategy (poptorch._strategies); None: the default
+        #: PipelinedExecution(AutoStage.SameAsIpu), made at compile
         self._execution_strategy = None
         self._source_location_excludes = list(_DEFAULT_EXCLUDES)
         self._relax_optimizer_checks = False
         self._show_compilation_progress_bar = True
         self._module_namescope_enabled = True
-        self._ipus_per_replica = 1  # popdist.poptorch.Options sets it
+        self._ipus_per_replica = None  # the model's blocks decide; popdist.poptorch.Options sets it
         super().__init__(replication_factor=1, input_group_size=1,
                          input_cgt=enums.CommGroupType.Consecutive, broadcast_buffers=True,
                          device_iterations=1, log_dir=".", max_repeat_logs=4,
@@ -283,13 +286,14 @@ class Options(OptionsDict):
         return self
 
     def logCycleCount(self, log_cycle_count: bool) -> "Options":
-        """Count IPU cycles of the main program. ipupod: recorded; ``cycleCount()`` raises
-        (issue 23 models time)."""
+        """Count IPU cycles of the main program: ``cycleCount()`` gives the modelled cycles
+        of the last call."""
         self._Popart.set("instrumentWithHardwareCycleCounter", log_cycle_count)
         return self
 
     def enableProfiling(self, profile_dir: str | None = None) -> "Options":
-        """Write PopVision profiles. ipupod: recorded, no effect."""
+        """Write PopVision profiles. ipupod: the run report, trace and the poptorch report
+        go to ``profile_dir`` (Poplar's ``autoReport`` engine options)."""
         engine = dict(self._popart.options.get("engineOptions", {}))
         engine.update({"debug.allowOutOfMemory": "true",
                        "autoReport.directory": profile_dir or ".", "autoReport.all": "true"})
@@ -306,9 +310,24 @@ class Options(OptionsDict):
         self._module_namescope_enabled = False
         return self
 
+    def setExecutionStrategy(self, strategy) -> "Options":
+        """How the model's blocks map to stages and run: a ``poptorch.PipelinedExecution``
+        (the default, ``AutoStage.SameAsIpu``) or ``poptorch.ShardedExecution``.
+
+        Raises:
+            AssertionError: ``strategy`` is not an execution strategy.
+        """
+        from poptorch._strategies import ExecutionStrategy
+        if not isinstance(strategy, ExecutionStrategy):
+            raise AssertionError("setExecutionStrategy expects a poptorch.PipelinedExecution "
+                                 f"or poptorch.ShardedExecution, got {type(strategy).__name__}")
+        self.checkIsFrozen()
+        self._execution_strategy = strategy
+        return self
+
     def setAvailableMemoryProportion(self, available_memory_proportion: dict) -> "Options":
         """Temporary memory per IPU for matmuls and convolutions, ``{"IPU0": 0.5}``.
-        ipupod: recorded, no effect.
+        ipupod: recorded in the run report (the memory model does not plan temporaries).
 
         Raises:
             AssertionError: a key that does not start with "IPU".

@@ -141,8 +141,10 @@ class PrecisionOptions(OptionsDict):
 
 
 class TensorLocationSettings(OptionsDict):
-    """Where a class of tensors is stored (``poptorch.TensorLocationSettings()``). ipupod:
-    recorded in the run report; every tensor counts in the IPU's SRAM as if on chip."""
+    """Where a class of tensors is stored (``poptorch.TensorLocationSettings()``): the memory
+    model (:mod:`poptorch._memory`) moves off-chip tensors to Streaming Memory and shards
+    replicated-tensor-sharded ones over the replicas; the modelled time pays the transfers
+    (:mod:`poptorch._modelled`). The numbers do not change."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,8 +197,8 @@ class TensorLocationSettings(OptionsDict):
 
 class TensorLocationOptions(OptionsDict):
     """``opts.TensorLocations``: where activations, weights, optimizer state and
-    accumulators live, and the IO tiles. ipupod: recorded in the run report; no effect (the
-    memory accounting counts every tensor in SRAM)."""
+    accumulators live (each IPU's memory and the modelled time follow them), and the IO
+    tiles (recorded)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,10 +1,12 @@
 """One call of a model on one replica: the place a replica's steps go through.
 
 :class:`SingleStage` runs the unsplit model as one stage: for each micro-batch, forward
-(traced for its loss and random numbers, :mod:`poptorch._tracing`) then backward. A
-pipelined model (issue 23: ``BeginBlock``/``Block``/``Stage``, ``PipelinedExecution``) will
-supply another schedule with the same two methods; :func:`train_replica` and
-:func:`infer_replica` do not change.
+(traced for its loss and random numbers, :mod:`poptorch._tracing`) then backward. A model cut
+into stages (``BeginBlock``/``Block``/``Stage``, ``PipelinedExecution``/``ShardedExecution``)
+runs its micro-batches through the pipeline schedule instead
+(:class:`poptorch._pipeline.PipelinedStages`, the same two methods); :func:`train_replica` and
+:func:`infer_replica` do not change. The modelled time of each step is charged to the
+replica's IPUs (``TrainPlan.clock``, :mod:`poptorch._modelled`).
 
 Per optimizer step of a training call (reference §5.4), on every replica: the G
 micro-batches' gradients accumulate (PyTorch's ``.grad`` accumulation in step order, or
@@ -26,7 +28,42 @@ from poptorch._batching import MicroBatches, OutputCollector
 from poptorch._nest import flatten
 from poptorch._tracing import ReplicaRNG, Trace
 
-__all__ = ["SingleStage", "TrainPlan", "train_replica", "infer_replica"]
+__all__ = ["SingleStage", "TrainPlan", "Accumulation", "train_replica", "infer_replica"]
+
+
+class Accumulation:
+    """What happens to the accumulated gradients around each micro-batch's backward pass:
+    PopTorch's running mean (``MeanReductionStrategy.Running``: ``acc + (g - acc) / (n+1)``)
+    and float16 accumulators (rounded after each micro-batch). Neither: nothing (PyTorch's
+    ``.grad`` accumulation, micro-batches in ascending order)."""
+
+    def __init__(self, running: bool, half: bool, G: int):
+        self.running, self.half = running, half and G > 1
+        self.active = self.running or self.half
+
+    def begin(self, params: list, g: int) -> list | None:
+        """Before micro-batch ``g``'s backward of ``params``: the running mean sets the
+        accumulated gradients aside."""
+        if not (self.running and g):
+            return None
+        before = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        return before
+
+    @torch.no_grad()
+    def end(self, params: list, g: int, before: list | None) -> None:
+        """After micro-batch ``g``'s backward of ``params``."""
+        if before is not None:
+            for p, acc in zip(params, before):
+                if acc is not None and p.grad is not None:
+                    p.grad = acc + (p.grad - acc) / (g + 1)
+                elif acc is not None:
+                    p.grad = acc - acc / (g + 1)
+        if self.half:
+            for p in params:
+                if p.grad is not None:
+                    p.grad = p.grad.half().to(p.dtype)
 
 
 class SingleStage:
@@ -59,6 +96,17 @@ class SingleStage:
         loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
         return output
 
+    def train_step(self, module: torch.nn.Module, plan: "TrainPlan", d: int, r: int,
+                   rng: ReplicaRNG | None, params: list) -> None:
+        """The G micro-batches of device iteration ``d`` on local replica ``r``, in order."""
+        for g in range(plan.micro.layout.G):
+            before = plan.accumulation.begin(params, g)
+            args, kwargs = plan.micro.get(d, g, r)
+            output = self.train_micro(module, args, kwargs, rng, plan.loss_scaling)
+            if plan.collector.wants(d, g):
+                plan.collector.add(d, g, r, output)
+            plan.accumulation.end(params, g, before)
+
     def infer_micro(self, module: torch.nn.Module, args: tuple, kwargs: dict,
                     rng: ReplicaRNG | None) -> Any:
         with torch.no_grad():
@@ -67,19 +115,40 @@ class SingleStage:
             with Trace(rng):
                 return module(*args, **kwargs)
 
+    def infer_call(self, module: torch.nn.Module, micro: MicroBatches,
+                   collector: OutputCollector, r: int, rng: ReplicaRNG | None) -> None:
+        """An inference call's ``di`` micro-batches on local replica ``r``, in order."""
+        for d in range(micro.layout.di):
+            output = self.infer_micro(module, *micro.get(d, 0, r), rng)
+            if collector.wants(d, 0):
+                collector.add(d, 0, r, output)
+
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class TrainPlan:
-    """What every replica of a training call needs (shared, read-only)."""
+    """What every replica of a training call needs (shared, read-only).
+
+    Attributes:
+        clock: charges each step's modelled time to a replica's IPUs
+            (:class:`poptorch._modelled.ModelledClock`), or None.
+    """
 
     micro: MicroBatches
     collector: OutputCollector
-    stage: SingleStage
+    stage: Any
     global_replicas: int
     reduction: enums.ReductionType
     strategy: enums.MeanReductionStrategy
     loss_scaling: float
-    accum_half: bool
+    accumulation: Accumulation
+    clock: Any = None
+
+    @property
+    def running(self) -> bool:
+        return self.accumulation.running
 
 
 def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
@@ -87,32 +156,15 @@ def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
     """Run a training call's ``di`` optimizer steps on local replica ``r``."""
     layout = plan.micro.layout
     params = [p for p in optimizer.params() if p.requires_grad]
-    running = (plan.reduction == enums.ReductionType.Mean and
-               plan.strategy == enums.MeanReductionStrategy.Running)
     for d in range(layout.di):
         optimizer.zero_grad()  # first, as a plain loop does: the freed blocks are reused
-        for g in range(layout.G):
-            before = [p.grad for p in params] if running and g else None
-            if before is not None:
-                for p in params:
-                    p.grad = None
-            args, kwargs = plan.micro.get(d, g, r)
-            output = plan.stage.train_micro(module, args, kwargs, rng, plan.loss_scaling)
-            if plan.collector.wants(d, g):
-                plan.collector.add(d, g, r, output)
-            if before is not None:
-                with torch.no_grad():
-                    for p, acc in zip(params, before):
-                        if acc is not None and p.grad is not None:
-                            p.grad = acc + (p.grad - acc) / (g + 1)
-                        elif acc is not None:
-                            p.grad = acc - acc / (g + 1)
-            if plan.accum_half and layout.G > 1:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad = p.grad.half().to(p.dtype)
-        _reduce_gradients(params, layout.G, plan, runner, d, running)
+        plan.stage.train_step(module, plan, d, r, rng, params)
+        if plan.clock is not None:
+            plan.clock.pipeline(r)
+        _reduce_gradients(params, layout.G, plan, runner, d, plan.running)
         optimizer.step()
+        if plan.clock is not None:
+            plan.clock.weight_update(r)
 
 
 @torch.no_grad()
@@ -132,10 +184,9 @@ def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, step: int,
             p.grad = total / divisor if divisor != 1 else total
 
 
-def infer_replica(r: int, micro: MicroBatches, collector: OutputCollector, stage: SingleStage,
-                  module: torch.nn.Module, rng: ReplicaRNG | None) -> None:
+def infer_replica(r: int, micro: MicroBatches, collector: OutputCollector, stage,
+                  module: torch.nn.Module, rng: ReplicaRNG | None, clock=None) -> None:
     """Run an inference call's ``di`` micro-batches on local replica ``r``."""
-    for d in range(micro.layout.di):
-        output = stage.infer_micro(module, *micro.get(d, 0, r), rng)
-        if collector.wants(d, 0):
-            collector.add(d, 0, r, output)
+    stage.infer_call(module, micro, collector, r, rng)
+    if clock is not None:
+        clock.inference(r)

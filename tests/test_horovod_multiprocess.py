@@ -189,3 +189,29 @@ def test_a_torch_job_with_horovod_as_graphcores_poptorch_examples_use_it(tmp_pat
         assert torch.equal(a["state"][key], b["state"][key]), key
         torch.testing.assert_close(a["state"][key], c["state"][key], rtol=1e-5, atol=1e-6)
     assert "[1,0]<stdout>:RESULT loss" in job.stdout and "[1,1]<stdout>:RESULT" not in job.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["poptorch", "tf"])
+def test_hvd_init_under_poprun_before_the_ipu_system_is_configured(mode):
+    # Graphcore's programs call hvd.init() first: it configures the system poprun placed the
+    # instance on (popdist imported); a PopTorch model then uses that system, and a TF
+    # program may configure it again with the same instances without losing Horovod
+    job = run([PYTHON, "-m", "poprun", "-n", "2", "--num-replicas", "4", PYTHON, "-m",
+               "tests.programs.hvd_first", mode], timeout_s=120, env=child_env(), cwd=ROOT)
+    assert job.returncode == 0, job.stdout + job.stderr
+    lines = sorted(line.split("RESULT ", 1)[1] for line in job.stdout.splitlines()
+                   if "RESULT " in line)
+    assert [line.split()[:3] for line in lines] == [[mode, "0", "2"], [mode, "1", "2"]], lines
+    if mode == "tf":
+        assert all(line.endswith("3 [0, 1]") for line in lines), lines
+    else:
+        assert lines[0].split()[3] == lines[1].split()[3], lines
+
+
+@pytest.mark.slow
+def test_hvd_init_under_poprun_without_popdist_names_what_to_do():
+    job = run([PYTHON, "-m", "poprun", "-n", "2", PYTHON, "-m", "tests.programs.hvd_first",
+               "bare"], timeout_s=120, env=child_env(), cwd=ROOT)
+    assert job.returncode != 0
+    assert "import popdist" in job.stderr + job.stdout, job.stdout + job.stderr

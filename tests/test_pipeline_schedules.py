@@ -8,7 +8,7 @@ import pytest
 from ipu_node import clock, get_system
 from ipu_node.hardware import routing
 from ipu_node.optimizers import GradientDescentOptimizer
-from ipu_node.pipelining._pipeline_schedules import schedule_steps
+from ipu_node.pipelining.schedules import schedule_steps, stash_depths
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
 from tests.hw_fixtures import isolated  # noqa: F401
@@ -175,3 +175,47 @@ def test_collectives_charge_every_local_replica_ipu(isolated):
     assert all(not t.events() and t.now_s == 0 for t in clock.timelines().values())
     strategy.run(lambda: cross_replica_sum(np.ones(1024, np.float32)))
     assert all(len(t.events()) == 1 for t in clock.timelines().values())
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("schedule", [PipelineSchedule.Grouped, PipelineSchedule.Sequential])
+def test_the_fused_last_stage_of_popart_follows_the_closed_forms(num_stages, schedule):
+    """PopART's 2S-1 training stages (poptorch reference §7.2): program k runs micro-batch m
+    at t = m + k (Grouped) or m(2S-1) + k (Sequential); F and B of the last stage share a
+    step, the forward first."""
+    s, g, k_total = num_stages, 2 * num_stages + 1, 2 * num_stages - 1
+    steps = schedule_steps(schedule, s, g, training=True, fused_last=True)
+    form = (lambda m, k: m + k) if schedule is PipelineSchedule.Grouped else \
+        (lambda m, k: m * k_total + k)
+    assert len(steps) == (g + k_total - 1 if schedule is PipelineSchedule.Grouped
+                          else g * k_total)
+    seen = []
+    for t, step in enumerate(steps):
+        for i, p in enumerate(step):
+            k = p.stage if p.kind == "F" else 2 * s - 2 - p.stage
+            assert form(p.micro_batch, k) == t
+            if p.kind == "B" and p.stage == s - 1:
+                assert step[i - 1] == type(p)("F", s - 1, p.micro_batch)
+            seen.append((p.kind, p.stage, p.micro_batch))
+    assert sorted(seen) == sorted((kind, st, m) for kind in "FB" for st in range(s)
+                                  for m in range(g))
+    depths = stash_depths(steps, s)
+    if schedule is PipelineSchedule.Grouped:  # 2(S-1-s) before the last stage, 1 there
+        assert depths == [2 * (s - 1 - st) for st in range(s - 1)] + [1]
+    else:
+        assert depths == [1] * s
+    with pytest.raises(ValueError, match="Interleaved"):
+        schedule_steps(PipelineSchedule.Interleaved, s, g, True, fused_last=True)
+
+
+def test_bsp_step_computes_then_exchanges_and_syncs_every_ipu():
+    laid = clock.bsp_step(1.0, [(0, 2.0, "F0", 0, 0, [(1, 0.5)]), (1, 1.0, "F1", 1, 0, []),
+                                (1, 0.5, "B1", 1, 0, [(None, 0.25)])], [0, 1, 2], sync=True)
+    assert laid.compute_end_s == 3.0 and laid.end_s == 3.5
+    kinds = {i: [(e.kind, e.start_s, e.duration_s) for e in evs]
+             for i, evs in laid.events.items()}
+    assert kinds[0] == [("compute", 1.0, 2.0), ("copy", 3.0, 0.5)]
+    assert kinds[1] == [("compute", 1.0, 1.0), ("compute", 2.0, 0.5), ("sync", 2.5, 0.5),
+                        ("host_io", 3.0, 0.25), ("sync", 3.25, 0.25)]
+    assert kinds[2] == [("sync", 1.0, 2.0), ("sync", 3.0, 0.5)]
+    assert laid.events[0][1].peer == 1

@@ -107,8 +107,10 @@ def test_parameters_that_do_not_fit_give_the_out_of_memory_error():
             return x * self.w[0]
 
     model = poptorch.inferenceModel(Huge())
-    with pytest.raises(poptorch.Error, match=r"Out of memory.*IPU \d+ is out of memory: tensor "
-                                             r"'inference/param/w' needs 1,200,000,000 bytes"):
+    with pytest.raises(poptorch.Error, match=r"Out of memory.*IPU \d+ \(IPU 0 of replica 0\) "
+                                             r"needs 1,2\d\d,\d{3},\d{3} bytes, it has "
+                                             r"940,572,672 bytes.*largest tensors: "
+                                             r"'inference/param/w' \(1,200,000,000 bytes\)"):
         model(torch.zeros(1))
     assert not model.isCompiled()
 

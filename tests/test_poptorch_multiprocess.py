@@ -13,7 +13,9 @@ PROGRAM = str(PROGRAMS / "poptorch_layout.py")
 EXAMPLE = str(ROOT / "examples" / "train_digits_poptorch.py")
 
 
-def _parse(stdout: str) -> dict[int, tuple[str, np.ndarray]]:
+def parse_digests(stdout: str) -> dict[int, tuple[str, np.ndarray]]:
+    """Per instance, the weights' digest and the (3, steps) losses that
+    tests/programs/poptorch_layout.py printed."""
     found = {}
     for line in stdout.splitlines():
         if "digest=" not in line:
@@ -30,7 +32,7 @@ def _job(args: list[str], optimizer: str) -> dict:
     else:
         result = run([PYTHON, PROGRAM, optimizer], timeout_s=120, env=child_env(), cwd=ROOT)
     assert result.returncode == 0, describe(result)
-    return _parse(result.stdout)
+    return parse_digests(result.stdout)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "lamb"])

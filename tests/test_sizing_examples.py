@@ -1,9 +1,12 @@
-"""The sizing examples (examples/size_resnet50.py, size_bert_large.py) print the tables."""
+"""The sizing examples (examples/size_resnet50.py, size_bert_large.py, size_bert_poptorch.py)
+print the tables."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -36,3 +39,18 @@ def test_bert_large_inputs():
     assert bert.CARD.optimizer_state_in == "streaming"
     assert bert.CONFIGS == (("POD16", 4, 4, 192, 1), ("POD64", 8, 8, 96, 1),
                             ("POD128", 16, 8, 96, 2))
+
+
+@pytest.mark.slow  # runs a (tiny) PopTorch training job
+def test_bert_poptorch_sizes_the_model_from_its_run(capsys):
+    sizer = load("size_bert_poptorch")
+    assert sizer.main(["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16",
+                       "--vocab", "64", "--ipus", "2", "--gradient-accumulation", "3",
+                       "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "PipelinedExecution, 2 stage(s) on 2 IPU(s)" in out
+    for system in sizer.SYSTEMS:
+        assert f"{system} (" in out  # every POD's breakdown table
+    assert out.count("samples/s:") == len(sizer.SYSTEMS)
+    assert out.count("  IPU ") >= 4 and "code and exchange" in out
+    assert "model card from the run: ModelCard(params=" in out

@@ -156,11 +156,18 @@ class ModelCard:
     @classmethod
     def from_run(cls, records: Sequence = (), *, pipeline=None, micro_batch: int = 1,
                  flops_per_item: float | None = None, steps: int = 1, infeed=None,
-                 **fields) -> "ModelCard":
+                 run=None, **fields) -> "ModelCard":
         """A card from a run, without re-running it.
 
+        * ``run``: a front end's own account of its model in plain types, a mapping of card
+          fields (``params``, ``flops_per_item``, ``stage_shares``, ``grad_dtype``,
+          ``input_bytes_per_item``, ``optimizer_state_bytes_per_param``,
+          ``optimizer_state_in``) or an object with a ``card_fields()`` method giving one
+          (PopTorch: ``model.modelReport()``, FLOPs counted from the PyTorch operations); the
+          fields given as keywords win. With ``run`` nothing below is needed.
+
         * ``params`` and ``grad_dtype`` from the run's collectives ledger (``records``: its
-          :class:`~collectives._engine.ledger.CallRecord` list, :func:`collectives.call_records`
+          :class:`~collectives.records.CallRecord` list, :func:`collectives.call_records`
           of this instance): the bytes of every ``cross_replica_*`` call over ``steps``
           steps, divided by ``steps`` (or ``params=`` given);
         * ``flops_per_item`` as given, or from ``pipeline``, the run's
@@ -180,10 +187,23 @@ class ModelCard:
 
         Raises:
             ValueError: neither all-reduces in ``records`` nor ``params``; neither
-                ``flops_per_item`` nor ``pipeline``; ``steps`` or ``micro_batch`` < 1.
+                ``flops_per_item`` nor ``pipeline``; ``steps`` or ``micro_batch`` < 1;
+                ``run`` gives a field a card does not have, or values a card refuses.
         """
         _positive("steps", steps, integer=True)
         _positive("micro_batch", micro_batch, integer=True)
+        if run is not None:
+            given = run.card_fields() if hasattr(run, "card_fields") else dict(run)
+            unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"ModelCard.from_run: run gives unknown field(s) "
+                                 f"{sorted(unknown)}")
+            merged = {**given, **fields}
+            if flops_per_item is not None:
+                merged["flops_per_item"] = flops_per_item
+            if "stage_shares" in merged:
+                merged["stage_shares"] = tuple(merged["stage_shares"])
+            return cls(**merged)
         reduces = [r for r in records if r.op in ALL_REDUCE_OPS]
         if reduces and "params" not in fields:
             nbytes = sum(r.nbytes for r in reduces) / steps

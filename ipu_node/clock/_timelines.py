@@ -17,6 +17,11 @@ tracks) use :func:`timelines` and :meth:`Timeline.events`; :meth:`Event.to_dict`
 form. Timelines are per process (per instance); they are dropped when the system is
 reconfigured or reset.
 
+One BSP step of a pipeline is laid out by :func:`bsp_step` [001:1106-1117]: every IPU computes
+its passes one after another from the step's start, all wait for the slowest (sync), then the
+step's transfers run at once (exchange); the step ends when the longest transfer does (the
+numpy pipeline and the PopTorch front end both lay their steps out with it).
+
 Compute time of ``flops`` floating-point operations: ``flops / (peak_flops(version, dtype) *
 IPUConfig.execution.compute_efficiency)``.
 """
@@ -24,7 +29,7 @@ IPUConfig.execution.compute_efficiency)``.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -34,7 +39,8 @@ from ipu_node.runtime import system as _system_mod
 from ipu_node.runtime.config import ExecutionConfig
 
 __all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_timelines",
-           "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency"]
+           "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency",
+           "BSPStep", "bsp_step"]
 
 #: The kinds of event a timeline holds.
 EVENT_KINDS = ("compute", "copy", "host_io", "sync", "collective")
@@ -306,3 +312,58 @@ def charge_collective(modelled_s: float, label: str) -> None:
             t._events.append(event)
             if end > t.now_s:
                 t.now_s = end
+
+
+class BSPStep(NamedTuple):
+    """A laid-out step (modelled seconds).
+
+    Attributes:
+        events: per IPU id, its events of the step in time order.
+        compute_end_s: when the slowest IPU finished computing (the exchange starts).
+        end_s: when the step ends (the longest transfer's end, or ``compute_end_s``).
+    """
+
+    events: dict[int, list[Event]]
+    compute_end_s: float
+    end_s: float
+
+
+def bsp_step(start_s: float, passes: Iterable[Sequence], ipus: Iterable[int], *,
+             sync: bool = False) -> BSPStep:
+    """Lay out one step starting at ``start_s``.
+
+    Args:
+        passes: ``(ipu, compute_s, label, stage, micro_batch, copies)`` in the order the
+            step runs them; ``copies`` is ``[(dst, seconds)]`` with ``dst`` an IPU id
+            (a ``"copy"`` event, ``peer`` = dst) or None (``"host_io"``); zero seconds make
+            no event.
+        ipus: every IPU of the step (those without passes get no event but a sync).
+        sync: also give every IPU ``"sync"`` events where it waits: for the slowest IPU's
+            compute and for the end of the exchange, so that its events cover
+            ``[start_s, end_s]``. (The transfers of one IPU overlap: they run at once.)
+    """
+    passes = list(passes)
+    cursor = {i: start_s for i in ipus}
+    events: dict[int, list[Event]] = {i: [] for i in cursor}
+    for ipu, compute_s, label, stage, m, _ in passes:
+        if compute_s:
+            events[ipu].append(Event(cursor[ipu], compute_s, "compute", label, stage, m))
+            cursor[ipu] += compute_s
+    exchange = max(cursor.values(), default=start_s)
+    if sync:
+        for ipu, at in cursor.items():
+            if at < exchange:
+                events[ipu].append(Event(at, exchange - at, "sync", "sync"))
+    end = exchange
+    for ipu, _, label, stage, m, copies in passes:
+        for dst, seconds in copies:
+            if seconds:
+                events[ipu].append(Event(exchange, seconds, "copy" if dst is not None
+                                         else "host_io", label, stage, m, dst))
+                end = max(end, exchange + seconds)
+    if sync:
+        for ipu, evs in events.items():
+            last = max((e.start_s + e.duration_s for e in evs), default=start_s)
+            if last < end:
+                evs.append(Event(last, end - last, "sync", "sync"))
+    return BSPStep(events, exchange, end)

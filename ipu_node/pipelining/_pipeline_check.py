@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ipu_node.errors import FailedPreconditionError, WiderReplicasNeeded
-from ipu_node.pipelining._pipeline_schedules import PipelineSchedule, overlap_length
+from ipu_node.pipelining.schedules import PipelineSchedule, overlap_length
 from ipu_node.pipelining._pipeline_types import PipelineStageOptions, RecomputationMode, Stage
 from ipu_node.runtime.device import IPU
 

@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 
 from ipu_node import clock as _clock
-from ipu_node.clock import Event
 from ipu_node.execution import loops
 from ipu_node.hardware import routing
 from ipu_node.pipelining._pipeline_check import PipelinePlan
 from ipu_node.pipelining._pipeline_report import PipelineReport, StepRecord
-from ipu_node.pipelining._pipeline_schedules import schedule_steps, stash_depths
+from ipu_node.pipelining.schedules import schedule_steps, stash_depths
 from ipu_node.pipelining._pipeline_types import Stage
 from ipu_node.pipelining._pipeline_wu import WeightUpdate, nbytes_of
 from ipu_node.runtime.system import get_system
@@ -119,27 +118,16 @@ class _Timing:
 
     def step(self, passes: list) -> None:
         """``passes``: ``(ipu, compute_s, label, stage, m, copies)`` with copies
-        ``[(dst or None, seconds)]``; lays the step out: compute, then exchange (BSP)."""
+        ``[(dst or None, seconds)]``; lays the step out: compute, then exchange (BSP,
+        :func:`ipu_node.clock.bsp_step`)."""
         start = self.now_s
-        cursor = dict.fromkeys(self.ids, start)
-        events = {i: [] for i in self.ids}
-        for ipu, compute_s, label, stage, m, _ in passes:
-            if compute_s:
-                events[ipu].append(Event(cursor[ipu], compute_s, "compute", label, stage, m))
-                cursor[ipu] += compute_s
-                self.busy[ipu] += compute_s
-        exchange = max(cursor.values())
-        self.compute_phase_s += exchange - start
-        end = exchange
-        for ipu, _, label, stage, m, copies in passes:
-            for dst, seconds in copies:
-                if seconds:
-                    events[ipu].append(Event(exchange, seconds, "copy" if dst is not None
-                                             else "host_io", label, stage, m, dst))
-                    end = max(end, exchange + seconds)
-        for ipu, evs in events.items():
+        laid = _clock.bsp_step(start, passes, self.ids)
+        for ipu, compute_s, *_ in passes:
+            self.busy[ipu] += compute_s
+        self.compute_phase_s += laid.compute_end_s - start
+        for ipu, evs in laid.events.items():
             self.tl[ipu].extend(evs)
-        self._sync(end)
+        self._sync(laid.end_s)
 
     def weight_update(self, apply) -> dict[int, float]:
         """Runs ``apply()`` (its collectives charge the timelines); per IPU the seconds."""

@@ -15,7 +15,7 @@ anything else as one argument). Stage 0 receives ``inputs`` followed by the dequ
 element ([004:4009-4013]).
 
 Everything is eager: :func:`pipeline` runs the passes now, in the exact order of the
-schedule's closed forms (:mod:`ipu_node.pipelining._pipeline_schedules`), in the calling
+schedule's closed forms (:mod:`ipu_node.pipelining.schedules`), in the calling
 replica's thread, and returns None. Gradients of each Variable are summed over the micro-batches in ascending
 order from zeros (bit-reproducible; every schedule gives the same numbers), and the optimizer
 of ``optimizer_function`` applies them once per ``gradient_accumulation_count`` micro-batches
@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 from ipu_node.pipelining._pipeline_check import check_pipeline
 from ipu_node.pipelining._pipeline_report import PipelineReport, StepRecord
 from ipu_node.pipelining._pipeline_run import run_pipeline
-from ipu_node.pipelining._pipeline_schedules import PipelineSchedule
+from ipu_node.pipelining.schedules import PipelineSchedule
 from ipu_node.pipelining._pipeline_types import (GradientAccumulationReductionMethod,
                                                  OptimizerFunctionOutput, PipelineStageOptions,
                                                  RecomputationMode, Stage)

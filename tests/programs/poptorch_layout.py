@@ -6,7 +6,9 @@ Every replica gets the same micro-batches at every layout: the program builds th
 batch and each instance cuts out its replicas' rows. Instance 0 prints one line
 ``digest=<sha256 of the weights and losses>``; every instance prints ``instance=<i>
 digest=...`` so the test can check that all instances hold the same weights.
-Argument: the optimizer (sgd, adam, lamb).
+Arguments: the optimizer (sgd, adam, lamb); ``pipelined`` (optional): the network cut over
+two IPUs per replica with ``BeginBlock`` (``poprun --ipus-per-replica 2``), 3 micro-batches
+per step (PopART's 3 training stages).
 """
 
 import hashlib
@@ -21,7 +23,8 @@ import popdist.poptorch
 REPLICAS, DI, G, B = 4, 2, 2, 3
 
 
-def main(optimizer_name: str) -> None:
+def main(optimizer_name: str, pipelined: bool = False) -> None:
+    G = 3 if pipelined else globals()["G"]
     if popdist.isPopdistEnvSet():
         opts = popdist.poptorch.Options()
     else:
@@ -31,6 +34,8 @@ def main(optimizer_name: str) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(12, 48), torch.nn.Tanh(),
                               torch.nn.Dropout(0.25), torch.nn.Linear(48, 4))
+    if pipelined:
+        poptorch.BeginBlock(net[3], "head", ipu_id=1)
 
     class WithLoss(torch.nn.Module):
         def __init__(self):
@@ -64,4 +69,4 @@ def main(optimizer_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "sgd")
+    main(sys.argv[1] if len(sys.argv) > 1 else "sgd", "pipelined" in sys.argv[2:])

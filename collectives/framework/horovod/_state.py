@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 from ipu_node import IPUConfig, get_system
+from ipu_node.runtime.config import launcher_config
 from ipu_node.errors import NotConfiguredError
 
 from collectives._engine.runtime import get_engine
@@ -89,10 +90,9 @@ global_process_set = ProcessSet([])
 
 
 class _State:
-    def __init__(self, engine, ranks_on_hosts: list[str]):
-        self.engine = engine
-        self.rank = engine.process_index
-        self.size = engine.transport.process_count
+    def __init__(self, rank: int, size: int, ranks_on_hosts: list[str]):
+        self.rank = rank
+        self.size = size
         hosts = ranks_on_hosts
         same = [r for r in range(self.size) if hosts[r] == hosts[self.rank]]
         self.local_rank, self.local_size = same.index(self.rank), len(same)
@@ -103,6 +103,29 @@ class _State:
         self.sets: dict[int, ProcessSet] = {}
         self.next_id = 1
         self.lock = threading.RLock()
+
+    @property
+    def engine(self):
+        """The collective engine of the configured IPU system (Horovod follows a system
+        configured again with the same instances).
+
+        Raises:
+            HorovodNotInitializedError: no IPU system is configured any more, or the one
+                configured now has other instances than Horovod was started on.
+        """
+        try:
+            engine = get_engine()
+        except NotConfiguredError:
+            raise HorovodNotInitializedError(
+                "the IPU system Horovod was started on was reset (reset_ipu_configuration) "
+                "and no other is configured: configure one with the same instances, or call "
+                "hvd.shutdown() and hvd.init()") from None
+        if (engine.process_index, engine.transport.process_count) != (self.rank, self.size):
+            raise HorovodNotInitializedError(
+                f"the IPU system was configured again as instance {engine.process_index} of "
+                f"{engine.transport.process_count}, but Horovod was started as rank "
+                f"{self.rank} of {self.size}: call hvd.shutdown() and hvd.init()")
+        return engine
 
 
 _state: _State | None = None
@@ -122,19 +145,25 @@ def _env_int(names: Sequence[str]) -> int | None:
 
 
 def _configure_default_system() -> None:
-    """No IPU system is configured: configure one IPU per process. Under plain mpirun the
-    processes are the MPI ranks (transport mpi); a program started alone is rank 0 of 1.
+    """No IPU system is configured: configure this process's default one. Started by poprun
+    or with TF_CONFIG, the system the launcher placed the instance on (popdist's
+    ``set_ipu_config`` on a fresh ``IPUConfig``, registered by ``import popdist``, which
+    ``poptorch`` imports too); under plain mpirun one IPU per MPI rank; alone, rank 0 of 1.
 
     Raises:
-        NotConfiguredError: started by poprun or with TF_CONFIG (those programs call
-            ``popdist.set_ipu_config(cfg); cfg.configure_ipu_system()`` first, which also
-            starts a TF_CONFIG cluster's coordinator).
+        NotConfiguredError: started by poprun or with TF_CONFIG, and ``popdist`` was not
+            imported, so no launcher config is registered.
     """
     if any(os.environ.get(n) for n in _JOB_VARS):
-        raise NotConfiguredError(
-            "hvd.init(): this process was started by poprun or with TF_CONFIG; configure its "
-            "IPU system first: cfg = IPUConfig(); popdist.set_ipu_config(cfg); "
-            "cfg.configure_ipu_system()")
+        cfg = launcher_config()
+        if cfg is None:
+            raise NotConfiguredError(
+                "hvd.init(): this process was started by poprun or with TF_CONFIG, and no IPU "
+                "system is configured: import popdist (hvd.init() then configures the system "
+                "poprun placed this instance on), or configure it first: cfg = IPUConfig(); "
+                "popdist.set_ipu_config(cfg); cfg.configure_ipu_system()")
+        cfg.configure_ipu_system()
+        return
     cfg = IPUConfig()
     cfg.auto_select_ipus = 1
     count = _env_int(_MPI_SIZE_VARS) or 1
@@ -151,12 +180,16 @@ def init() -> None:
 
     Uses the configured IPU system's instances and transport; without one, configures one
     IPU per process (plain ``mpirun``: the MPI ranks; alone: rank 0 of 1). Collective over
-    every process (each tells the others its host, for :func:`local_rank`). Configuring
-    another IPU system later (``configure_ipu_system``, ``reset_ipu_configuration``) shuts
-    Horovod down with the old system's transport: call :func:`init` again.
+    every process (each tells the others its host, for :func:`local_rank`). Started by
+    poprun or with TF_CONFIG without a configured system, configures the one the launcher
+    placed this instance on (needs ``import popdist``). As in Horovod, the IPU system may be
+    configured again later (``configure_ipu_system``): Horovod's calls then go over the new
+    system's transport, as long as it has the same instances (process count and index);
+    one with other instances needs :func:`shutdown` and :func:`init` again.
 
     Raises:
-        NotConfiguredError: started by poprun/TF_CONFIG without a configured IPU system.
+        NotConfiguredError: started by poprun/TF_CONFIG without a configured IPU system,
+            and ``popdist`` not imported.
         CollectiveError: the processes cannot reach each other.
     """
     global _state
@@ -170,13 +203,14 @@ def init() -> None:
             system = get_system()
         engine = get_engine(system)
         hosts = _exchange_hosts(engine)
-        state = _State(engine, hosts)
+        state = _State(engine.process_index, engine.transport.process_count, hosts)
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(state.size))
         global_process_set._calls = 0
         state.sets[0] = global_process_set
         _state = state
-        system.add_closer(shutdown)
+        if system.transport != "local":
+            system.bind_layout("Horovod, started on this layout")
 
 
 def _exchange_hosts(engine) -> list[str]:
