@@ -1,9 +1,8 @@
 """The least a small agreed call can cost in Python over MPI, against the raw calls, in one run.
 
-Run under poprun (or mpirun), two instances (through the benchmark lock, like every
-benchmark here)::
+Run under poprun (or mpirun), two instances::
 
-    flock /work/bench.lock poprun -n 2 python benchmarks/agreement_floor.py [--bytes 4096]
+    poprun -n 2 python benchmarks/agreement_floor.py [--bytes 4096]
 
 Issue 10 asks a 4 KiB collective to cost at most 3x the raw mpi4py call. Every ipupod call
 must agree (every instance learns that every other one made the same call, and a
@@ -27,17 +26,7 @@ times, in turn within every round after a barrier, ``--calls`` calls of:
 It prints the medians over rounds (microseconds per call; instance 0) and the floor's
 ratios to raw. With more than two instances (``poprun -n 4``) only the raw calls and MPI's
 synchronising ones run: they show what a 4 KiB broadcast that must agree can cost at best
-where the instances outnumber the cores. Measured there (2-core VM, AMD EPYC, 4 instances,
-through poprun, three runs): bcast fresh 6.1-7.3 us, fingerprint Allgather 16.8-18.7 us
-(2.4-3.0x bcast fresh), Allreduce MIN 16.7-19.0 us, Barrier 22.9-26.7 us; against
-28-31 us for ``collectives.broadcast`` of 4 KiB (``benchmarks/collectives.py -n 4``).
-Issue 10's 3x raw broadcast (18-22 us) leaves about nothing beyond MPI's own agreement of
-a fingerprint there. (A separate loop of 50 calls a round once gave Allgather 179 us and
-Barrier 291 us: MPICH polls without yielding, so a synchronising call that loses its core
-waits for a time slice.) Measured on the earlier 2-core VM (4 KiB, three runs): bcast
-in-place 2.5 us, agreed bcast 4.9-5.2 us (2.0-2.2x), ``collectives.broadcast`` 22-24 us
-(``benchmarks/collectives.py``): under 3x raw would leave a broadcast 2.5 us for all that
-ipupod adds to the bare exchange.
+where the instances outnumber the cores.
 """
 
 from __future__ import annotations

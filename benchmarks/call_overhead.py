@@ -14,7 +14,7 @@ round; the medians are compared.
 
 This is the figure the per-call optimisations of the engine cite (issue 10); the whole
 call over MPI, against mpi4py, is ``benchmarks/collectives.py``. It builds the engine
-itself (``collectives._engine``, ``collectives._runtime``): a benchmark of internals, not
+itself (``collectives._engine.engine``, ``collectives._engine.runtime``): a benchmark of internals, not
 an example of the API.
 """
 
@@ -36,40 +36,49 @@ import ipu_node  # noqa: E402
 from ipu_node.runtime import replica as _replica  # noqa: E402
 
 import collectives as C  # noqa: E402
-from collectives import _runtime  # noqa: E402
-from collectives._engine import CollectiveEngine  # noqa: E402
+from collectives._engine import runtime as _runtime  # noqa: E402
+from collectives._engine.engine import CollectiveEngine  # noqa: E402
 from collectives.options import CollectiveOptions  # noqa: E402
-from collectives.transports.base import Communicator, agree_block_bytes  # noqa: E402
+from collectives.transports.base import (Capabilities, Communicator, Done,  # noqa: E402
+                                         agree_block_bytes)
 
 _SIZE = 4096
 
 
 class _LoopbackComm(Communicator):
-    """Instance 0 of two: the agreement always agrees, and both blocks are this instance's
-    payload (the same views from call to call, as the MPI agreement hands them)."""
+    """Instance 0 of two: the agreement always agrees, and carries this instance's payload
+    as both instances' blocks (the same views from call to call, as the MPI agreement hands
+    them). As over MPI, the payload is written once, by the call, into the agreement's send
+    buffer, and this instance's block is that buffer itself (``Rounds.send_area``: the
+    payload is sent from there); the other instance's block is a copy, standing for the
+    receive."""
+
+    capabilities = Capabilities(carries=True)
 
     def __init__(self):
         self.members, self.rank = (0, 1), 0
         self._capacity = agree_block_bytes(64 << 10)
-        self._buf = np.zeros(2 * self._capacity, np.uint8)
+        self._send = np.zeros(self._capacity, np.uint8)
+        self._received = np.zeros(self._capacity, np.uint8)
         self._blocks: dict[int, list[np.ndarray]] = {}
 
-    def agree_gather(self, fingerprint, payload, patience):
-        if payload is None:
-            return True, None
-        n = payload.nbytes
+    def send_buffer(self, carry):
+        return self._send[:carry.sizes[0]]
+
+    def agree(self, fingerprint, patience, carry=None):
+        if carry is None:
+            return Done((True, None))
+        n = carry.sizes[0]
         blocks = self._blocks.get(n)
         if blocks is None:
-            blocks = self._blocks[n] = [self._buf[:n],
-                                        self._buf[self._capacity:self._capacity + n]]
-        blocks[0][...] = payload
-        blocks[1][...] = payload
-        return True, blocks
+            blocks = self._blocks[n] = [self._send[:n], self._received[:n]]
+        blocks[1][...] = blocks[0]
+        return Done((True, blocks))
 
-    def _unused(self, *args):
+    def _unused(self, *args, **kwargs):
         raise NotImplementedError("the stand-in carries agreements only")
 
-    allgather = alltoallv = allgatherv = broadcast = _unused
+    allgatherv = alltoallv = broadcast = _unused
 
 
 class _LoopbackTransport:

@@ -35,12 +35,13 @@
    tensors (the baseline before).
 
    ``--data-path`` also times the op's data path alone (``ours_data_s``, ``data_ratio`` =
-   raw / data path): each instance calls the op's algorithm (``collectives._algorithms`` /
-   ``_movement``) directly, in the same order, outside ``strategy.run``, without the call's
-   replica checks, descriptor agreement and accounting; ``ours - data path`` is the fixed
-   cost of a call. Ours is timed as a program calls it, inside a replica function: up to 20
-   calls in one ``strategy.run`` (:func:`calls_per_run`), against as many raw calls; the
-   fixed cost of ``strategy.run`` itself is measured apart (``run_overhead_s``). Each
+   raw / data path): each instance runs the steps of the op's plan after the agreement
+   (its exchange and finish, ``collectives._engine.plan``) directly, in the same order, outside
+   ``strategy.run``, without the call's replica checks, agreement and accounting;
+   ``ours - data path`` is the fixed cost of a call. Ours is timed as a program calls it,
+   inside a replica function: up to 20 calls in one ``strategy.run``
+   (:func:`calls_per_run`), against as many raw calls; the fixed cost of ``strategy.run``
+   itself is measured apart (``run_overhead_s``). Each
    round times every contender once, in a shuffled order, each after an untimed barrier
    of the instances, so all see the same state of the machine; a round's time of a
    contender is the mean over the instances (:func:`_interleaved_medians`; OSU's
@@ -67,7 +68,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -152,34 +152,30 @@ def _interleaved_medians(fns, reps: int, sync=None, combine=None) -> list[float]
 
 # -- the multi-instance part (runs in every instance) --------------------------------------
 
-def _data_paths(x: np.ndarray, n: int) -> dict:
-    """Per op, ``() -> result``: the op's algorithm alone on ``x`` (module docstring,
-    ``--data-path``), as the engine's leader would call it after the agreement."""
-    from collectives import _algorithms, _movement
-    from collectives._runtime import get_engine
-    from collectives.descriptor import Descriptor
-    from collectives.groups import consecutive
-    from collectives.operators import CollectiveOperator
+def _data_paths(strategy, x: np.ndarray) -> dict:
+    """Per op, ``() -> result``: the steps of the op's plan on ``x`` after the agreement
+    (its exchange and finish; module docstring, ``--data-path``), as the call's plan runs
+    them."""
+    import collectives as C
+    from collectives._engine.runtime import get_engine
 
-    engine, group, add = get_engine(), consecutive(None), CollectiveOperator.ADD
-    algorithms = {
-        "cross_replica_sum": partial(_algorithms.allreduce, op=add, group=group),
-        "all_gather": partial(_movement.all_gather, group=group),
-        "reduce_scatter": partial(_algorithms.reduce_scatter, op=add, group=group),
-        "all_to_all": partial(_movement.all_to_all, group=group, split_dimension=0,
-                              concat_dimension=0),
-        "broadcast": partial(_movement.broadcast, group=group, root=0)}
-    out = {}
-    for op, algorithm in algorithms.items():
-        desc = Descriptor(seq=0, op=f"{op} (data path)", operator="", dtype=x.dtype.name,
-                          shape=x.shape, group=str(group))
-        out[op] = partial(algorithm, engine, desc, [x])
+    calls = {"cross_replica_sum": lambda: C.cross_replica_sum(x),
+             "all_gather": lambda: C.all_gather(x),
+             "reduce_scatter": lambda: C.reduce_scatter(x),
+             "all_to_all": lambda: C.all_to_all(x, 0, 0),
+             "broadcast": lambda: C.broadcast(x)}
+    engine, out = get_engine(), {}
+    for op, call in calls.items():
+        strategy.run(call)  # (its plan)
+        steps = [p for p in engine._plans.values()
+                 if p.desc.op == op and p.desc.shape == x.shape][-1].steps
+        out[op] = lambda steps=steps: steps.finish((x,), steps.combine((x,)), None, None)
     return out
 
 
 def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
            gradients: bool, gloo_port: int, out_path: str, data_path: bool = False) -> None:
-    from collectives.memory import keep_freed_memory
+    from collectives._engine.allocator import keep_freed_memory
     keep_freed_memory()  # the same allocator for ours and the raw calls, whichever runs first
 
     import collectives as C
@@ -236,7 +232,7 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
                         raw_op()
                 fns["raw_inplace"] = raw_fn
             if data_path:
-                data_op = _data_paths(x, n)[op]
+                data_op = _data_paths(strategy, x)[op]
 
                 def data_fn(data_op=data_op, calls=calls):
                     _ = [data_op() for _ in range(calls)]

@@ -74,7 +74,7 @@ def _raw_server():
 
 def worker(rank: int, coordinator: str, token: str, sizes: list[int], gloo_port: int,
            only_grpc: bool) -> dict:
-    from collectives.memory import keep_freed_memory
+    from collectives._engine.allocator import keep_freed_memory
     keep_freed_memory()  # the same allocator for ours, raw grpcio and gloo, whichever runs first
     import grpc
     from collectives import cross_replica_sum

@@ -15,13 +15,6 @@ Each process count starts ``mpirun -n P`` on this file (``--worker``); every ran
 ratio = raw time / ours (>= 1: ours is as fast or faster). Wall seconds
 (``time.perf_counter``), median over repetitions. torch gloo is compared when torch is
 importable; otherwise its column says so.
-
-Figures (2-core VM shared with other jobs, full run, ratios within one run): ResNet-50
-``grouped_allreduce`` 1.07 at 2 processes, 1.12 at 4 (0.72 and 0.78 before its chunks moved
-straight from the tensors, :func:`collectives.horovod._data.allreduce_group`); single
-allreduces >= 1 from 4 MiB (P=2) and 64 MiB (P=4, 16 MiB within noise: 0.87-1.06); below
-1 MiB the three latency-bound rounds of a call (agreement, exchange, gather) cost 0.3 ms
-(P=2) to 3 ms (P=4) against MPI's 20-200 us.
 """
 
 from __future__ import annotations

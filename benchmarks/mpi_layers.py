@@ -1,9 +1,8 @@
 """Where the time of a large collective call goes over MPI, layer by layer, in one run.
 
-Run under poprun, one replica per instance (through the benchmark lock, like every
-benchmark here)::
+Run under poprun, one replica per instance::
 
-    flock /work/bench.lock poprun -n 2 python benchmarks/mpi_layers.py \\
+    poprun -n 2 python benchmarks/mpi_layers.py \\
         [--sizes 1048576,16777216] [--ops all_gather,all_to_all,broadcast] [--rounds 60]
 
 For each op and size, each instance times in turn, in a shuffled order every round and each
@@ -15,23 +14,21 @@ after a barrier (as ``benchmarks/collectives.py`` does), ``--calls`` calls of:
   the pieces, the own piece copied while they move, ``Testall`` and ``sched_yield`` until
   done (what any nonblocking, yielding data path costs in Python; a broadcast's root sends
   to every other instance, which ours does between two instances only);
-* ``transport``: the MPI communicator's method that ours calls (``allgatherv_to``,
-  ``alltoall_to``, ``broadcast``), with a data patience (a broadcast's root copies its
-  input before the call: ours overlaps that copy with the transfer);
-* ``algorithm``: the op's data path as the engine calls it after the agreement
-  (``collectives._movement``), with its result allocation and accounting;
-* ``agreed``: the agreement of the call (header only) then ``algorithm``, as
-  :class:`collectives._sole.SolePlan` runs them, without the call's other bookkeeping;
+* ``transport``: the MPI communicator's operation that ours calls (``allgatherv``,
+  ``alltoallv``, ``broadcast``) and its wait, with a data patience (a broadcast's root
+  copies its input before the call: ours overlaps that copy with the transfer);
+* ``steps``: the op's exchange and finish as its plan runs them after the agreement
+  (``collectives._engine.movement``), with its result allocation;
+* ``agreed``: the agreement of the call (its fingerprint alone) then ``steps``, as the
+  call's plan runs them, without the call's other bookkeeping;
 * ``ours``: the op as a program calls it, inside ``strategy.run``.
 
 It prints the medians over rounds (mean over the instances of each round, microseconds per
 call) and raw / each (>= 1: as fast as raw). Differences between neighbouring columns are
-the cost of one layer. Measured on the 2-core VM (2 instances, all_to_all 1 MiB, three
-runs): raw 130-146, floor 144-160, transport 160-165, algorithm 172-184, ours about 225 us
-(``benchmarks/collectives.py``): the floor alone is 0.90-0.94 of raw.
+the cost of one layer.
 
-It uses internals (``collectives._runtime``, ``_movement``, the plans of the engine): a
-probe of the implementation, not an example of the API.
+It uses internals (``collectives._engine.runtime``, the plans of the engine): a probe of the
+implementation, not an example of the API.
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ OPS = ("all_gather", "all_to_all", "broadcast")
 def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> dict:
     """``name -> () -> None`` (``calls`` calls each, results kept like a program's)."""
     import collectives as C
-    from collectives.descriptor import seq_fingerprint
+    from collectives._engine.descriptor import seq_fingerprint
     from mpi4py import MPI
 
     call = {"all_gather": lambda: C.all_gather(x),
@@ -63,8 +60,7 @@ def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> di
     strategy.run(call)  # makes the call's plan (and the communicator)
     plan = [p for p in engine._plans.values() if p.desc.op == op][-1]
     n, rank = raw.Get_size(), raw.Get_rank()
-    counting = engine.communicator(tuple(range(n)))
-    comm = counting.inner
+    comm = engine.communicator(tuple(range(n)))
     mpi_comm = comm._comm
     others = [j for j in range(n) if j != rank]
     send = x.reshape(-1).view(np.uint8)
@@ -90,8 +86,8 @@ def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> di
 
         def transport_call():
             out = fresh(shape)
-            comm.allgatherv_to(send, out.reshape(-1).view(np.uint8), [send.nbytes] * n,
-                               engine.data_patience(plan.desc, everyone))
+            comm.allgatherv(send, out.reshape(-1).view(np.uint8), [send.nbytes] * n,
+                            engine.data_patience(op, everyone)).wait()
             return out
     elif op == "all_to_all":
         shape = x.shape
@@ -109,8 +105,9 @@ def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> di
 
         def transport_call():
             out = fresh(shape)
-            comm.alltoall_to(send, out.reshape(-1).view(np.uint8),
-                             engine.data_patience(plan.desc, everyone))
+            counts = [send.nbytes // n] * n
+            comm.alltoallv(send, counts, out.reshape(-1).view(np.uint8), counts,
+                           engine.data_patience(op, everyone)).wait()
             return out
     else:
         shape = x.shape
@@ -131,7 +128,7 @@ def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> di
         def transport_call():
             out = x.copy() if rank == 0 else fresh(shape)
             comm.broadcast(out.reshape(-1).view(np.uint8), 0,
-                           engine.data_patience(plan.desc, everyone))
+                           engine.data_patience(op, everyone)).wait()
             return out
 
     def floor_call():
@@ -145,23 +142,23 @@ def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> di
             os.sched_yield()
         return out
 
-    def algorithm_call():
-        return plan.algorithm(engine, plan.desc, (x,))
+    steps = plan.steps
+
+    def steps_call():
+        return steps.finish((x,), steps.combine((x,)), None, None)
 
     def agreed_call():
         seq[0] += 1
         patience = plan._patience
         patience.restart()
-        engine.agreement.agree_gather(plan.desc, seq[0],
-                                      seq_fingerprint(plan._fingerprint, seq[0]), None,
-                                      patience)
-        return plan.algorithm(engine, plan.desc, (x,))
+        comm.agree(seq_fingerprint(plan._fingerprint, seq[0]), patience).wait()
+        return steps.finish((x,), steps.combine((x,)), None, None)
 
     def repeat(fn):
         return lambda: [fn() for _ in range(calls)]
 
     return {"raw": repeat(raw_call), "floor": repeat(floor_call),
-            "transport": repeat(transport_call), "algorithm": repeat(algorithm_call),
+            "transport": repeat(transport_call), "steps": repeat(steps_call),
             "agreed": repeat(agreed_call),
             "ours": lambda: strategy.run(lambda: [call() for _ in range(calls)] and None)}
 
@@ -179,11 +176,11 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown ops {unknown}; choose from {list(OPS)}")
 
-    from collectives.memory import keep_freed_memory
+    from collectives._engine.allocator import keep_freed_memory
     keep_freed_memory()  # (as the engine does for a multi-instance job, before anything)
     from mpi4py import MPI
 
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     from collectives.strategies import IPUMultiReplicaStrategy
     from ipu_node import IPUConfig
     from poprun import popdist

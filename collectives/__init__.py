@@ -3,9 +3,17 @@
 Ops are called inside replica functions (``strategy.run``); local replicas combine in shared
 memory and instances exchange over a transport (local, MPI or gRPC). ``import collectives``
 loads neither mpi4py nor grpc.
+
+The parts, each a subpackage: the private engine (``collectives._engine``), the transports
+(:mod:`collectives.transports`), the performance model (:mod:`collectives.performance`) and
+the framework layer (:mod:`collectives.framework`). The public paths of the modules that
+moved into them stay as modules that re-export their public names (``collectives.strategies``,
+``horovod``, ``optimizers``, ``step_model``, ``cost_model``, ``run_report``, ...), beside
+TF-IPU's module names (``collectives.ipu_strategy``, ``cross_replica_ops``, ...).
 """
 
-from collectives._accounting import CallRecord, OpStats, set_cost_model
+from collectives._engine.ledger import set_cost_model  # noqa: E402
+from collectives.records import CallRecord, OpStats  # noqa: E402
 from collectives.errors import (CollectiveAbortedError, CollectiveArgumentError,
                                 CollectiveError, CollectiveMismatchError,
                                 CollectiveTimeoutError, CollectiveTypeError, PeerLostError,
@@ -16,7 +24,7 @@ from collectives.operators import CollectiveOperator
 from collectives.ops import (all_gather, all_to_all, assume_equal_across_replicas, broadcast,
                              cross_replica_mean, cross_replica_reduce, cross_replica_sum,
                              reduce_scatter, replication_index)
-from collectives._runtime import call_records, report, reset_stats, stats, total_stats
+from collectives._engine.runtime import call_records, report, reset_stats, stats, total_stats
 
 # TF-IPU's operator names (seed 004:5313-5334), as module constants.
 COLLECTIVE_OP_ADD = CollectiveOperator.ADD.value

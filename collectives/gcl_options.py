@@ -54,7 +54,7 @@ class GCLOptions:
     def modelled_method(self, group_size: int, nbytes: int) -> str:
         """The method a call's record carries for the cost model: the configured one;
         ``"auto"`` stays ``"auto"`` and the cost model takes the cheapest schedule it knows
-        (:mod:`collectives.schedules`), so ``max_broadcast_size`` no longer makes a step in
+        (:mod:`collectives.performance.pricing`), so ``max_broadcast_size`` no longer makes a step in
         modelled time. ``group_size`` and ``nbytes`` are kept for callers."""
         del group_size, nbytes
         return self.method

@@ -25,11 +25,6 @@ class CommGroupType(enum.Enum):
     NONE = "NONE"
 
 
-#: by the type's value (a str: its hash is cached, unlike an enum member's, which runs
-#: Python code; every collective call hashes its group)
-_TYPE_NUMBER = {t.value: i for i, t in enumerate(CommGroupType)}
-
-
 @dataclass(frozen=True)
 class CommGroup:
     """A partition of the replicas into groups that communicate.
@@ -47,9 +42,6 @@ class CommGroup:
             raise TypeError(f"CommGroup type must be a CommGroupType, not {self.type!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"CommGroup size must be an int >= 0, got {self.size!r}")
-
-    def __hash__(self) -> int:  # from ints only: the same in every process
-        return hash((_TYPE_NUMBER[self.type._value_], self.size))
 
     def members(self, num_replicas: int) -> tuple[tuple[int, ...], ...]:
         """The groups, each a tuple of global replica indices in increasing order.

@@ -1,7 +1,7 @@
 """Collective operators (``gcl::CollectiveOperator``; TF-IPU ``COLLECTIVE_OP_*``, seed 004:5313-5334).
 
 A reduction is ``finish(combine(... prepare(x_i) ...))`` with ``combine`` applied in the
-canonical tree order (:mod:`collectives.tree`):
+canonical tree order (:mod:`collectives._engine.tree`):
 
 * ADD, MUL, MIN, MAX: elementwise ``+ * min max``.
 * LOGICAL_AND, LOGICAL_OR: elementwise logic; the result has the input dtype (0/1).
@@ -86,6 +86,14 @@ def combine_into(op: CollectiveOperator, a: np.ndarray, b: np.ndarray, out: np.n
     if out is not None and out.ndim:
         return ufunc(a, b, out=out)
     return np.asarray(ufunc(a, b))
+
+
+def finish_into(op: CollectiveOperator, total: np.ndarray, group_size: int) -> None:
+    """:func:`finish` written into ``total`` itself (an array the caller owns, 1-D or
+    more): the same bytes."""
+    if op is CollectiveOperator.MEAN:
+        divide = np.floor_divide if np.issubdtype(total.dtype, np.integer) else np.true_divide
+        divide(total, total.dtype.type(group_size), out=total)
 
 
 def finish(op: CollectiveOperator, total: np.ndarray, group_size: int) -> np.ndarray:

@@ -4,7 +4,7 @@
 Each takes a numpy array-like and returns a new numpy array, or a nest of them (a list,
 tuple or dict of array-likes, nested; arrays of any shapes and dtypes) and returns the same
 structure of results: each array's result is bit for bit what the op gives it alone, and
-the nest moves as few fused buffers per dtype (:mod:`collectives._fusion`, bounded by
+the nest moves as few fused buffers per dtype (:mod:`collectives._engine.fusion`, bounded by
 ``IPUConfig.optimizations.maximum_cross_replica_sum_buffer_size`` or, for
 ``reduce_scatter``, ``maximum_reduce_scatter_buffer_size``; 0: one buffer per dtype). Every
 replica of the group must call the same operation, in the same order, with the same dtype,
@@ -34,14 +34,14 @@ from __future__ import annotations
 import numpy as np
 from ipu_node import require_replica_context
 
-from collectives._arguments import SUPPORTED_DTYPES, as_collective_array  # noqa: F401 (re-exported)
-from collectives._arguments import group_of as _group
-from collectives._arguments import members_of as _members
-from collectives._arguments import operator_of as _operator
-from collectives._dispatch import call as _call
-from collectives._dispatch import call_nest as _call_nest
-from collectives._dispatch import is_nest as _is_nest
-from collectives._dispatch import common as _common
+from collectives._engine.arguments import SUPPORTED_DTYPES, as_collective_array  # noqa: F401 (re-exported)
+from collectives._engine.arguments import group_of as _group
+from collectives._engine.arguments import members_of as _members
+from collectives._engine.arguments import operator_of as _operator
+from collectives._engine.dispatch import call as _call
+from collectives._engine.dispatch import call_nest as _call_nest
+from collectives._engine.dispatch import is_nest as _is_nest
+from collectives._engine.dispatch import common as _common
 from collectives.errors import CollectiveArgumentError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator
@@ -81,18 +81,18 @@ def cross_replica_reduce(x, op="COLLECTIVE_OP_ADD", replica_group_size: int | No
         CollectiveArgumentError (ValueError): an unknown operator (names the known ones);
             and the common errors (module docstring).
     """
-    plan, sole_key = _common(x, replica_group_size, group, name,
+    plan, common_key = _common(x, replica_group_size, group, name,
                              ("cross_replica_reduce", op) if _plain_operator(op) else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     operator = _operator("cross_replica_reduce", op)
     return _all_reduce("cross_replica_reduce", x, operator, replica_group_size, group, name,
-                       sole_key)
+                       common_key)
 
 
 def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: int | None,
                 group: CommGroup | None, name: str | None,
-                sole_key: tuple | None = None) -> np.ndarray:
+                common_key: tuple | None = None) -> np.ndarray:
     """The all-reduce behind cross_replica_sum/_mean/_reduce, reported as ``what``."""
     g = (_ALL if replica_group_size is None and group is None
          else _group("replica_group_size", replica_group_size, group))
@@ -102,12 +102,11 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
                           lambda leaf: as_collective_array(leaf, what, operator),
                           operator.value)
     arr = as_collective_array(x, what, operator)
-    return _call(what, arr, g, name, spec, operator._value_,  # (.value runs Python)
-                 sole_key=sole_key)
+    return _call(what, arr, g, name, spec, operator.value, common_key=common_key)
 
 
 #: the keys of the common calls of cross_replica_sum, cross_replica_mean and all_gather
-#: (:func:`collectives._dispatch.common`), made once
+#: (:func:`collectives._engine.dispatch.common`), made once
 _SUM_KEY, _MEAN_KEY, _GATHER_KEY = ("cross_replica_sum",), ("cross_replica_mean",), \
     ("all_gather",)
 
@@ -130,11 +129,11 @@ def cross_replica_sum(x, replica_group_size: int | None = None, name: str | None
     Raises:
         The common errors (module docstring).
     """
-    plan, sole_key = _common(x, replica_group_size, group, name, _SUM_KEY)
+    plan, common_key = _common(x, replica_group_size, group, name, _SUM_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     return _all_reduce("cross_replica_sum", x, CollectiveOperator.ADD, replica_group_size,
-                       group, name, sole_key)
+                       group, name, common_key)
 
 
 def cross_replica_mean(x, replica_group_size: int | None = None, name: str | None = None, *,
@@ -145,11 +144,11 @@ def cross_replica_mean(x, replica_group_size: int | None = None, name: str | Non
     Same arguments, result and errors as :func:`cross_replica_sum`; integer inputs use floor
     division.
     """
-    plan, sole_key = _common(x, replica_group_size, group, name, _MEAN_KEY)
+    plan, common_key = _common(x, replica_group_size, group, name, _MEAN_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     return _all_reduce("cross_replica_mean", x, CollectiveOperator.MEAN, replica_group_size,
-                       group, name, sole_key)
+                       group, name, common_key)
 
 
 def all_gather(x, replication_factor: int | None = None, name: str | None = None, *,
@@ -170,16 +169,16 @@ def all_gather(x, replication_factor: int | None = None, name: str | None = None
     Raises:
         The common errors (module docstring).
     """
-    plan, sole_key = _common(x, replication_factor, group, name, _GATHER_KEY)
+    plan, common_key = _common(x, replication_factor, group, name, _GATHER_KEY)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replication_factor", replication_factor, group)
     spec = ("all_gather",)
     if _is_nest(x):
         return _call_nest("all_gather", x, g, name, spec, "all_gather",
                           lambda leaf: as_collective_array(leaf, "all_gather"))
     arr = as_collective_array(x, "all_gather")
-    return _call("all_gather", arr, g, name, spec, sole_key=sole_key)
+    return _call("all_gather", arr, g, name, spec, common_key=common_key)
 
 
 def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_ADD",
@@ -206,10 +205,10 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     Raises:
         CollectiveArgumentError (ValueError): ``x`` is not rank 1; and the common errors.
     """
-    plan, sole_key = _common(x, replication_factor, group, name,
+    plan, common_key = _common(x, replication_factor, group, name,
                              ("reduce_scatter", op) if _plain_operator(op) else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     operator = _operator("reduce_scatter", op)
     g = _group("replication_factor", replication_factor, group)
     spec = ("reduce_scatter", operator)
@@ -224,8 +223,8 @@ def reduce_scatter(x, replication_factor: int | None = None, op="COLLECTIVE_OP_A
     if _is_nest(x):
         return _call_nest("reduce_scatter", x, g, name, spec, "reduce_scatter", check,
                           operator.value)
-    return _call("reduce_scatter", check(x), g, name, spec, operator._value_,
-                 sole_key=sole_key)
+    return _call("reduce_scatter", check(x), g, name, spec, operator.value,
+                 common_key=common_key)
 
 
 def all_to_all(x, split_dimension: int, concat_dimension: int,
@@ -254,12 +253,12 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
         CollectiveArgumentError (ValueError): a dimension out of range, or the split
             dimension not divisible by k; and the common errors.
     """
-    plan, sole_key = _common(
+    plan, common_key = _common(
         x, replication_factor, group, name,
         ("all_to_all", split_dimension, concat_dimension)
         if type(split_dimension) is int and type(concat_dimension) is int else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replication_factor", replication_factor, group)
     ctx = require_replica_context("all_to_all")
     k = len(_members("all_to_all", g, ctx.num_replicas)[0])
@@ -289,7 +288,7 @@ def all_to_all(x, split_dimension: int, concat_dimension: int,
     return _call("all_to_all", arr, g, name,
                  ("all_to_all", int(split_dimension), int(concat_dimension)),
                  params=(str(int(split_dimension)), str(int(concat_dimension))),
-                 sole_key=sole_key)
+                 common_key=common_key)
 
 
 def broadcast(x, root_replica: int = 0, name: str | None = None, *,
@@ -312,10 +311,10 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         CollectiveArgumentError (ValueError): ``root_replica`` not in ``[0, k)``; and the
             common errors.
     """
-    plan, sole_key = _common(x, None, group, name, ("broadcast", root_replica)
+    plan, common_key = _common(x, None, group, name, ("broadcast", root_replica)
                              if type(root_replica) is int else None)
     if plan is not None:
-        return plan(x)
+        return plan.run((x,))[0]
     g = _group("replica_group_size", None, group)
     ctx = require_replica_context("broadcast")
     k = len(_members("broadcast", g, ctx.num_replicas)[0])
@@ -329,7 +328,7 @@ def broadcast(x, root_replica: int = 0, name: str | None = None, *,
         return _call_nest("broadcast", x, g, name, spec, "elementwise",
                           lambda leaf: as_collective_array(leaf, "broadcast"), params=params)
     arr = as_collective_array(x, "broadcast")
-    return _call("broadcast", arr, g, name, spec, params=params, sole_key=sole_key)
+    return _call("broadcast", arr, g, name, spec, params=params, common_key=common_key)
 
 
 def replication_index(name: str | None = None) -> np.int32:

@@ -11,7 +11,7 @@
 |                                | declares an instance lost, and an instance the         |         |
 |                                | coordinator (heartbeats go every tenth of it, <= 0.5 s)|         |
 | ``IPUPOD_KEEP_FREED_MEMORY``   | 1: a multi-instance job keeps freed large blocks for   | 1       |
-|                                | reuse (see collectives/memory.py); 0: glibc's default  |         |
+|                                | reuse (see collectives/_engine/allocator.py); 0: glibc's default  |         |
 | ``IPUPOD_GRPC_SHM``            | 1: gRPC peers on the same host move tensor bytes       | 1       |
 |                                | through shared memory (gRPC carries the control); 0:   |         |
 |                                | every byte in gRPC messages                            |         |

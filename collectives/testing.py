@@ -1,5 +1,5 @@
 """A conformance suite for transports: one test body for the local, MPI and gRPC
-communicators (the contract of :mod:`collectives.transports.base`).
+communicators (the seam of :mod:`collectives.transports.base`).
 
 Run :func:`check_communicator` on every instance of a job at the same time (one process per
 instance under ``poprun``/``mpirun``, or one thread per instance when the transports of a job
@@ -12,16 +12,24 @@ It raises ``AssertionError`` naming the check, the communicator and the member o
 result that breaks the contract, and returns the names of the checks that passed. The checks:
 
 * ``agree``: equal fingerprints agree, different ones disagree, the same answer on every
-  member, and the communicator stays usable after a disagreement (a mismatch); the same
-  with ``agree_gather``, whose payloads (when the transport carries them) arrive whole, in
-  member order, at every length up to ``EAGER_MAX_BYTES``; and with
-  ``eager_index_exchange``, each member's piece for each member (also against a member that
-  agrees by ``agree_gather`` meanwhile);
+  member, and the communicator stays usable after a disagreement (a mismatch); where the
+  communicator carries payloads (``Capabilities.carries``), the ``gathered`` payloads
+  (written into ``send_buffer``) arrive whole, in member order, at every length up to
+  ``CARRIED_MAX_BYTES``, and none after a disagreement; where it carries ``indexed`` ones
+  (``Capabilities.index_limit_bytes``, the piece sizes ``takes_index`` gives), each
+  member's piece for each member, twice (a reused agreement), also against a member that
+  agrees with a ``gathered`` carry meanwhile;
 * ``zero bytes``: every operation with nothing to move;
-* ``uneven counts``: all-gathers and all-to-alls whose members send different byte counts,
-  some of them zero;
-* ``equal blocks``: ``allgather``, ``alltoall_to``, ``allgatherv_to`` (also of 6 MiB
-  pieces), ``allgatherv_into``, ``broadcast`` from every root;
+* ``uneven counts``: all-gathers (from a send buffer and in place) and all-to-alls whose
+  members send different byte counts, some of them zero, small and large (a transport may
+  move them another way);
+* ``equal blocks``: all-gathers, all-to-alls (into a larger buffer too), ``broadcast``
+  from every root, an all-gather of 6 MiB pieces;
+* ``handles``: every operation's ``Work``: ``wait`` gives its result, ``test`` is true
+  after it; where the communicator posts data before an agreement (``Capabilities.posts``),
+  an all-to-all, an all-gather and a broadcast posted under a call's number arrive whole
+  after an agreement, and, after a disagreement, withdrawn, leave nothing that the same
+  operations of the next call could take;
 * ``sub-communicators``: the same checks on the communicators of the first and the second half
   of the instances (each member on its own half), then the job's communicator again;
 * ``timeout`` (``timeouts=True``, last, since a transport may stop after one, MPI tells the
@@ -40,7 +48,8 @@ import numpy as np
 
 from collectives.errors import CollectiveTimeoutError
 from collectives.options import CollectiveOptions
-from collectives.transports.base import EAGER_MAX_BYTES, Communicator, Transport
+from collectives.transports.base import (CARRIED_MAX_BYTES, Carry, Communicator, Transport,
+                                         Work, takes_index)
 from collectives.waiting import Patience
 
 __all__ = ["check_communicator"]
@@ -61,134 +70,141 @@ class _Checks:
     def patience(self, what: str) -> Patience:
         return Patience(f"conformance {what}", self.options, lambda: "the other members")
 
+    def fail(self, message: str) -> None:
+        raise AssertionError(f"{message} over instances {self.comm.members} ({self.where}, "
+                             f"member {self.comm.rank})")
+
     def expect(self, name: str, got: np.ndarray, want: np.ndarray) -> None:
         got = np.asarray(got).reshape(-1)
         want = np.asarray(want).reshape(-1)
         if got.dtype != np.uint8 or got.size != want.size or not np.array_equal(got, want):
-            raise AssertionError(
-                f"{name} over instances {self.comm.members} ({self.where}, member "
-                f"{self.comm.rank}): got {got.dtype}[{got.size}] {got[:16].tolist()}..., "
-                f"expected uint8[{want.size}] {want[:16].tolist()}...")
+            self.fail(f"{name}: got {got.dtype}[{got.size}] {got[:16].tolist()}..., "
+                      f"expected uint8[{want.size}] {want[:16].tolist()}...")
+
+    def done(self, name: str, work: Work):
+        """``work``'s result, checking that it is a handle that says it is done after."""
+        if not isinstance(work, Work):
+            self.fail(f"{name} returned {type(work).__name__}, not a Work handle")
+        result = work.wait()
+        if not work.test():
+            self.fail(f"{name}: test() is false after wait()")
+        return result
+
+    def agreed(self, fingerprint: int, carry: Carry | None = None,
+               payload: np.ndarray | None = None) -> tuple:
+        """``agree`` of ``fingerprint``, ``payload`` written into the send buffer first."""
+        comm = self.comm
+        if carry is not None:
+            comm.send_buffer(carry)[...] = payload
+        return self.done("agree", comm.agree(fingerprint, self.patience("agree"), carry))
 
     # -- the checks -----------------------------------------------------------------------
 
     def agree(self) -> None:
         comm, n = self.comm, self.comm.size
         for fingerprint in (0, 12345, (1 << 63) - 1):
-            if not comm.agree(fingerprint, self.patience("agree")):
-                raise AssertionError(f"agree({fingerprint}) over {comm.members} "
-                                     f"({self.where}): equal fingerprints disagreed")
+            if self.agreed(fingerprint) != (True, None):
+                self.fail(f"agree({fingerprint}): equal fingerprints disagreed")
         if n > 1:
             for differing in (1000 + comm.rank, 5 if comm.rank == n - 1 else 6):
-                if comm.agree(differing, self.patience("agree")):
-                    raise AssertionError(f"agree over {comm.members} ({self.where}): "
-                                         f"member {comm.rank}'s {differing} agreed with the "
-                                         "others' different fingerprints")
-        if not comm.agree(77, self.patience("agree")):  # still usable after a mismatch
-            raise AssertionError(f"agree over {comm.members} ({self.where}): unusable after "
-                                 "a disagreement")
-        self.agree_gather()
-        self.index_exchange()
+                if self.agreed(differing)[0]:
+                    self.fail(f"agree: member {comm.rank}'s {differing} agreed with the "
+                              "others' different fingerprints")
+        if not self.agreed(77)[0]:  # still usable after a mismatch
+            self.fail("agree: unusable after a disagreement")
+        if comm.capabilities.carries:
+            self.gathered()
+        if comm.capabilities.index_limit_bytes:
+            self.indexed()
 
-    def agree_gather(self) -> None:
-        """``agree_gather``: the agreement as :meth:`agree`, with every member's payload
-        (lengths differ, zero and EAGER_MAX_BYTES included) when the transport carries
-        them; None without payload or after a disagreement."""
-        comm, n, me = self.comm, self.comm.size, self.comm.rank
+    def gathered(self) -> None:
+        """``gathered`` carries: the agreement as without, with every member's payload
+        (lengths differ, zero and CARRIED_MAX_BYTES included); None after a
+        disagreement."""
+        n, me = self.comm.size, self.comm.rank
         for name, length in (("uneven", lambda j: 3 * j + 1),
-                             ("the largest", lambda j: EAGER_MAX_BYTES if j == 0 else 0)):
-            agreed, blocks = comm.agree_gather(
-                4242, _bytes(me, length(me), salt=1), self.patience("agree_gather"))
-            if not agreed:
-                raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
-                                     "equal fingerprints disagreed")
-            if blocks is not None:
-                if len(blocks) != n:
-                    raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
-                                         f"{len(blocks)} blocks for {n} members")
+                             ("the largest", lambda j: CARRIED_MAX_BYTES if j == 0 else 0)):
+            carry = Carry.gathered([length(j) for j in range(n)])
+            for salt in (1, 2):  # (twice: a reused agreement)
+                agreed, blocks = self.agreed(4242 + salt, carry,
+                                             _bytes(me, length(me), salt=salt))
+                if not agreed or blocks is None or len(blocks) != n:
+                    self.fail(f"agree carrying {name} payloads: got {agreed}, "
+                              f"{None if blocks is None else len(blocks)} blocks for {n} "
+                              "members")
                 for j, block in enumerate(blocks):
-                    self.expect(f"agree_gather of {name} payloads, member {j}'s", block,
-                                _bytes(j, length(j), salt=1))
-        agreed, blocks = comm.agree_gather(99, None, self.patience("agree_gather"))
-        if not agreed or blocks is not None:
-            raise AssertionError(f"agree_gather without payload over {comm.members} "
-                                 f"({self.where}): got {agreed}, {blocks}")
+                    self.expect(f"agree carrying {name} payloads, member {j}'s", block,
+                                _bytes(j, length(j), salt=salt))
         if n > 1:
-            agreed, blocks = comm.agree_gather(500 + me, _bytes(me, 8),
-                                               self.patience("agree_gather"))
+            carry = Carry.gathered([8] * n)
+            agreed, blocks = self.agreed(500 + me, carry, _bytes(me, 8))
             if agreed or blocks is not None:
-                raise AssertionError(f"agree_gather over {comm.members} ({self.where}): "
-                                     f"member {me}'s {500 + me} agreed with the others' "
-                                     "different fingerprints")
+                self.fail(f"agree carrying payloads: member {me}'s {500 + me} agreed with "
+                          f"the others' different fingerprints ({agreed}, {blocks})")
 
-    def index_exchange(self) -> None:
-        """``eager_index_exchange``: piece ``j`` of every member's send reaches member
-        ``j``, in sender order, at piece sizes on either side of where MPI moves them by
-        Bruck's index algorithm, twice each (a reused exchange); a member whose
-        fingerprint differs, or who agrees with an ``agree_gather`` meanwhile, makes every
-        member disagree, and the exchange works afterwards."""
+    def indexed(self) -> None:
+        """``indexed`` carries: piece ``j`` of every member's payload reaches member ``j``,
+        in sender order, at the piece sizes the transport takes, twice each (a reused
+        agreement); a member whose fingerprint differs, or who agrees with a ``gathered``
+        carry meanwhile, makes every member disagree, and the agreement works afterwards."""
         comm, n, me = self.comm, self.comm.size, self.comm.rank
-        for piece in (1, 12, 1000, 3000, 4100, EAGER_MAX_BYTES // n):
-            send, agree = comm.eager_index_exchange(piece)
+        limit = comm.capabilities.index_limit_bytes
+        taken = [p for p in (1, 12, 300, 1000, 1500, 3000, 4100, CARRIED_MAX_BYTES // n)
+                 if takes_index(n, p, limit)]
+        for piece in taken:
+            carry = Carry.indexed(n, piece)
             for salt in (2, 3):
-                send[...] = np.concatenate([_bytes(me, piece, salt=salt * n + j)
-                                            for j in range(n)])
-                agreed, pieces = agree(7000 + piece, self.patience("eager_index_exchange"))
-                if not agreed:
-                    raise AssertionError(f"eager_index_exchange over {comm.members} "
-                                         f"({self.where}): equal fingerprints disagreed")
-                if pieces is None:
-                    continue  # (a transport that does not carry payloads)
+                payload = np.concatenate([_bytes(me, piece, salt=salt * n + j)
+                                          for j in range(n)])
+                agreed, pieces = self.agreed(7000 + piece, carry, payload)
+                if not agreed or pieces is None or len(pieces) != n:
+                    self.fail(f"agree carrying {piece}-byte pieces: got {agreed}, {pieces}")
                 for j, got in enumerate(pieces):
-                    self.expect(f"eager_index_exchange of {piece}-byte pieces, member {j}'s",
-                                got, _bytes(j, piece, salt=salt * n + me))
-            if n == 1:
-                continue
+                    self.expect(f"agree carrying {piece}-byte pieces, member {j}'s", got,
+                                _bytes(j, piece, salt=salt * n + me))
             if me == n - 1:  # another fingerprint, then another kind of agreement
-                agreed, pieces = agree(1, self.patience("eager_index_exchange"))
-                again = comm.agree_gather(2, _bytes(me, piece * n),
-                                          self.patience("agree_gather"))[0]
+                agreed, pieces = self.agreed(1, carry, payload)
+                again = self.agreed(2, Carry.gathered([piece * n] * n),
+                                    _bytes(me, piece * n))[0]
             else:
-                agreed, pieces = agree(7000 + piece, self.patience("eager_index_exchange"))
-                again = agree(7000 + piece, self.patience("eager_index_exchange"))[0]
+                agreed, pieces = self.agreed(7000 + piece, carry, payload)
+                again = self.agreed(7000 + piece, carry, payload)[0]
             if agreed or pieces is not None or again:
-                raise AssertionError(f"eager_index_exchange over {comm.members} "
-                                     f"({self.where}): member {me} agreed with a member "
-                                     "whose call differed")
+                self.fail(f"agree carrying {piece}-byte pieces: member {me} agreed with a "
+                          "member whose call differed")
+        if taken:
+            if self.agreed(99) != (True, None):
+                self.fail("agree: unusable after indexed agreements that differed")
+
+    def allgatherv(self, name: str, counts: list[int], salt: int = 0) -> None:
+        """An all-gather of ``counts`` from a send buffer and in place."""
+        comm, me, total = self.comm, self.comm.rank, sum(counts)
+        want = np.concatenate([_bytes(j, counts[j], salt) for j in range(comm.size)])
+        recv = np.zeros(total, np.uint8)
+        self.expect(f"allgatherv, {name}", self.done("allgatherv", comm.allgatherv(
+            _bytes(me, counts[me], salt), recv, counts, self.patience("allgatherv"))), want)
+        self.expect(f"allgatherv, {name}: into the buffer given", recv, want)
+        recv = np.zeros(total, np.uint8)
+        start = sum(counts[:me])
+        recv[start:start + counts[me]] = _bytes(me, counts[me], salt)
+        self.expect(f"allgatherv in place, {name}", self.done("allgatherv", comm.allgatherv(
+            None, recv, counts, self.patience("allgatherv"))), want)
 
     def zero_bytes(self) -> None:
         comm, n, empty = self.comm, self.comm.size, np.empty(0, np.uint8)
-        self.expect("allgather of 0 bytes", comm.allgather(empty, self.patience("allgather")),
-                    empty)
-        self.expect("allgatherv of 0 bytes",
-                    comm.allgatherv(empty, [0] * n, self.patience("allgatherv")), empty)
-        self.expect("alltoallv of 0 bytes",
-                    comm.alltoallv(empty, [0] * n, [0] * n, self.patience("alltoallv")), empty)
-        self.expect("broadcast of 0 bytes",
-                    comm.broadcast(empty.copy(), 0, self.patience("broadcast")), empty)
+        self.allgatherv("of 0 bytes", [0] * n)
+        self.expect("alltoallv of 0 bytes", self.done("alltoallv", comm.alltoallv(
+            empty, [0] * n, np.empty(0, np.uint8), [0] * n, self.patience("alltoallv"))),
+            empty)
+        self.expect("broadcast of 0 bytes", self.done("broadcast", comm.broadcast(
+            empty.copy(), 0, self.patience("broadcast"))), empty)
 
     def uneven(self) -> None:
         n = self.comm.size
         # member 0 sends nothing; then large pieces (a transport may move them another way)
         for counts in ([3 * j for j in range(n)], [300_001 * (j % 2) + 3 * j for j in range(n)]):
-            self._uneven_allgathers(counts)
+            self.allgatherv(f"uneven, {sum(counts)} bytes", counts)
         self._uneven_alltoallv()
-
-    def _uneven_allgathers(self, counts: list[int]) -> None:
-        comm, me, total = self.comm, self.comm.rank, sum(counts)
-        what = f"uneven, {total} bytes"
-        want = np.concatenate([_bytes(j, counts[j]) for j in range(comm.size)])
-        self.expect(f"allgatherv, {what}", comm.allgatherv(
-            _bytes(me, counts[me]), counts, self.patience("allgatherv")), want)
-        recv = np.zeros(total, np.uint8)
-        start = sum(counts[:me])
-        recv[start:start + counts[me]] = _bytes(me, counts[me])
-        self.expect(f"allgatherv_into, {what}",
-                    comm.allgatherv_into(recv, counts, self.patience("allgatherv_into")), want)
-        out = np.zeros(total, np.uint8)
-        self.expect(f"allgatherv_to, {what}",
-                    comm.allgatherv_to(_bytes(me, counts[me]), out, counts,
-                                       self.patience("allgatherv_to")), want)
 
     def _uneven_alltoallv(self) -> None:
         comm, n, me = self.comm, self.comm.size, self.comm.rank
@@ -201,56 +217,83 @@ class _Checks:
         recv_counts = [count(i, me) for i in range(n)]
         send = np.concatenate([_bytes(me, send_counts[j], salt=j) for j in range(n)])
         want = np.concatenate([_bytes(i, recv_counts[i], salt=me) for i in range(n)])
-        self.expect("alltoallv, uneven",
-                    comm.alltoallv(send, send_counts, recv_counts, self.patience("alltoallv")),
-                    want)
+        recv = np.zeros(sum(recv_counts), np.uint8)
+        self.expect("alltoallv, uneven", self.done("alltoallv", comm.alltoallv(
+            send, send_counts, recv, recv_counts, self.patience("alltoallv"))), want)
         scratch = np.zeros(sum(recv_counts) + 5, np.uint8)  # a reused, larger buffer
-        got = comm.alltoallv(send, send_counts, recv_counts, self.patience("alltoallv"),
-                             scratch)
-        self.expect("alltoallv into a scratch buffer", np.asarray(got)[:sum(recv_counts)],
-                    want)
-        # the same bytes in scattered parts: member j's split after its first byte (a
-        # zero-byte part included), received into separate arrays of the same split
-        def parts(data: np.ndarray) -> list[np.ndarray]:
-            return [data[:1], data[1:1], data[1:]] if data.size else []
-
-        send_parts = [parts(send[sum(send_counts[:j]):sum(send_counts[:j + 1])])
-                      for j in range(n)]
-        recv_parts = [parts(np.zeros(recv_counts[i], np.uint8)) for i in range(n)]
-        comm.alltoallv_parts(send_parts, recv_parts, self.patience("alltoallv_parts"))
-        got = np.concatenate([_bytes(me, recv_counts[me], salt=me) if i == me else
-                              np.concatenate(recv_parts[i] or [np.zeros(0, np.uint8)])
-                              for i in range(n)])
-        self.expect("alltoallv_parts, uneven", got, want)
+        got = self.done("alltoallv", comm.alltoallv(send, send_counts, scratch, recv_counts,
+                                                    self.patience("alltoallv")))
+        self.expect("alltoallv into a larger buffer", got, want)
+        self.expect("alltoallv into a larger buffer: in its place", scratch[:want.size], want)
 
     def equal_blocks(self) -> None:
         comm, n, me = self.comm, self.comm.size, self.comm.rank
         for size in (1, 1000, 100_003):  # the last: large, odd (a transport may change path)
-            want = np.stack([_bytes(j, size) for j in range(n)])
-            self.expect(f"allgather of {size} bytes",
-                        comm.allgather(_bytes(me, size), self.patience("allgather")), want)
+            self.allgatherv(f"equal, {size} bytes a member", [size] * n, salt=size)
             send = np.concatenate([_bytes(me, size, salt=j) for j in range(n)])
             recv = np.zeros(size * n, np.uint8)
             want = np.concatenate([_bytes(i, size, salt=me) for i in range(n)])
-            self.expect(f"alltoall_to of {size} bytes a block",
-                        comm.alltoall_to(send, recv, self.patience("alltoall_to")), want)
+            self.expect(f"alltoallv of {size} bytes a block", self.done(
+                "alltoallv", comm.alltoallv(send, [size] * n, recv, [size] * n,
+                                            self.patience("alltoallv"))), want)
+            self.expect(f"alltoallv of {size} bytes a block: into the buffer given", recv,
+                        want)
             for root in range(n):
                 data = _bytes(me, size) if me == root else np.zeros(size, np.uint8)
-                self.expect(f"broadcast of {size} bytes from {root}",
-                            comm.broadcast(data, root, self.patience("broadcast")),
-                            _bytes(root, size))
+                got = self.done("broadcast", comm.broadcast(data, root,
+                                                            self.patience("broadcast")))
+                self.expect(f"broadcast of {size} bytes from {root}", got, _bytes(root, size))
+                self.expect(f"broadcast of {size} bytes from {root}: into the buffer given",
+                            data, _bytes(root, size))
         # an all-gather into the caller's result of large pieces (MPI copies its own into
         # the result first from 5 MiB and sends it from there)
         size = (6 << 20) + 3
         want = np.concatenate([_bytes(j, size) for j in range(n)])
-        self.expect(f"allgatherv_to of {size} bytes a member",
-                    comm.allgatherv_to(_bytes(me, size), np.zeros(size * n, np.uint8),
-                                       [size] * n, self.patience("allgatherv_to")), want)
+        self.expect(f"allgatherv of {size} bytes a member", self.done(
+            "allgatherv", comm.allgatherv(_bytes(me, size), np.zeros(size * n, np.uint8),
+                                          [size] * n, self.patience("allgatherv"))), want)
+
+    def handles(self) -> None:
+        """Operations posted under a call's number before its agreement, where the
+        communicator posts: the bytes of an agreed call arrive whole; where member 0 called
+        something else (it posts nothing), the others withdraw theirs, and the next calls'
+        bytes arrive whole."""
+        comm, n, me = self.comm, self.comm.size, self.comm.rank
+        if not comm.capabilities.posts:
+            return
+        size = 300_007  # (large: posted point-to-point)
+        for seq, agrees in ((41, True), (42, False), (43, True), (44, True)):
+            send = np.concatenate([_bytes(me, size, salt=seq + j) for j in range(n)])
+            recv = np.zeros(size * n, np.uint8)
+            gathered = np.zeros(size * n, np.uint8)
+            data = _bytes(me, size, salt=seq) if me == 0 else np.zeros(size, np.uint8)
+            works = [] if not agrees and me == 0 else [
+                comm.alltoallv(send, [size] * n, recv, [size] * n,
+                               self.patience("alltoallv"), posted=seq),
+                comm.allgatherv(_bytes(me, size, salt=seq), gathered, [size] * n,
+                                self.patience("allgatherv"), posted=seq),
+                comm.broadcast(data, 0, self.patience("broadcast"), posted=seq)]
+            agreed = self.agreed(seq if agrees or me else 10_000 + seq)[0]
+            if agreed != agrees:
+                self.fail(f"posted call {seq}: agreed {agreed}")
+            if not agreed:
+                for work in works:
+                    work.withdraw()
+                continue
+            names = ("posted alltoallv", "posted allgatherv", "posted broadcast")
+            results = [self.done(name, work) for name, work in zip(names, works)]
+            self.expect(f"posted alltoallv of call {seq}", results[0], np.concatenate(
+                [_bytes(i, size, salt=seq + me) for i in range(n)]))
+            self.expect(f"posted allgatherv of call {seq}", results[1], np.concatenate(
+                [_bytes(j, size, salt=seq) for j in range(n)]))
+            self.expect(f"posted broadcast of call {seq}", results[2],
+                        _bytes(0, size, salt=seq))
 
     def all(self) -> list[str]:
         done = []
         for name, check in (("agree", self.agree), ("zero bytes", self.zero_bytes),
-                            ("uneven counts", self.uneven), ("equal blocks", self.equal_blocks)):
+                            ("uneven counts", self.uneven), ("equal blocks", self.equal_blocks),
+                            ("handles", self.handles)):
             check()
             done.append(f"{name} over {list(self.comm.members)}")
         return done
@@ -307,7 +350,8 @@ def _check_timeout(comm: Communicator, options: CollectiveOptions) -> None:
     patience = Patience("conformance timeout", options, lambda: "the other members",
                         name_absent=lambda members: f"instances {list(members)}")
     try:
-        comm.allgather(np.zeros(8, np.uint8), patience)
+        comm.allgatherv(np.zeros(8, np.uint8), np.zeros(8 * comm.size, np.uint8),
+                        [8] * comm.size, patience).wait()
     except CollectiveTimeoutError as exc:
         others = [m for m in comm.members if m != comm.members[comm.rank]]
         if f"instances {others}" not in str(exc):

@@ -3,15 +3,15 @@
 A structure's *treedef* is a hashable description of its shape (containers and dict keys, not
 the leaves), so two elements have the same structure exactly when their treedefs are equal.
 Dict keys are taken in sorted order, as ``tf.nest`` does. The datasets and feeds of
-:mod:`ipu_node.execution` use it; it is a leaf module (it imports nothing of ipupod), so that
-the packages above ``ipu_node`` may share it.
+:mod:`ipu_node.execution` and the collectives' nests use it; it is a leaf module (it imports
+nothing of ipupod), so that the packages above ``ipu_node`` may share it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["LEAF", "flatten", "unflatten", "map_structure", "describe"]
+__all__ = ["LEAF", "flatten", "unflatten", "map_structure", "describe", "leaf_paths"]
 
 LEAF = "*"
 
@@ -68,3 +68,12 @@ def describe(treedef: Any) -> str:
     if issubclass(kind, list):
         return "[" + ", ".join(parts) + "]"
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def leaf_paths(value: Any) -> list[str]:
+    """Where each leaf of :func:`flatten` sits in ``value``, as index text: ``['w'][0]``."""
+    if isinstance(value, dict):
+        return [f"[{k!r}]{p}" for k in sorted(value) for p in leaf_paths(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [f"[{i}]{p}" for i, v in enumerate(value) for p in leaf_paths(v)]
+    return [""]

@@ -1,9 +1,9 @@
-"""The exchange of the reductions (``collectives._exchange.exchange_reduce``) between m
-members played by threads of this process, over an in-memory communicator: every path
-(the pair exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives
-the canonical tree's bytes for every operator and dtype, at uneven sizes and with several
+"""The exchange of the reductions (``collectives._engine.exchange.Exchange``) between m members
+played by threads of this process, over an in-memory communicator: every path (the pair
+exchange of two members, reduce-scatter + all-gather, reduce-scatter alone) gives the
+canonical tree's bytes for every operator and dtype, at uneven sizes and with several
 partials, so the size that picks a path never changes a result; members that send one
-partial per node of their blocks (``exchange_subtrees``) get the tree of the positions. And
+partial per node of their blocks (``nodes``) get the tree of the positions. And
 the large cases of the per-rank suite (tests/perrank/test_perrank_large.py) on three
 instances of one replica each (a group whose tree is not a power of two, over MPI
 point-to-point)."""
@@ -17,11 +17,11 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from collectives import _exchange
+from collectives._engine import exchange
 from collectives.operators import CollectiveOperator, combine_into
 from collectives.options import CollectiveOptions
-from collectives.tree import block_nodes
-from collectives.transports.base import Communicator
+from collectives._engine.tree import block_nodes
+from collectives.transports.base import Communicator, Done
 from collectives.waiting import Patience
 from tests.procs import PYTHON
 from tests.procs import run_poprun as poprun
@@ -52,29 +52,37 @@ class _ThreadCommunicator(Communicator):
         self.board, self.rank = board, rank
         self.members = tuple(range(len(board.posted)))
 
-    def allgather(self, send, patience):
-        return np.stack(self.board.swap(self.rank, send.copy()))
+    def allgatherv(self, send, recv, counts: Sequence[int], patience, *, posted=None):
+        at = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        mine = recv[at[self.rank]:at[self.rank + 1]] if send is None else send
+        got = self.board.swap(self.rank, mine.copy())
+        assert [g.nbytes for g in got] == list(counts)
+        recv[:at[-1]] = np.concatenate(got) if got else np.zeros(0, np.uint8)
+        return Done(recv)
 
-    def alltoallv(self, send, send_counts: Sequence[int], recv_counts: Sequence[int],
-                  patience, recv=None):
+    def alltoallv(self, send, send_counts: Sequence[int], recv, recv_counts: Sequence[int],
+                  patience, *, posted=None):
         at = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         pieces = [send[at[j]:at[j + 1]].copy() for j in range(self.size)]
         everyone = self.board.swap(self.rank, pieces)
         got = [everyone[j][self.rank] for j in range(self.size)]
         assert [g.nbytes for g in got] == list(recv_counts)
         out = np.concatenate(got) if got else np.zeros(0, np.uint8)
-        if recv is not None:
-            recv[:out.size] = out
-            return recv
-        return out
+        recv[:out.size] = out
+        return Done(recv[:out.size])
 
-    def allgatherv(self, send, recv_counts: Sequence[int], patience):
-        got = self.board.swap(self.rank, send.copy())
-        assert [g.nbytes for g in got] == list(recv_counts)
-        return np.concatenate(got)
+    def broadcast(self, data, root: int, patience, *, posted=None):
+        data[...] = self.board.swap(self.rank, data.copy())[root]
+        return Done(data)
 
-    def broadcast(self, data, root: int, patience):
-        return self.board.swap(self.rank, data.copy())[root]
+
+def _exchange(comm, partials, op, patience, bounds=None, gather=True, nodes=None):
+    """The results of an :class:`~collectives._engine.exchange.Exchange` of ``partials``."""
+    first = partials[0] if nodes is None else partials[0][0]
+    sizes = [(p if nodes is None else p[0]).size for p in partials]
+    ex = exchange.Exchange(exchange.Scratch(), comm, patience, sizes, first.dtype, op, gather,
+                           bounds, nodes)
+    return ex.finish(ex.start(partials))
 
 
 def _in_threads(m: int, work) -> list:
@@ -138,15 +146,15 @@ def test_every_allreduce_path_gives_the_tree(monkeypatch, m, op, dtype):
     want = [_tree([partials[j][i] for j in range(m)], op) for i in range(len(sizes))]
     options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
     for limit in (0, 1 << 40):  # reduce-scatter + all-gather; the pair exchange (m = 2)
-        monkeypatch.setattr(_exchange, "PAIR_ALLREDUCE_MAX_BYTES", limit)
+        monkeypatch.setattr(exchange, "PAIR_ALLREDUCE_MAX_BYTES", limit)
         for single in (True, False):
             chosen = sizes[-1:] if single else sizes
             index = [sizes.index(n) for n in chosen]
 
             def work(comm, index=index):
                 mine = [partials[comm.rank][i] for i in index]
-                return _exchange.exchange_reduce(
-                    comm, mine, op, Patience("test", options, lambda: "?", committed=True))
+                return _exchange(comm, mine, op,
+                                 Patience("test", options, lambda: "?", committed=True))
 
             for rank, got in enumerate(_in_threads(m, work)):
                 for i, result in zip(index, got):
@@ -167,10 +175,9 @@ def test_reduce_scatter_exchange_gives_each_owner_its_part_of_the_tree(m, op, dt
     options = CollectiveOptions(stall_warning_s=_TIMEOUT_S, timeout_s=_TIMEOUT_S)
 
     def work(comm):
-        return _exchange.exchange_reduce(
-            comm, partials[comm.rank], op,
-            Patience("test", options, lambda: "?", committed=True),
-            bounds=[even, uneven], gather=False)
+        return _exchange(comm, partials[comm.rank], op,
+                         Patience("test", options, lambda: "?", committed=True),
+                         bounds=[even, uneven], gather=False)
 
     for rank, (first, second) in enumerate(_in_threads(m, work)):
         assert first.tobytes() == totals[0][even[rank]:even[rank + 1]].tobytes(), rank
@@ -199,9 +206,9 @@ def test_subtree_exchange_gives_the_tree_of_the_positions(n, blocks, op, dtype):
 
     def work(comm):
         patience = Patience("test", options, lambda: "?", committed=True)
-        whole = _exchange.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience)
-        owned = _exchange.exchange_subtrees(comm, mine(comm.rank), nodes, op, patience,
-                                              bounds=rs_bounds, gather=False)
+        whole = _exchange(comm, mine(comm.rank), op, patience, nodes=nodes)
+        owned = _exchange(comm, mine(comm.rank), op, patience, bounds=rs_bounds,
+                          gather=False, nodes=nodes)
         return whole, owned
 
     for rank, (whole, owned) in enumerate(_in_threads(m, work)):

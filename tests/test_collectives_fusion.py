@@ -1,4 +1,4 @@
-"""Tensor fusion (collectives._fusion): a collective on a nest gives every array what the op
+"""Tensor fusion (collectives._engine.fusion): a collective on a nest gives every array what the op
 gives it alone, bit for bit, moving few fused buffers; between the local replicas of one
 instance (the layouts of several instances: test_collectives_multiprocess.py)."""
 

@@ -2,7 +2,7 @@
 that kills its whole process group:
 
 * the per-rank suite (tests/perrank) under ``poprun -n 2``, ``-n 3`` and ``-n 4``, over
-  gRPC at 3 x 6, and its prepared large calls over gRPC at 3 instances;
+  gRPC at 3 x 6, and its large calls over gRPC at 3 instances;
 * the layout-invariance matrix: 1x8 (in-process), 2x4, 4x2, 8x1 (instances x local
   replicas), and 1x6, 2x3, 3x2 (replicas the canonical tree's blocks cut unevenly) give
   bit-identical results for every op, operator, group and dtype;
@@ -31,9 +31,9 @@ from tests.perrank import layout_prog
 @pytest.mark.parametrize("instances, replicas", [(2, 2), (2, 4), (3, 3), (4, 4), (4, 8),
                                                 (3, 6)])
 def test_per_rank_suite(instances, replicas):
-    # (2, 2), (3, 3), (4, 4): one replica per instance (the engine's one-replica path; at 3,
-    # a member in the middle of every exchange and agreement rounds of uneven reach); small
-    # calls move their data in the agreement (collectives._eager) at every layout; (3, 6):
+    # (2, 2), (3, 3), (4, 4): one replica per instance (no local rendezvous; at 3, a member
+    # in the middle of every exchange and agreement rounds of uneven reach); small calls
+    # carry their data in the agreement (collectives._engine.plan) at every layout; (3, 6):
     # groups of 3 cut unevenly by the instances (CONSECUTIVE(3)'s {3, 4, 5}: one replica on
     # instance 1, two on instance 2, which are not one node of the tree of 3)
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
@@ -48,7 +48,7 @@ def test_per_rank_suite(instances, replicas):
 @pytest.mark.slow
 def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
     # 3 x 6 over gRPC: instances that send one partial per node of their block
-    # (collectives._exchange.exchange_subtrees) through gRPC's alltoallv
+    # (collectives._engine.exchange.Exchange's nodes) through gRPC's alltoallv
     job = poprun(["-n", "3", "--num-replicas", "6", "--launcher", "local", "--transport",
                   "grpc", PYTHON, "-m", "pytest", "tests/perrank", "-q", "-p",
                   "no:cacheprovider"], timeout_s=120)
@@ -59,12 +59,12 @@ def test_per_rank_suite_over_grpc_with_groups_cut_unevenly():
 
 
 @pytest.mark.slow
-def test_prepared_large_calls_over_grpc_at_three_instances():
-    # gRPC posts nothing before the agreement: from 3 instances the prepared calls
-    # (collectives._sole_move, _sole_reduce) run there, with a member in the middle of the
-    # exchange (neither first nor last), against the general path
+def test_large_calls_over_grpc_at_three_instances():
+    # gRPC posts nothing before the agreement: from 3 instances the large calls exchange
+    # their data after it, with a member in the middle of the exchange (neither first nor
+    # last), against the numpy oracles (a wrong piece order fails them)
     job = poprun(["-n", "3", "--transport", "grpc", PYTHON, "-m", "pytest",
-                  "tests/perrank/test_perrank_sole_move.py", "-q", "-p", "no:cacheprovider"],
+                  "tests/perrank/test_perrank_large.py", "-q", "-p", "no:cacheprovider"],
                  timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr
     counts = dict(re.findall(r"\[1,(\d+)\]<stdout>:(\d+) passed in ", job.stdout))
@@ -112,8 +112,8 @@ def test_single_instance_layout_matches_the_oracle(single_instance, replicas):
 @pytest.mark.parametrize("replicas, instances", [(8, 2), (8, 4), (8, 8), (6, 2), (6, 3)])
 def test_layouts_are_bit_identical(single_instance, tmp_path, replicas, instances):
     # 6 replicas: blocks the tree cuts (2 x 3: the tree of 6 is [0, 4) + [4, 6); 3 x 2:
-    # CONSECUTIVE(3)'s {3, 4, 5} is 1 + 2 of the tree of 3), in the eager path, the
-    # ordinary one and nests
+    # CONSECUTIVE(3)'s {3, 4, 5} is 1 + 2 of the tree of 3), carried in the agreement,
+    # exchanged after it, and nests
     job = poprun(["-n", str(instances), "--num-replicas", str(replicas), PYTHON, "-m",
                   "tests.perrank.layout_prog", str(tmp_path), str(replicas)], timeout_s=120)
     assert job.returncode == 0, job.stdout + job.stderr

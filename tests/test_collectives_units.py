@@ -10,14 +10,15 @@ import time
 import numpy as np
 import pytest
 
-from collectives._accounting import CountingCommunicator, Ledger, CallRecord
-from collectives.descriptor import Descriptor
+from collectives._engine.ledger import Ledger
+from collectives.records import CallRecord
+from collectives._engine.descriptor import Descriptor
 from collectives.errors import CollectiveTimeoutError
 from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions
 from collectives.groups import CommGroup, CommGroupType
 from collectives.options import CollectiveOptions
 from collectives.transports.local import LocalTransport
-from collectives.tree import tree_reduce
+from collectives._engine.tree import tree_reduce
 from collectives.waiting import Patience
 
 
@@ -109,14 +110,43 @@ def test_an_oversubscribed_job_yields_at_once(monkeypatch):
     assert yields == [1]
 
 
-def test_counting_communicator_counts_ring_bytes():
-    comm = CountingCommunicator(LocalTransport().communicator((0,)))
+def test_the_local_communicator_moves_its_own_bytes():
+    comm = LocalTransport().communicator((0,))
     p = Patience("x", CollectiveOptions(), lambda: "")
     data = np.arange(16, dtype=np.uint8)
-    assert comm.allgatherv(data, [16], p) is data
-    assert comm.broadcast(data, 0, p) is data
-    assert comm.alltoallv(data, [16], [16], p) is data
-    assert comm.bytes_sent == 0  # a single member sends nothing
+    recv = np.zeros(16, np.uint8)
+    assert comm.allgatherv(data, recv, [16], p).wait() is recv and (recv == data).all()
+    assert comm.broadcast(data, 0, p).wait() is data
+    recv = np.zeros(20, np.uint8)
+    assert (comm.alltoallv(data, [16], recv, [16], p).wait() == data).all()
+    assert comm.agree(7, p).wait() == (True, None)
+    assert not comm.capabilities.carries and not comm.capabilities.posts
+
+
+def test_the_bytes_counted_are_a_rings():
+    # what a plan records as sent: the exchange of a reduction, (m-1)/m of the partial out
+    # and as much back in the all-gather; a carried payload to every other member; an
+    # indexed one as often as its pieces move (Bruck's index rounds)
+    from collectives._engine.exchange import Exchange
+    from collectives.operators import CollectiveOperator
+    from collectives.transports.base import Carry, index_sent_bytes
+
+    class Member:
+        capabilities = None
+
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+
+    for rank in range(4):
+        ex = Exchange(None, Member(rank, 4), None, [4000], np.dtype("float32"),
+                      CollectiveOperator.ADD, True)
+        assert ex.sent == 3 * 1000 * 4 + 3 * 1000 * 4  # (its chunk to 3, and back to 3)
+    assert Exchange(None, Member(1, 2), None, [1000], np.dtype("float64"),
+                    CollectiveOperator.ADD, True).sent == 8000  # (the pair exchange)
+    assert Carry.gathered([8, 8, 8]).sent_bytes(0) == 16
+    assert Carry.gathered([0, 40]).sent_bytes(1) == 40
+    assert Carry.gathered([0, 40]).sent_bytes(0) == 0
+    assert Carry.indexed(4, 100).sent_bytes(2) == index_sent_bytes(4, 100) == 100 * 4
 
 
 def test_ledger_totals():
@@ -168,7 +198,7 @@ def _ledger_story(ledger: Ledger) -> list:
 def test_deferred_ledger_entries_give_the_figures_of_immediate_ones(monkeypatch):
     # add_signed only appends; the ledger folds its entries in when read (or every
     # _FOLD_EVERY): the same totals and records, bit for bit, as folding each at once
-    import collectives._accounting as accounting
+    import collectives._engine.ledger as accounting
     monkeypatch.setattr(accounting, "_MAX_SIGNED", 3)  # (folds signatures on the way too)
     deferred = _ledger_story(Ledger(keep=700))
     monkeypatch.setattr(accounting, "_FOLD_EVERY", 1)

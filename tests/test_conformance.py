@@ -11,7 +11,7 @@ import pytest
 
 from collectives.options import CollectiveOptions
 from collectives.testing import check_communicator
-from collectives.transports.base import Communicator, Transport
+from collectives.transports.base import Communicator, Done, Transport
 from collectives.transports.local import LocalTransport
 from tests.procs import PYTHON
 from tests.procs import run_poprun as poprun
@@ -22,7 +22,7 @@ TOKEN = "conformance-token"
 def test_local_transport_conforms():
     assert check_communicator(LocalTransport()) == [
         "agree over [0]", "zero bytes over [0]", "uneven counts over [0]",
-        "equal blocks over [0]"]
+        "equal blocks over [0]", "handles over [0]"]
 
 
 @pytest.mark.slow
@@ -76,24 +76,24 @@ def test_grpc_transport_conforms():
 
 
 class _Broken(Communicator):
-    """A communicator whose all-gather loses the last member's bytes."""
+    """A communicator whose all-gather loses the last member's last byte."""
 
     members, rank = (0,), 0
 
-    def agree(self, fingerprint, patience):
-        return True
+    def agree(self, fingerprint, patience, carry=None):
+        return Done((True, None))
 
-    def allgather(self, send, patience):
-        return send.reshape(1, -1)[:, :-1] if send.size else send.reshape(1, -1)
+    def allgatherv(self, send, recv, counts, patience, *, posted=None):
+        if send is not None and send.size:
+            recv[:send.size - 1] = send[:-1]
+        return Done(recv)
 
-    def alltoallv(self, send, send_counts, recv_counts, patience, recv=None):
-        return send
+    def alltoallv(self, send, send_counts, recv, recv_counts, patience, *, posted=None):
+        recv[:send_counts[0]] = send[:send_counts[0]]
+        return Done(recv[:recv_counts[0]])
 
-    def allgatherv(self, send, recv_counts, patience):
-        return send
-
-    def broadcast(self, data, root, patience):
-        return data
+    def broadcast(self, data, root, patience, *, posted=None):
+        return Done(data)
 
 
 class _BrokenTransport(Transport):
@@ -104,5 +104,6 @@ class _BrokenTransport(Transport):
 
 
 def test_the_suite_finds_a_broken_communicator():
-    with pytest.raises(AssertionError, match=r"allgather of 1 bytes over instances \(0,\)"):
+    with pytest.raises(AssertionError,
+                       match=r"allgatherv, equal, 1 bytes a member: .* over instances \(0,\)"):
         check_communicator(_BrokenTransport())

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives._accounting import CallRecord, total
+from collectives.records import CallRecord, total
 from collectives.cost_model import (HOST_NETWORK_BYTES_PER_S, HOST_NETWORK_LATENCY_S,
                                     HardwareCostModel)
-from collectives.link_flows import mirrored_ring
+from collectives.performance.link_flows import mirrored_ring
 from ipu_node import get_system_model
 from ipu_node.hardware.links import GW_LINK_BYTES_PER_S, IPU_LINK_BYTES_PER_S, IPU_LINK_LATENCY_S
 

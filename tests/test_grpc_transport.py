@@ -11,6 +11,7 @@ import pytest
 
 from collectives.errors import PeerLostError, TransportError
 from collectives.options import CollectiveOptions
+from collectives.transports.base import CARRIED_MAX_BYTES, Carry
 from collectives.transports.grpc import GrpcTransport
 from collectives.transports.grpc_wire import chunk_headers, encode_chunk
 from collectives.waiting import Patience
@@ -62,6 +63,13 @@ def _patience():
     return Patience("test", OPTIONS, lambda: "?")
 
 
+def _gather(comm, send):
+    """Every member's ``send`` as rows (an all-gather of equal counts)."""
+    rows = np.empty(comm.size * send.nbytes, np.uint8)
+    comm.allgatherv(send, rows, [send.nbytes] * comm.size, _patience()).wait()
+    return rows.reshape(comm.size, send.nbytes)
+
+
 def test_servers_listen_on_loopback(job):
     _, transports = job
     assert all(t.address.startswith("127.0.0.1:") for t in transports)
@@ -72,19 +80,20 @@ def test_exchanges(job, nbytes):
     _, ts = job
     comms = [t.communicator((0, 1, 2)) for t in ts]
     sends = [np.random.default_rng(i).integers(0, 256, nbytes, dtype=np.uint8) for i in range(3)]
-    gathered = _parallel([(lambda i=i: comms[i].allgather(sends[i], _patience()))
-                          for i in range(3)])
+    gathered = _parallel([(lambda i=i: _gather(comms[i], sends[i])) for i in range(3)])
     for g in gathered:
         np.testing.assert_array_equal(g, np.stack(sends))
     counts = [nbytes // 3, nbytes // 3, nbytes - 2 * (nbytes // 3)]
-    got = _parallel([(lambda i=i: comms[i].alltoallv(sends[i], counts, [counts[i]] * 3,
-                                                      _patience())) for i in range(3)])
+    got = _parallel([(lambda i=i: comms[i].alltoallv(
+        sends[i], counts, np.empty(3 * counts[i], np.uint8), [counts[i]] * 3,
+        _patience()).wait()) for i in range(3)])
     bounds = np.concatenate([[0], np.cumsum(counts)])
     for i in range(3):
         expect = np.concatenate([sends[j][bounds[i]:bounds[i + 1]] for j in range(3)])
         np.testing.assert_array_equal(got[i], expect)
-    got = _parallel([(lambda i=i: comms[i].allgatherv(sends[i][:counts[i]], counts,
-                                                       _patience())) for i in range(3)])
+    got = _parallel([(lambda i=i: comms[i].allgatherv(
+        sends[i][:counts[i]], np.empty(sum(counts), np.uint8), counts, _patience()).wait())
+        for i in range(3)])
     for g in got:
         np.testing.assert_array_equal(g, np.concatenate([sends[j][:counts[j]]
                                                          for j in range(3)]))
@@ -93,8 +102,8 @@ def test_exchanges(job, nbytes):
 def test_sub_communicator(job):
     _, ts = job
     a, b = ts[0].communicator((0, 2)), ts[2].communicator((0, 2))
-    out = _parallel([lambda: a.allgather(np.array([1, 2], np.uint8), _patience()),
-                     lambda: b.allgather(np.array([3, 4], np.uint8), _patience())])
+    out = _parallel([lambda: _gather(a, np.array([1, 2], np.uint8)),
+                     lambda: _gather(b, np.array([3, 4], np.uint8))])
     assert out[0].tolist() == out[1].tolist() == [[1, 2], [3, 4]]
 
 
@@ -134,8 +143,7 @@ def _chunks(nbytes=100, source=1, **override):
 def _still_serves(ts):
     """A normal exchange still works after refused calls."""
     comms = [t.communicator((0, 1, 2)) for t in ts]
-    _parallel([(lambda i=i: comms[i].allgather(np.full(8, i, np.uint8), _patience()))
-               for i in range(3)])
+    _parallel([(lambda i=i: _gather(comms[i], np.full(8, i, np.uint8))) for i in range(3)])
 
 
 @pytest.mark.parametrize("metadata, needle", [
@@ -265,7 +273,7 @@ def test_silent_instance_aborts_the_job_naming_it(job):
     start = time.monotonic()
     for comm in comms:
         with pytest.raises(PeerLostError, match="instance 1 sent no heartbeat") as info:
-            comm.allgather(np.zeros(4, np.uint8), _patience())
+            _gather(comm, np.zeros(4, np.uint8))
         assert info.value.instance == 1
     assert time.monotonic() - start < 10
 
@@ -281,33 +289,41 @@ def test_abort_reaches_every_instance(job):
         while t is ts[1] and t._failure is None and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(PeerLostError, match=r"instance 2 failed \(exit code 3\)"):
-            t.communicator((0, 1)).allgather(np.zeros(4, np.uint8), _patience())
+            _gather(t.communicator((0, 1)), np.zeros(4, np.uint8))
 
 
-# -- agree_gather: the agreement fused with a small call's data ---------------------------
+# -- agree: the agreement, carrying a small call's data ----------------------------------
+
+def _agree(comm, fingerprint, payloads=None):
+    """``comm.agree`` of ``fingerprint``, carrying this member's of ``payloads`` (every
+    member's, in member order) when given."""
+    if payloads is None:
+        return comm.agree(fingerprint, _patience()).wait()
+    carry = Carry.gathered([p.nbytes for p in payloads])
+    comm.send_buffer(carry)[...] = payloads[comm.rank]
+    return comm.agree(fingerprint, _patience(), carry).wait()
+
 
 @pytest.mark.parametrize("members", [(0, 1), (0, 1, 2)])
-def test_agree_gather_carries_every_members_payload(job, members):
+def test_agree_carries_every_members_payload(job, members):
     _, ts = job
     comms = [ts[m].communicator(members) for m in members]
     payloads = [np.random.default_rng(m).integers(0, 256, 5 + 3 * m, dtype=np.uint8)
                 for m in members]
     for _ in range(3):   # repeated: the exchanges' sequence numbers stay in step
-        got = _parallel([(lambda i=i: comms[i].agree_gather(77, payloads[i], _patience()))
+        got = _parallel([(lambda i=i: _agree(comms[i], 77, payloads))
                          for i in range(len(members))])
         for agreed, blocks in got:
             assert agreed and [b.tobytes() for b in blocks] == [p.tobytes() for p in payloads]
-    got = _parallel([(lambda i=i: comms[i].agree_gather(77, None, _patience()))
-                     for i in range(len(members))])
+    got = _parallel([(lambda i=i: _agree(comms[i], 77)) for i in range(len(members))])
     assert got == [(True, None)] * len(members)
-    got = _parallel([(lambda i=i: comms[i].agree_gather(5 if i == 1 else 6, payloads[i],
-                                                         _patience()))
+    got = _parallel([(lambda i=i: _agree(comms[i], 5 if i == 1 else 6, payloads))
                      for i in range(len(members))])
     assert got == [(False, None)] * len(members)   # every member sees the difference
 
 
-def test_agree_gather_refuses_malformed_blocks_and_large_payloads(job):
-    from collectives.transports.grpc import EAGER_MAX_BYTES, GrpcCommunicator
+def test_agree_refuses_malformed_blocks_and_large_payloads(job):
+    from collectives.transports.grpc import GrpcCommunicator
     block = np.zeros(24, np.uint8)
     block[:16].view("<i8")[:] = (1, 8)
     assert len(GrpcCommunicator._blocks(np.concatenate([block, block]), 2, 1)) == 2
@@ -317,18 +333,18 @@ def test_agree_gather_refuses_malformed_blocks_and_large_payloads(job):
             GrpcCommunicator._blocks(bad, 1, 1)
     _, ts = job
     with pytest.raises(ValueError, match="at most"):
-        ts[0].communicator((0, 1, 2)).agree_gather(
-            1, np.zeros(EAGER_MAX_BYTES + 1, np.uint8), _patience())
+        _agree(ts[0].communicator((0, 1, 2)), 1,
+               [np.zeros(CARRIED_MAX_BYTES + 1, np.uint8)] * 3)
 
 
 def test_agree_refuses_a_message_of_another_size(job):
     """An agreement round takes whatever its peer sends (GrpcCommunicator._round); agree
-    checks it is its 16 bytes ([min, max])."""
+    checks it is one well-formed block ([fingerprint, length | payload])."""
     _, ts = job
-    ts[1].sender.send_small(0, np.zeros(8, np.uint8), "0,1", 0, "agree", _patience())
+    ts[1].sender.send_small(0, np.zeros(8, np.uint8), "0,1", 0, "agree_gather", _patience())
     with pytest.raises(TransportError, match="malformed agreement message from instance 1: "
-                                             "8 bytes, expected 16"):
-        ts[0].communicator((0, 1)).agree(5, _patience())
+                                             "8 bytes for 1 blocks"):
+        _agree(ts[0].communicator((0, 1)), 5)
 
 
 def test_mailbox_admit_claim_checks_then_hands_over_the_posted_buffer():

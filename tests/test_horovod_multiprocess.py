@@ -74,7 +74,7 @@ def test_not_initialized_raises():
 
 
 def test_objects_encoding_is_safe_and_round_trips():
-    from collectives.horovod import _objects
+    from collectives.framework.horovod import _objects
     obj = {"a": [1, 2.5, float("inf")], (1, "k"): b"\x00\xff", None: np.arange(6).reshape(2, 3),
            "s": np.float16(1.5), "t": (True, None)}
     back = _objects.decode(_objects.encode(obj))
@@ -89,7 +89,7 @@ def test_objects_encoding_is_safe_and_round_trips():
 
 
 def test_horovod_scaling_of_integers_truncates_toward_zero():
-    from collectives.horovod._data import scale, split_counts
+    from collectives.framework.horovod._data import scale, split_counts
     np.testing.assert_array_equal(scale(np.array([-3, 3, 5], np.int32), 0.5), [-1, 1, 2])
     assert scale(np.array([1.0], np.float16), 1 / 3).dtype == np.float16
     assert split_counts(7, 3) == [3, 2, 2] and split_counts(2, 4) == [1, 1, 0, 0]
@@ -139,7 +139,7 @@ def test_horovod_torchs_positional_order_and_average(one_rank):
 
 def test_agreement_failures_name_the_rank_and_spare_joined_ranks():
     from collectives import CollectiveArgumentError, CollectiveMismatchError
-    from collectives.horovod._wire import Signature, _failure, error_signature
+    from collectives.framework.horovod._wire import Signature, _failure, error_signature
     ok = Signature("alltoall", {"name": None}, [("float32", [-1])])
     bad = error_signature("alltoall", ValueError("alltoall expects splits to contain 32-bit "
                                                  "integer elements."))

@@ -268,7 +268,7 @@ def test_run_report_and_trace_of_a_replicated_pipeline(tmp_path):
 
     import collectives.run_report as R
     import ipu_node
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
 
     G, R_ = 3, 2
     x, y = data(G * R_ * 2)

@@ -13,7 +13,7 @@ import pytest
 import collectives as C
 import collectives.run_report as R
 from collectives import report_cli
-from collectives._runtime import get_engine
+from collectives._engine.runtime import get_engine
 from collectives.step_model import ModelCard
 from tests.procs import child_env, describe, run
 

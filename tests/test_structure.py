@@ -1,6 +1,8 @@
 """The package layout of DESIGN.md: imports point down, no heavy imports at import time."""
 
 import ast
+import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,11 +131,13 @@ def _reexports(init: Path, package: str) -> dict[str, str]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def _import_graph(package: str) -> dict[str, set[str]]:
     """Module -> the modules of ``package`` it imports anywhere in its body. ``from pkg
     import name`` counts as importing the module that defines ``name`` when the package
     re-exports it; the implicit import of parent packages is not counted (every submodule
-    would otherwise form a cycle with its package's ``__init__``)."""
+    would otherwise form a cycle with its package's ``__init__``). Parsed once per test
+    session (the tests only read it)."""
     paths = {_module_name(p): p for p in (REPO / package).rglob("*.py")}
     exports = {name: _reexports(path, name) for name, path in paths.items()
                if path.name == "__init__.py"}
@@ -187,6 +191,128 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle_inside_a_package(package):
     cycle = _cycle(_import_graph(package))
     assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
+
+
+#: the parts of collectives, each a subpackage (or the leaf types at the top): the part of a
+#: module by its longest prefix
+_PARTS = {"collectives._engine": "engine", "collectives.transports": "transports",
+          "collectives.performance": "performance", "collectives.framework": "framework",
+          "collectives.ipu": "framework", "collectives.ops": "api", "collectives": "api",
+          "collectives.testing": "api"}
+
+#: Public module paths of collectives -> the module whose public names they give: the paths
+#: of the modules that moved into a part (the README's, and those poptorch, the examples,
+#: the benchmarks and the tests import), and TF-IPU's module names. Each is a plain module
+#: that re-exports its home's ``__all__``; no module of collectives imports one.
+COLLECTIVES_PUBLIC_MODULES = {
+    "collectives.strategies": "collectives.framework.strategies",
+    "collectives.strategy_base": "collectives.framework.strategy_base",
+    "collectives.distributed_variables": "collectives.framework.distributed_variables",
+    "collectives.optimizers": "collectives.framework.optimizers",
+    "collectives.horovod": "collectives.framework.horovod",
+    "collectives.cost_model": "collectives.performance.cost_model",
+    "collectives.step_model": "collectives.performance.step_model",
+    "collectives.run_report": "collectives.performance.run_report",
+    "collectives.report_cli": "collectives.performance.report_cli",
+    "collectives.schedules": "collectives.performance.pricing",
+    "collectives.link_flows": "collectives.performance.link_flows",
+    "collectives.ipu_strategy": "collectives.framework.strategies",
+    "collectives.ipu_multi_worker_strategy": "collectives.framework.strategies",
+    "collectives.cross_replica_ops": "collectives",
+    "collectives.all_to_all_op": "collectives",
+    "collectives.reduce_scatter_op": "collectives",
+    "collectives.replication_ops": "collectives",
+    "collectives.ipu.horovod.ipu_horovod_strategy": "collectives.framework.strategies",
+    "collectives.ipu.horovod.ipu_multi_replica_strategy": "collectives.framework.strategies",
+    "collectives.ipu.horovod.popdist_strategy": "collectives.framework.strategies",
+}
+_LEAVES = ("errors", "options", "waiting", "records", "groups", "operators", "gcl_options")
+#: what each part may import (besides itself): imports point down, and a transport reaches
+#: the leaf types without the engine
+_PART_IMPORTS = {
+    "leaf": set(),
+    "transports": {"leaf"},
+    "performance": {"leaf"},
+    "engine": {"leaf", "transports", "performance"},
+    "framework": {"leaf", "transports", "performance", "engine", "api"},
+    "api": {"leaf", "transports", "performance", "engine"},
+}
+
+
+def _part(module: str) -> str:
+    if module.rpartition(".")[2] in _LEAVES and module.count(".") == 1:
+        return "leaf"
+    return next(part for prefix, part in sorted(_PARTS.items(), key=lambda p: -len(p[0]))
+                if module == prefix or module.startswith(prefix + "."))
+
+
+def test_the_parts_of_collectives_import_downwards():
+    wrong = []
+    for module, imported in _import_graph("collectives").items():
+        if module in COLLECTIVES_PUBLIC_MODULES:
+            continue    # (a re-exporting module: for programs, checked below)
+        here = _part(module)
+        for other in imported:
+            if other in COLLECTIVES_PUBLIC_MODULES:
+                wrong.append(f"{module} imports the public path {other}")
+                continue
+            there = _part(other)
+            if there != here and there not in _PART_IMPORTS[here]:
+                wrong.append(f"{module} ({here}) imports {other} ({there})")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("public, home", sorted(COLLECTIVES_PUBLIC_MODULES.items()))
+def test_a_public_module_path_of_collectives_gives_its_modules_names(public, home):
+    """Every old path is a real module (a file: no import hooks) whose public names are its
+    home's own objects; a path that moved gives all of them."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec(public)
+    assert spec is not None and spec.origin and spec.origin.endswith(".py"), public
+    module, code = importlib.import_module(public), importlib.import_module(home)
+    assert module is not code
+    if public.rpartition(".")[2] == home.rpartition(".")[2] or home.endswith(".pricing"):
+        assert sorted(module.__all__) == sorted(code.__all__)
+    shared = [n for n in module.__all__ if n in code.__all__]
+    assert shared, f"{public} gives none of {home}'s names"
+    missing = [n for n in shared if getattr(module, n, None) is not getattr(code, n)]
+    assert not missing, missing
+    assert all(hasattr(module, n) for n in module.__all__)
+
+
+_IMPORT_LINE = re.compile(r"^\s*(?:from\s+(collectives(?:\.\w+)+)\s+import\b|"
+                          r"import\s+(collectives(?:\.\w+)+))", re.M)
+
+
+def test_the_collectives_paths_programs_import_are_pinned():
+    """Every public module of collectives that poptorch, the examples, the benchmarks and the
+    tests import (``import collectives.X``, ``from collectives.X import ...``) is a part's
+    module or one of the pinned public paths above."""
+    homes = set(COLLECTIVES_PUBLIC_MODULES.values())
+    leaves = {f"collectives.{leaf}" for leaf in _LEAVES} | {
+        "collectives.ops", "collectives.testing", "collectives.ipu", "collectives.ipu.horovod"}
+    unpinned = set()
+    for folder in ("poptorch", "popdist", "examples", "benchmarks", "tests"):
+        for path in (REPO / folder).rglob("*.py"):
+            for found in _IMPORT_LINE.findall(path.read_text()):
+                name = found[0] or found[1]
+                parts = name.split(".")
+                if any(p.startswith("_") for p in parts) or name in leaves or \
+                        name in COLLECTIVES_PUBLIC_MODULES or name in homes or \
+                        parts[1] in ("framework", "performance", "transports"):
+                    continue
+                unpinned.add(f"{name} ({path.relative_to(REPO)})")
+    assert not unpinned, sorted(unpinned)
+
+
+def test_no_import_hook_serves_collectives_paths():
+    import collectives
+
+    assert collectives is not None
+    hooks = [f for f in sys.meta_path if type(f).__module__.startswith("collectives")]
+    assert not hooks, hooks
 
 
 def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import ipu_node
-from collectives.descriptor import Descriptor
+from collectives._engine.descriptor import Descriptor
 from collectives.groups import CommGroup, CommGroupType, consecutive
 from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
-from collectives.tree import (block_nodes, node_reduce, split_point, subtrees, tree_reduce,
-                              tree_steps)
+from collectives._engine.tree import (block_nodes, combine_steps, node_reduce, run_steps,
+                              split_point, subtrees, tree_reduce)
 from launch.mpirun import instance_command
 from launch.output import LineTagger
 
@@ -61,7 +61,7 @@ def test_block_nodes_keep_one_partial_per_block_only_where_that_is_the_tree():
 
 
 def test_even_blocks_of_a_power_of_two_need_one_partial_each():
-    # (collectives._eager_reduce._Reduction._nodes skips the look-up for such local counts)
+    # (a power-of-two count of local replicas: each instance's block is one node)
     for m in range(1, 10):
         for L in (1, 2, 4, 8):
             assert block_nodes(m * L, tuple((i * L, (i + 1) * L) for i in range(m))) is None
@@ -96,7 +96,8 @@ def test_node_reduce_does_not_modify_inputs_it_does_not_own():
     items = [np.full(3, float(i)) for i in range(3)]
     copies = [a.copy() for a in items]
     out = node_reduce([(0, 1), (1, 2), (2, 3)], items,
-                      lambda a, b, o: np.add(a, b, out=o) if o is not None else a + b)
+                      lambda a, b, out: np.add(a, b, out=out) if out is not None
+                      else a + b)
     assert np.array_equal(out, np.full(3, 3.0))
     assert all(np.array_equal(a, c) for a, c in zip(items, copies))
 
@@ -104,37 +105,41 @@ def test_node_reduce_does_not_modify_inputs_it_does_not_own():
 def test_tree_reduce_does_not_modify_inputs_it_does_not_own():
     items = [np.full(3, float(i)) for i in range(5)]
     copies = [a.copy() for a in items]
-    out = tree_reduce(items, lambda a, b, o: np.add(a, b, out=o) if o is not None else a + b)
+    out = tree_reduce(items, lambda a, b, out: np.add(a, b, out=out) if out is not None
+                      else a + b)
     assert np.array_equal(out, np.full(3, 10.0))
     assert all(np.array_equal(a, c) for a, c in zip(items, copies))
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 11, 16, 33])
-def test_tree_steps_give_tree_reduce_bit_for_bit(n):
+def test_steps_kept_from_call_to_call_give_tree_reduce_bit_for_bit(n):
     # float16 sums of values of many magnitudes: any other order of combines differs in
-    # the last bits
+    # the last bits. A carried call runs the same steps over the same slots at every call
+    # (its intermediates kept there): twice, the same bytes, its items only read.
     rng = np.random.default_rng(n)
     items = [(rng.standard_normal(64) * 10.0 ** rng.integers(-3, 4)).astype(np.float16)
              for _ in range(n)]
-    expected = tree_reduce(items, lambda a, b, o: np.add(a, b, out=o) if o is not None
-                           else np.add(a, b))
-    steps = tree_steps(n)
-    temps = [np.empty(64, np.float16) for _ in range(1 + max(d for *_, d in steps) - n)]
-    assert len(temps) <= (n - 1).bit_length()  # (at most the tree's depth of them)
-    slots = items + temps
+    expected = tree_reduce(items, lambda a, b, out: np.add(a, b, out=out)
+                           if out is not None else np.add(a, b))
+    steps = combine_steps(tuple((i, i + 1) for i in range(n)))
+    assert len(steps) == n - 1 and steps[-1][2] == -1
+    assert max(d for *_, d in steps) + 1 - n <= (n - 1).bit_length()  # (the tree's depth)
+    slots = list(items)
     copies = [a.copy() for a in items]
-    for a, b, into in steps[:-1]:
-        np.add(slots[a], slots[b], out=slots[into])
-    a, b, _ = steps[-1]
-    got = np.add(slots[a], slots[b])
-    assert got.tobytes() == expected.tobytes()
+    for _ in range(2):
+        got = run_steps(steps, slots, np.add)
+        assert got.tobytes() == expected.tobytes()
     assert all(x.tobytes() == c.tobytes() for x, c in zip(items, copies))  # (read only)
-    assert len(steps) == n - 1
 
 
-def test_tree_steps_need_two_items():
-    with pytest.raises(ValueError, match="tree_steps of 1 items"):
-        tree_steps(1)
+def test_steps_need_nodes_that_cover_the_tree():
+    with pytest.raises(ValueError, match="do not cover"):
+        combine_steps(((1, 2),))
+    with pytest.raises(ValueError, match="not all nodes"):
+        combine_steps(((0, 3), (3, 6)))
+    assert combine_steps(((0, 1),)) == ()
+    assert combine_steps(((0, 1), (1, 2), (2, 3)), (True, False, False)) == (
+        (0, 1, 0), (0, 2, -1))  # (an owned item is written into)
 
 
 @pytest.mark.parametrize("group, members", [

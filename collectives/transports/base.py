@@ -1,237 +1,293 @@
-"""The transport interface the collective algorithms sit on.
+"""The transport seam the collective engine sits on: a :class:`Communicator` of a fixed set of
+instances with four operations, each of which starts at once and returns a handle
+(:class:`Work`, as torch's ``ProcessGroup`` operations return a ``Work`` and mpi4py's
+nonblocking calls a ``Request``), and a record of what it can do beyond them
+(:class:`Capabilities`).
 
 Every buffer is a 1-D ``uint8`` numpy array (raw bytes); the engine reinterprets them with
-the dtype and shape the descriptors agreed on, so nothing is pickled.
+the dtype and shape the descriptors agreed on, so nothing is pickled. The caller owns every
+buffer it passes, result buffers included; a transport writes the bytes it receives into
+them and keeps nothing of them past the operation's :meth:`Work.wait`.
 
-Contract for implementations (local, MPI, gRPC):
+The operations:
 
-* Only one thread of an instance calls a transport at a time (the engine's leader).
-* Every method waits with the :class:`~collectives.waiting.Patience` it is given: poll, then
-  ``patience.backoff()`` (which raises ``CollectiveTimeoutError`` past the timeout) -- never
-  an unbounded blocking call.
-* :meth:`Communicator.allgather` is also the descriptor exchange after a disagreement.
-  While it (or :meth:`Communicator.agree`) waits it must report the members whose data has
-  not arrived with ``patience.waiting_for(members)``, so a stall names the missing instances
-  (MPI does it with point-to-point messages for small all-gathers). The other methods run after every member has
-  arrived (``patience.committed``) and need not report.
+* :meth:`Communicator.agree`: the agreement that precedes every collective, every member's
+  fingerprint compared in O(log P) rounds; the same answer on every member. With a
+  :class:`Carry` (where :attr:`Capabilities.carries`) it also moves a small call's data:
+  every member's payload (``gathered``), or each member's piece of every payload
+  (``indexed``, where :attr:`Capabilities.index_limit_bytes` and :func:`takes_index` say
+  so), which the caller has written into :meth:`Communicator.send_buffer`.
+* :meth:`Communicator.allgatherv`: every member's bytes, concatenated in member order.
+* :meth:`Communicator.alltoallv`: member j's part of every member's bytes.
+* :meth:`Communicator.broadcast`: the root's bytes on every member.
+
+Contract for implementations (local, MPI, gRPC; :mod:`collectives.testing` checks it):
+
+* Only one thread of an instance calls a communicator at a time (the engine's leader).
+* Every wait polls and backs off with the :class:`~collectives.waiting.Patience` its
+  operation was started with (``patience.backoff()``, which raises
+  ``CollectiveTimeoutError`` past the timeout): never an unbounded blocking call.
+* While an agreement, or an all-gather of equal counts of at most
+  :data:`NAMED_GATHER_MAX_BYTES` a member (the descriptors' exchange after a disagreement),
+  waits, it reports the members whose part has not arrived with ``patience.waiting_for``,
+  so a stall names the missing instances. The data operations run after every member has
+  agreed (``patience.committed``) and need not report.
 * Byte counts are exact: a member sends what the others expect to receive.
-* :meth:`Communicator.agree` is the agreement that precedes every collective: one small
-  reduction of a fingerprint, O(log P) in time (MPI: ``MPI_Iallreduce``; gRPC: dissemination
-  rounds). Only when it finds a difference do the members all-gather whole descriptors (to
-  name the op, the replicas and the difference); they all see the same answer, so they all
-  take the same path.
-* :meth:`Communicator.agree_gather` is the same agreement fused with the data of a small
-  call (at most :data:`EAGER_MAX_BYTES` per member): a transport that carries the payload
-  in the agreement's own messages saves the call its data round. The default does not
-  carry it (it agrees, and the caller runs its ordinary algorithm); MPI carries it.
-  :meth:`Communicator.eager_exchange` is its form for a caller that makes the same call
-  again and again: it writes its payload in place, into the transport's own send buffer.
-  :meth:`Communicator.eager_index_exchange` is the same for a payload of one piece per
-  member of which each member needs only its own (a small reduce-scatter or all-to-all):
-  the default all-gathers the payloads; MPI moves each piece towards its member only.
+* ``posted=seq`` (where :attr:`Capabilities.posts`): the operation is call number ``seq``'s
+  data, started before its agreement so that the bytes move while the fingerprints are
+  compared. Its messages carry that call's own mark, so a call that does not agree leaves
+  nothing a later call could take: the caller then calls :meth:`Work.withdraw` instead of
+  :meth:`Work.wait`. Every member whose call agrees passes the same ``posted``; a
+  transport that cannot start it yet starts it at :meth:`Work.wait`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import partial
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
 from collectives.waiting import Patience
 
-#: the most payload bytes per member that :meth:`Communicator.agree_gather` carries; a
-#: caller passes a larger payload never (ipupod assumption, measured on the 2-core VM with
-#: two MPI ranks: a 64 KiB all-gather point-to-point costs about 17 us against 34 us for
-#: MPI_Allreduce of the same bytes, so up to here moving every member's bytes to every
-#: member is cheaper than a second round; the receive buffers are P times this)
-EAGER_MAX_BYTES = 64 << 10
+__all__ = ["AGREE_HEADER_BYTES", "CARRIED_MAX_BYTES", "NAMED_GATHER_MAX_BYTES", "Capabilities",
+           "Carry", "Communicator", "Done", "Transport", "Work", "agree_block_bytes",
+           "index_rounds", "index_sent_bytes", "takes_index"]
 
-#: bytes of the header of an :meth:`Communicator.agree_gather` block on the wire: the
-#: fingerprint and the payload length, int64 each; the payload follows, padded to 8 bytes
+#: the most payload bytes per member an agreement carries (:class:`Carry`); a caller passes
+#: a larger payload never (ipupod assumption: up to here moving every member's bytes to
+#: every member in the agreement is cheaper than a second round, ``benchmarks/thresholds.py
+#: --only carried``; the receive buffers are P times this)
+CARRIED_MAX_BYTES = 64 << 10
+
+#: an all-gather of equal counts of at most this many bytes a member reports who is missing
+#: while it waits (it may be the descriptors' exchange after a disagreement, which runs
+#: before every member is known to have arrived)
+NAMED_GATHER_MAX_BYTES = 64 << 10
+
+#: bytes of the header of an agreement block on the wire: the fingerprint and the payload
+#: length, int64 each; the payload follows, padded to 8 bytes
 AGREE_HEADER_BYTES = 16
 
 
 def agree_block_bytes(payload_bytes: int) -> int:
-    """Bytes of an agree_gather block carrying ``payload_bytes`` (header and padded
+    """Bytes of an agreement block carrying ``payload_bytes`` (header and padded
     payload)."""
     return AGREE_HEADER_BYTES + ((payload_bytes + 7) & -8)
 
 
+def index_rounds(size: int) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Bruck's index rounds among ``size`` members (Bruck et al., "Efficient algorithms for
+    all-to-all communications in multiport message-passing systems", IEEE TPDS 8(11),
+    1997): per round ``(distance, count, slots)``, ``count`` the blocks of the all-gather
+    agreement's round at that distance, ``slots`` the pieces that move in it (increasing;
+    slot ``j`` of member ``r`` starts as its piece for member ``r - j``)."""
+    rounds, dist = [], 1
+    while dist < size:
+        rounds.append((dist, min(dist, size - dist),
+                       tuple(j for j in range(1, size) if j & dist)))
+        dist <<= 1
+    return rounds
+
+
+def takes_index(size: int, piece: int, limit_bytes: int) -> bool:
+    """Whether an agreement among ``size`` members carries pieces of ``piece`` bytes in
+    Bruck's index rounds (:class:`Carry` ``indexed``) rather than gathering the whole
+    payloads: when every index round's message is at most ``limit_bytes`` (a transport's
+    :attr:`Capabilities.index_limit_bytes`; 0: never) and some round of the gathering
+    agreement's is not. The same answer on every member."""
+    if piece <= 0 or limit_bytes <= 0:
+        return False
+    plan = index_rounds(size)
+    payload = agree_block_bytes(size * piece)
+    return all(AGREE_HEADER_BYTES * count + agree_block_bytes(len(slots) * piece)
+               - AGREE_HEADER_BYTES <= limit_bytes for _, count, slots in plan) and any(
+        count * payload > limit_bytes for _, count, _ in plan)
+
+
+def index_sent_bytes(size: int, piece: int) -> int:
+    """Payload bytes a member sends in one indexed agreement among ``size`` members (a piece
+    forwarded counts again; headers not counted): ``piece`` times the slots of every
+    round."""
+    return piece * sum(len(slots) for _, _, slots in index_rounds(size))
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a communicator does beyond the four operations (all off by default).
+
+    Attributes:
+        carries: :meth:`Communicator.agree` carries a :class:`Carry` payload.
+        posts: the data operations take ``posted=seq`` (started before the call's
+            agreement).
+        index_limit_bytes: the agreement carries ``indexed`` payloads where
+            :func:`takes_index` says so with this limit (its messages' largest size); 0:
+            never.
+    """
+
+    carries: bool = False
+    posts: bool = False
+    index_limit_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Carry:
+    """The payload an agreement carries.
+
+    Attributes:
+        sizes: every member's payload bytes, in member order (each at most
+            :data:`CARRIED_MAX_BYTES`; known to every member from the call's descriptor).
+        piece: 0 (``gathered``): every member receives every member's payload. Else
+            (``indexed``): every payload is ``len(sizes)`` pieces of ``piece`` bytes, piece
+            j for member j, and member j receives only its piece of each.
+    """
+
+    sizes: tuple[int, ...]
+    piece: int = 0
+
+    @classmethod
+    def gathered(cls, sizes: Sequence[int]) -> "Carry":
+        return cls(tuple(int(s) for s in sizes))
+
+    @classmethod
+    def indexed(cls, size: int, piece: int) -> "Carry":
+        return cls((size * piece,) * size, piece)
+
+    def sent_bytes(self, rank: int) -> int:
+        """Payload bytes member ``rank`` sends in one agreement (headers not counted): its
+        payload to every other member, or, indexed, its pieces as often as they move
+        (:func:`index_sent_bytes`)."""
+        if self.piece:
+            return index_sent_bytes(len(self.sizes), self.piece)
+        return self.sizes[rank] * (len(self.sizes) - 1)
+
+
+class Work(ABC):
+    """A started operation of a communicator."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def wait(self) -> Any:
+        """Wait for the operation with the patience it was started with; its result (see
+        the operation).
+
+        Raises:
+            CollectiveTimeoutError: past the patience's timeout.
+            PeerLostError: a peer gave up on the job.
+            TransportError: the transport failed (or a peer's message is malformed).
+        """
+
+    @abstractmethod
+    def test(self) -> bool:
+        """Whether the operation has completed (its :meth:`wait` would not wait)."""
+
+    def withdraw(self) -> None:
+        """Give up an operation started with ``posted=`` whose call did not agree (instead of
+        :meth:`wait`): no later call can take its messages. Nothing for any other
+        operation.
+
+        Raises:
+            TransportError: its messages cannot be withdrawn safely (the engine stops).
+        """
+
+
+class Done(Work):
+    """The handle of an operation that completed when it started: ``result`` at once."""
+
+    __slots__ = ("result",)
+
+    def __init__(self, result: Any):
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def test(self) -> bool:
+        return True
+
+
 class Communicator(ABC):
-    """A fixed set of instances that exchange data together.
+    """A fixed set of instances that exchange data together (module docstring).
 
     Attributes:
         members: instance indices, increasing.
         rank: this instance's position in ``members``.
+        capabilities: what it does beyond the operations (:class:`Capabilities`).
     """
 
     members: tuple[int, ...]
     rank: int
+    capabilities: Capabilities = Capabilities()
 
     @property
     def size(self) -> int:
         return len(self.members)
 
-    def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """Whether every member passed the same ``fingerprint`` (an int in ``[0, 2^63)``);
-        the same answer on every member. While it waits it reports the members whose part
-        has not arrived (``patience.waiting_for``), like :meth:`allgather`.
-
-        This default all-gathers the fingerprints (8 bytes per member); transports
-        override it with one reduction whose time grows with log P.
+    def send_buffer(self, carry: Carry) -> np.ndarray:
+        """Where this member writes its payload of ``carry`` before :meth:`agree`
+        (``uint8[carry.sizes[rank]]``; the same memory at every call with an equal carry;
+        MPI hands its agreement's own send buffer, which saves a copy). Only a
+        communicator whose :attr:`Capabilities.carries` has one.
 
         Raises:
-            CollectiveTimeoutError: a member did not arrive within the patience's timeout.
+            NotImplementedError: this communicator carries no payload.
         """
-        mine = np.array([fingerprint], dtype="<i8").view(np.uint8)
-        gathered = self.allgather(mine, patience)
-        return bool((gathered.view("<i8") == fingerprint).all())
+        raise NotImplementedError(f"{type(self).__name__} carries no payload in its "
+                                  "agreement (Capabilities.carries is false)")
 
-    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
-                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
-        """:meth:`agree` fused with an all-gather of a small ``payload``: the agreement and
-        the data of a small call in one exchange (every member must call it, whatever its
-        call: the agreement is the same, with or without payload).
+    def agree(self, fingerprint: int, patience: Patience, carry: Carry | None = None) -> Work:
+        """Whether every member passed the same ``fingerprint`` (an int in ``[0, 2^63)``).
 
         Args:
-            fingerprint: as for :meth:`agree`.
-            payload: this member's bytes (``uint8``, at most :data:`EAGER_MAX_BYTES`), or
-                None: agree only. Members whose fingerprints agree pass a payload alike
-                (all or none; their lengths may differ).
-            patience: as for :meth:`agree`.
+            fingerprint: this member's.
+            patience: the wait; it reports the members whose part has not arrived.
+            carry: the payload to carry (in :meth:`send_buffer`), where
+                :attr:`Capabilities.carries`; None: agree only. Members whose fingerprints
+                agree pass equal carries.
 
         Returns:
-            ``(agreed, blocks)``: ``agreed`` as :meth:`agree` (the same on every member);
-            ``blocks`` every member's payload (``uint8`` arrays in member order, this
-            member's included; views valid until the next call on this communicator), or
-            None: the payload was not carried (no payload, a disagreement, or a transport
-            that does not fuse; this default), so the caller moves the data itself.
+            A :class:`Work` whose result is ``(agreed, blocks)``: ``agreed`` the same on
+            every member; ``blocks`` (when agreed with a carry) every member's payload in
+            member order (``gathered``), or every member's piece for this member
+            (``indexed``), ``uint8`` views valid until the next agreement on this
+            communicator, else None. A communicator may hand the same list again for an
+            equal carry (MPI, while it reuses its agreement's layout): its views then hold
+            that call's payloads (a plan keeps its typed rows of a list it has seen;
+            :mod:`collectives.testing` checks the payloads of a reused agreement).
 
-        Raises:
-            CollectiveTimeoutError: a member did not arrive within the patience's timeout.
+        This default all-gathers the fingerprints (8 bytes a member) and carries nothing;
+        transports override it with rounds whose time grows with log P.
         """
-        return self.agree(fingerprint, patience), None
-
-    def eager_exchange(self, sizes: Sequence[int]) -> tuple[np.ndarray, Callable]:
-        """:meth:`agree_gather` of the same payload sizes at every call, the payload written
-        in place: ``(send, agree)``. ``sizes``: every member's payload bytes, in member
-        order (known to every member from the call's descriptor). The caller writes its
-        payload into ``send`` (``uint8[sizes[rank]]``, the same memory at every call) and
-        calls ``agree(fingerprint, patience) -> (agreed, blocks)`` (as
-        :meth:`agree_gather`; its blocks read only when agreed; a list of blocks handed
-        again, the same object, holds the same views: callers keep views of them). This
-        default keeps ``send`` here and calls :meth:`agree_gather` with it; MPI hands the
-        send buffer of its agreement itself, which saves a copy and a layer a call."""
-        send = np.zeros(sizes[self.rank], np.uint8)
-        return send, partial(_agree_gather_of, self, send)
-
-    def takes_index(self, piece: int) -> bool:
-        """Whether :meth:`eager_index_exchange` of pieces of ``piece`` bytes is faster than
-        :meth:`eager_exchange` of the whole payloads (the same answer on every member; a
-        caller that gets False uses :meth:`eager_exchange`). This default: False (its
-        :meth:`eager_index_exchange` all-gathers the whole payloads, as
-        :meth:`eager_exchange` does)."""
-        return False
-
-    def index_sent_bytes(self, piece: int) -> int:
-        """Payload bytes this member sends in one :meth:`eager_index_exchange` of pieces of
-        ``piece`` bytes (headers not counted, as for :meth:`eager_exchange`: a payload to
-        each other member). This default: its whole payload, ``size * piece``, that many
-        times."""
-        return self.size * piece * (self.size - 1)
-
-    def eager_index_exchange(self, piece: int) -> tuple[np.ndarray, Callable]:
-        """:meth:`eager_exchange` of an all-to-all: ``(send, agree)``. The caller writes one
-        piece of ``piece`` bytes for every member into ``send`` (``uint8[size * piece]``,
-        piece ``j`` for member ``j``; the same memory at every call; ``size * piece`` at
-        most :data:`EAGER_MAX_BYTES`) and calls ``agree(fingerprint, patience) -> (agreed,
-        pieces)``: ``agreed`` as :meth:`agree`, ``pieces[s]`` the piece member ``s`` wrote
-        for this member (``uint8[piece]`` views, valid until the next call on this
-        communicator, read only when agreed; a list handed again, the same object, holds
-        the same views), or None. Members whose fingerprints agree pass the same ``piece``.
-        This default all-gathers every member's whole ``send`` (:meth:`eager_exchange`)
-        and keeps this member's piece of each; MPI sends each piece towards its member
-        only (Bruck's index algorithm, :mod:`collectives.transports.mpi_index`).
-
-        Raises (from ``agree``):
-            CollectiveTimeoutError: as :meth:`agree`.
-        """
-        send, agree = self.eager_exchange((self.size * piece,) * self.size)
-        return send, _PiecesOf(agree, self.rank * piece, piece)
+        mine = np.array([fingerprint], "<i8").view(np.uint8)
+        rows = np.empty(8 * self.size, np.uint8)
+        self.allgatherv(mine, rows, [8] * self.size, patience).wait()
+        return Done((bool((rows.view("<i8") == fingerprint).all()), None))
 
     @abstractmethod
-    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        """Every member's ``send`` (same length on all): ``uint8[size, len(send)]``."""
+    def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: Sequence[int],
+                   patience: Patience, *, posted: int | None = None) -> Work:
+        """Every member's bytes, ``counts[j]`` from member j, concatenated in member order
+        into ``recv`` (``uint8[sum(counts)]``); this member's from ``send`` (copied into
+        its place), or, when ``send`` is None, already in place at ``sum(counts[:rank])``.
+        The :class:`Work`'s result is ``recv``."""
 
     @abstractmethod
-    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None) -> np.ndarray:
-        """Send ``send[displ_j : displ_j + send_counts[j]]`` to member j; receive
-        ``recv_counts[j]`` bytes from member j. Returns the received bytes concatenated in
-        member order: in ``recv[:sum(recv_counts)]`` when given (a scratch buffer the caller
-        reuses; a single member may return ``send`` instead)."""
-
-    def alltoallv_parts(self, send_parts: Sequence[Sequence[np.ndarray]],
-                        recv_parts: Sequence[Sequence[np.ndarray]],
-                        patience: Patience) -> None:
-        """:meth:`alltoallv` of scattered buffers, with no packing by the caller: the uint8
-        arrays ``send_parts[j]`` (in order) go to member j, whose ``recv_parts[rank]`` have
-        the same sizes in the same order; the bytes from member j land in the uint8 arrays
-        ``recv_parts[j]``. This member's own lists are ignored (the caller reads its own
-        parts in place). This default packs, runs :meth:`alltoallv` and unpacks; MPI sends
-        every part as it lies (one message per part)."""
-        me = self.rank
-        empty = np.zeros(0, np.uint8)
-        sends = [empty if j == me or not send_parts[j] else np.concatenate(send_parts[j])
-                 for j in range(self.size)]
-        recv_counts = [0 if j == me else sum(p.nbytes for p in recv_parts[j])
-                       for j in range(self.size)]
-        got = self.alltoallv(np.concatenate(sends) if sends else empty,
-                             [s.nbytes for s in sends], recv_counts, patience)
-        at = 0
-        for j in range(self.size):
-            for part in (() if j == me else recv_parts[j]):
-                part[...] = got[at:at + part.nbytes]
-                at += part.nbytes
-
-    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
-        """:meth:`alltoallv` with equal blocks (``len(send) / size`` bytes to and from every
-        member) into ``recv`` (``uint8[len(send)]``, which the caller allocated for the
-        result): returns ``recv`` filled in (MPI does this) or a new buffer (this default:
-        :meth:`alltoallv`)."""
-        counts = [send.nbytes // self.size] * self.size
-        return self.alltoallv(send, counts, counts, patience)
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        """Send ``send``'s consecutive parts of ``send_counts[j]`` bytes to member j (this
+        member's own part copied); receive ``recv_counts[j]`` bytes from member j, in
+        member order, into ``recv`` (at least ``sum(recv_counts)`` bytes). The
+        :class:`Work`'s result is ``recv[:sum(recv_counts)]``."""
 
     @abstractmethod
-    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
-                   patience: Patience) -> np.ndarray:
-        """Every member's ``send`` (``recv_counts[j]`` bytes from member j), concatenated."""
-
-    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
-                        patience: Patience) -> np.ndarray:
-        """:meth:`allgatherv` with this member's bytes already in place: ``recv`` holds them
-        at offset ``sum(recv_counts[:rank])``. Returns the gathered bytes: ``recv`` filled in
-        (in place, no copy of the own part; MPI does this) or a new buffer (this default)."""
-        start = sum(recv_counts[:self.rank])
-        return self.allgatherv(recv[start:start + recv_counts[self.rank]], recv_counts,
-                               patience)
-
-    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
-                      patience: Patience) -> np.ndarray:
-        """:meth:`allgatherv` into ``recv`` (``uint8[sum(recv_counts)]``, which the caller
-        allocated for the result): returns ``recv`` filled in, with this member's ``send``
-        copied to its place while the others' bytes move (MPI does this), or a new buffer
-        (this default: :meth:`allgatherv`)."""
-        return self.allgatherv(send, recv_counts, patience)
-
-    @abstractmethod
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
-        """Member ``root``'s ``data`` on every member. ``data`` has the same length on every
-        member (its content matters on ``root`` only); returns the root's bytes (may be
-        ``data`` itself, filled in)."""
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        """Member ``root``'s ``data`` into ``data`` on every member (the same length on
+        every member; its content matters on ``root`` only). The :class:`Work`'s result is
+        ``data``."""
 
 
 class Transport(ABC):
@@ -259,35 +315,3 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release the transport's resources."""
-
-
-def _agree_gather_of(comm: Communicator, send: np.ndarray, fingerprint: int,
-                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
-    """``comm.agree_gather(fingerprint, send, patience)`` (the default
-    :meth:`Communicator.eager_exchange`)."""
-    return comm.agree_gather(fingerprint, send, patience)
-
-
-class _PiecesOf:
-    """The ``agree`` of the default :meth:`Communicator.eager_index_exchange`: every
-    member's block of :meth:`~Communicator.eager_exchange`'s ``agree``, cut to this
-    member's piece (bytes ``[at, at + piece)``; the views made again only for other
-    blocks)."""
-
-    __slots__ = ("_agree", "_at", "_piece", "_blocks", "_pieces")
-
-    def __init__(self, agree: Callable, at: int, piece: int):
-        self._agree, self._at, self._piece = agree, at, piece
-        self._blocks: object = None
-        self._pieces: list[np.ndarray] = []
-
-    def __call__(self, fingerprint: int, patience: Patience
-                 ) -> tuple[bool, list[np.ndarray] | None]:
-        agreed, blocks = self._agree(fingerprint, patience)
-        if not agreed or blocks is None:
-            return agreed, None
-        if blocks is not self._blocks:
-            at, end = self._at, self._at + self._piece
-            self._pieces = [b[at:end] for b in blocks]
-            self._blocks = blocks
-        return True, self._pieces

@@ -36,7 +36,7 @@ import grpc
 from collectives.errors import PeerLostError, TransportClosedError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
-from collectives.transports.grpc_communicator import EAGER_MAX_BYTES, GrpcCommunicator
+from collectives.transports.grpc_communicator import GrpcCommunicator
 from collectives.transports.grpc_coordinator import CoordinatorClient, CoordinatorError
 from collectives.transports.grpc_mailbox import Mailbox
 from collectives.transports.grpc_peer import PeerService
@@ -47,7 +47,7 @@ from collectives.waiting import Patience
 from protos import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, server_options
 from protos.guard import TokenInterceptor
 
-__all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator", "GrpcTransport", "HEARTBEAT_INTERVAL_S"]
+__all__ = ["GrpcCommunicator", "GrpcTransport", "HEARTBEAT_INTERVAL_S"]
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,9 @@ sends its tensors (the transport's :meth:`Sender.send_all
 <collectives.transports.grpc_sender.Sender.send_all>`: ring records to same-host peers,
 stream chunks to the others) and waits, in one poll, until every expected tensor arrived
 (reading the shared-memory rings itself). The agreement is dissemination rounds of such
-exchanges (:meth:`GrpcCommunicator.agree`, :meth:`GrpcCommunicator.agree_gather`).
+exchanges (:meth:`GrpcCommunicator.agree`). Every operation completes before it returns
+its handle (a :class:`~collectives.transports.base.Done`): nothing is posted before an
+agreement.
 """
 
 from __future__ import annotations
@@ -17,18 +19,16 @@ from typing import Sequence
 import numpy as np
 
 from collectives.errors import TransportError
-from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES, Communicator,
-                                         agree_block_bytes)
+from collectives.transports.base import (AGREE_HEADER_BYTES, CARRIED_MAX_BYTES, Capabilities,
+                                         Carry, Communicator, Done, Work, agree_block_bytes)
 from collectives.waiting import Patience
 
-__all__ = ["EAGER_MAX_BYTES", "GrpcCommunicator"]
+__all__ = ["GrpcCommunicator"]
 
 
-# EAGER_MAX_BYTES (collectives.transports.base): the most payload bytes per member
-# GrpcCommunicator.agree_gather carries, the one bound every transport and the engine share;
-# its blocks have the base module's format (AGREE_HEADER_BYTES, agree_block_bytes)
-# an agreement message's two little-endian int64 words ([min, max] of agree; the
-# [fingerprint, length] header of an agree_gather block)
+# an agreement block's [fingerprint, length] header: two little-endian int64 words (the
+# blocks have the base module's format: AGREE_HEADER_BYTES, agree_block_bytes; payloads of
+# at most CARRIED_MAX_BYTES, the one bound every transport and the engine share)
 _TWO_WORDS = struct.Struct("<qq")
 
 
@@ -44,66 +44,57 @@ def _split(out: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
 class GrpcCommunicator(Communicator):
     """A communicator of ``members`` over the transport's peer channels."""
 
+    capabilities = Capabilities(carries=True)
+
     def __init__(self, transport: "GrpcTransport", members: tuple[int, ...]):  # noqa: F821
         self._transport = transport
         self.members = members
         self.rank = members.index(transport.process_index)
         self.name = ",".join(str(m) for m in members)
         self._seq = 0
+        self._send_buffers: dict[Carry, np.ndarray] = {}
 
     # -- the operations of the interface ------------------------------------------------
 
-    def agree(self, fingerprint: int, patience: Patience) -> bool:
-        """Dissemination (Bruck, Ho, Kipnis, Upfal, Weathersby 1997): in round k member r
-        sends its running ``[min h, max h]`` (16 bytes) to member ``r + 2^k`` and combines
-        the pair it gets from member ``r - 2^k`` (mod P). After ``ceil(log2 P)`` rounds every
-        member holds the minimum and maximum of all (both idempotent, so the overlaps of a
-        P that is not a power of two do not matter): one message each way for P = 2, two
-        rounds for P = 4, no coordinator. A stall names the member this round waits for."""
-        n, me = self.size, self.rank
-        lo = hi = int(fingerprint)
-        step = 1
-        while step < n:
-            to, source = (me + step) % n, (me - step) % n
-            got = self._round("agree", to, np.array([lo, hi], "<i8").view(np.uint8), source,
-                              patience)
-            if got.size != 16:
-                raise TransportError(f"a malformed agreement message from instance "
-                                     f"{self.members[source]}: {got.size} bytes, expected 16")
-            their_lo, their_hi = _TWO_WORDS.unpack_from(got)
-            lo, hi = min(lo, their_lo), max(hi, their_hi)
-            step *= 2
-        return lo == hi
+    def send_buffer(self, carry: Carry) -> np.ndarray:
+        """A buffer of this communicator's own per carry (its block is made from it)."""
+        if carry.piece:
+            raise NotImplementedError("the gRPC agreement carries no indexed payloads "
+                                      "(Capabilities.index_limit_bytes is 0)")
+        buffer = self._send_buffers.get(carry)
+        if buffer is None:
+            buffer = self._send_buffers[carry] = np.zeros(carry.sizes[self.rank], np.uint8)
+        return buffer
 
-    def agree_gather(self, fingerprint: int, payload: np.ndarray | None,
-                     patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
-        """:meth:`agree` fused with an all-gather of a small ``payload`` (uint8, at most
-        :data:`EAGER_MAX_BYTES`; None: agree only): Bruck's dissemination all-gather of one
-        block per member, ``[fingerprint, length | payload padded to 8 bytes]``. In round
-        k (``2^k < P``) member r sends the first ``min(2^k, P - 2^k)`` blocks it holds to
-        member ``r - 2^k`` and appends those of member ``r + 2^k``: ``ceil(log2 P)`` rounds,
-        one message each, any P; every member sees every fingerprint, so all decide alike.
-        For a small call this is the agreement and the data in one round trip (P = 2: one
-        message each way) instead of two.
+    def agree(self, fingerprint: int, patience: Patience, carry: Carry | None = None) -> Work:
+        """Bruck's dissemination all-gather (Bruck, Ho, Kipnis, Upfal, Weathersby 1997) of
+        one block per member, ``[fingerprint, length | payload padded to 8 bytes]`` (the
+        payload: :meth:`send_buffer`'s of ``carry``, at most :data:`CARRIED_MAX_BYTES`;
+        none without a carry). In round k (``2^k < P``) member r sends the first
+        ``min(2^k, P - 2^k)`` blocks it holds to member ``r - 2^k`` and appends those of
+        member ``r + 2^k``: ``ceil(log2 P)`` rounds, one message each, any P, no
+        coordinator; every member sees every fingerprint, so all decide alike. For a small
+        call this is the agreement and the data in one round trip (P = 2: one message each
+        way) instead of two. A stall names the member a round waits for.
 
         Returns:
-            ``(agreed, blocks)``: ``blocks`` every member's payload in member order (views
-            of buffers of their own), or None when ``payload`` is None or the fingerprints
-            differ.
+            :class:`~collectives.transports.base.Done` of ``(agreed, blocks)``: ``blocks``
+            every member's payload in member order (views of buffers of their own), or None
+            without a carry or when the fingerprints differ.
 
         Raises:
-            ValueError: ``payload`` is larger than :data:`EAGER_MAX_BYTES`.
+            ValueError: a payload larger than :data:`CARRIED_MAX_BYTES`.
             TransportError: a peer's message is malformed (names it).
             CollectiveTimeoutError: a member did not arrive within the patience's timeout.
         """
+        payload = None if carry is None else self.send_buffer(carry)
         n = 0 if payload is None else payload.nbytes
-        if n > EAGER_MAX_BYTES:
-            raise ValueError(f"agree_gather: a payload of {n} bytes; at most "
-                             f"{EAGER_MAX_BYTES}")
+        if n > CARRIED_MAX_BYTES:
+            raise ValueError(f"agree: a payload of {n} bytes; at most {CARRIED_MAX_BYTES}")
         if n:
             mine = np.zeros(agree_block_bytes(n), np.uint8)
             _TWO_WORDS.pack_into(mine, 0, fingerprint, n)
-            mine[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload.reshape(-1).view(np.uint8)
+            mine[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n] = payload
         else:
             mine = np.frombuffer(_TWO_WORDS.pack(fingerprint, 0), np.uint8)
         size, rank, dist = self.size, self.rank, 1
@@ -118,12 +109,12 @@ class GrpcCommunicator(Communicator):
             dist <<= 1
         words = [_TWO_WORDS.unpack_from(block) for block in blocks]
         if any(w[0] != fingerprint for w in words):
-            return False, None
-        if payload is None:
-            return True, None
+            return Done((False, None))
+        if carry is None:
+            return Done((True, None))
         order = [(j - rank) % size for j in range(size)]  # member j's block
-        return True, [blocks[i][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + words[i][1]]
-                      for i in order]
+        return Done((True, [blocks[i][AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + words[i][1]]
+                            for i in order]))
 
     def _round(self, op: str, to: int, data: np.ndarray, source: int,
                patience: Patience) -> np.ndarray:
@@ -160,7 +151,7 @@ class GrpcCommunicator(Communicator):
 
     @staticmethod
     def _blocks(got: np.ndarray, count: int, source: int) -> list[np.ndarray]:
-        """The ``count`` blocks of an :meth:`agree_gather` message from instance ``source``.
+        """The ``count`` blocks of an agreement message (:meth:`agree`) from instance ``source``.
 
         Raises:
             TransportError: the message is not ``count`` well-formed blocks.
@@ -170,7 +161,7 @@ class GrpcCommunicator(Communicator):
             length = -1 if at + AGREE_HEADER_BYTES > got.size else \
                 _TWO_WORDS.unpack_from(got, at)[1]
             end = at + agree_block_bytes(max(length, 0))
-            if not 0 <= length <= EAGER_MAX_BYTES or end > got.size:
+            if not 0 <= length <= CARRIED_MAX_BYTES or end > got.size:
                 raise TransportError(f"a malformed agreement message from instance {source}: "
                                      f"{got.size} bytes for {count} blocks")
             blocks.append(got[at:end])
@@ -180,62 +171,39 @@ class GrpcCommunicator(Communicator):
                                  f"{got.size} bytes for {count} blocks")
         return blocks
 
-    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        out = np.empty((self.size, send.size), np.uint8)
-        self._exchange("allgather", [send] * self.size, list(out), patience)
-        return out
+    def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: Sequence[int],
+                   patience: Patience, *, posted: int | None = None) -> Work:
+        """The others' bytes straight into ``recv`` around this member's (copied there from
+        ``send``; none when ``send`` is None: already in place)."""
+        outs = _split(recv, counts)
+        if send is None:
+            self._exchange("allgatherv", [outs[self.rank]] * self.size, outs, patience,
+                           own_in_place=True)
+            return Done(recv)
+        if send.size != counts[self.rank]:
+            raise ValueError(f"allgatherv: sending {send.size} bytes, but counts says "
+                             f"{counts[self.rank]} for this member")
+        self._exchange("allgatherv", [send] * self.size, outs, patience)
+        return Done(recv)
 
-    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], patience: Patience,
-                  recv: np.ndarray | None = None) -> np.ndarray:
-        total = int(sum(recv_counts))
-        out = np.empty(total, np.uint8) if recv is None else recv[:total]
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        out = recv[:int(sum(recv_counts))]
         self._exchange("alltoallv", _split(send, send_counts), _split(out, recv_counts),
                        patience)
-        return out
+        return Done(out)
 
-    def alltoall_to(self, send: np.ndarray, recv: np.ndarray, patience: Patience) -> np.ndarray:
-        """Equal blocks, received straight into ``recv`` (returned)."""
-        counts = [send.nbytes // self.size] * self.size
-        self._exchange("alltoallv", _split(send, counts), _split(recv, counts), patience)
-        return recv
-
-    def allgatherv_into(self, recv: np.ndarray, recv_counts: Sequence[int],
-                        patience: Patience) -> np.ndarray:
-        """The others' bytes straight into ``recv`` around this member's (no copy of the
-        own part, no new buffer); returns ``recv``."""
-        outs = _split(recv, recv_counts)
-        self._exchange("allgatherv", [outs[self.rank]] * self.size, outs, patience,
-                       own_in_place=True)
-        return recv
-
-    def allgatherv_to(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
-                      patience: Patience) -> np.ndarray:
-        """:meth:`allgatherv` straight into ``recv`` (returned)."""
-        if send.size != recv_counts[self.rank]:
-            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
-                             f"{recv_counts[self.rank]} for this member")
-        self._exchange("allgatherv", [send] * self.size, _split(recv, recv_counts), patience)
-        return recv
-
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
-        """The root sends to every member; the others receive into ``data`` (returned)."""
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        """The root sends to every member; the others receive into ``data``."""
         empty = np.empty(0, np.uint8)
         if self.rank == root:
             self._exchange("broadcast", [data] * self.size, [empty] * self.size, patience)
-            return data
+            return Done(data)
         self._exchange("broadcast", [empty] * self.size,
                        [data if j == root else empty for j in range(self.size)], patience)
-        return data
-
-    def allgatherv(self, send: np.ndarray, recv_counts: Sequence[int],
-                   patience: Patience) -> np.ndarray:
-        if send.size != recv_counts[self.rank]:
-            raise ValueError(f"allgatherv: sending {send.size} bytes, but recv_counts says "
-                             f"{recv_counts[self.rank]} for this member")
-        out = np.empty(int(sum(recv_counts)), np.uint8)
-        self._exchange("allgatherv", [send] * self.size, _split(out, recv_counts), patience)
-        return out
+        return Done(data)
 
     # -- the exchange -------------------------------------------------------------------
 

@@ -6,26 +6,32 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives.transports.base import Communicator, Transport
+from collectives.transports.base import Communicator, Done, Transport, Work
 from collectives.waiting import Patience
 
 
 class _SelfCommunicator(Communicator):
+    """The communicator of the one instance: every operation copies this member's own
+    bytes where the others' would go (there are none)."""
+
     members = (0,)
     rank = 0
 
-    def allgather(self, send: np.ndarray, patience: Patience) -> np.ndarray:
-        return send.reshape(1, -1)
+    def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: Sequence[int],
+                   patience: Patience, *, posted: int | None = None) -> Work:
+        if send is not None:
+            recv[:send.nbytes] = send
+        return Done(recv)
 
-    def alltoallv(self, send, send_counts: Sequence[int], recv_counts: Sequence[int],
-                  patience: Patience, recv: np.ndarray | None = None) -> np.ndarray:
-        return send
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        recv[:send_counts[0]] = send[:send_counts[0]]
+        return Done(recv[:recv_counts[0]])
 
-    def allgatherv(self, send, recv_counts: Sequence[int], patience: Patience) -> np.ndarray:
-        return send
-
-    def broadcast(self, data: np.ndarray, root: int, patience: Patience) -> np.ndarray:
-        return data
+    def broadcast(self, data: np.ndarray, root: int, patience: Patience, *,
+                  posted: int | None = None) -> Work:
+        return Done(data)
 
 
 class LocalTransport(Transport):

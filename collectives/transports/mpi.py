@@ -8,7 +8,7 @@ missing peer into a timeout instead of a hang:
 * **agreement**: before its data, a call's descriptors are agreed by a dissemination
   all-gather of ``[h, length | payload]`` blocks (``h`` the descriptor's fingerprint),
   ``ceil(log2 P)`` rounds of point-to-point messages
-  (:mod:`collectives.transports.mpi_agreement`). A small call (at most ``EAGER_MAX_BYTES``
+  (:mod:`collectives.transports.mpi_agreement`). A small call (at most ``CARRIED_MAX_BYTES``
   per instance) carries its data in those blocks, so it costs one exchange in all; a large
   one sends its header alone and moves its data afterwards. Whole descriptors are
   exchanged only when the fingerprints differ (to name the difference).
@@ -19,10 +19,10 @@ missing peer into a timeout instead of a hang:
   one of a subset of the instances by ``MPI_Comm_create_group`` only after its members
   have all announced themselves point-to-point (waited for with the timeout), so it never
   waits for a peer that has not arrived.
-* **data posted early**: on a communicator of three or more members, a large
-  point-to-point call of an instance with one replica posts its receives and sends before
-  its agreement, under a tag of its own call, withdrawn when the call does not agree
-  (:mod:`collectives.transports.mpi_early`).
+* **data posted before the agreement**: on a communicator of three or more members, a
+  large point-to-point operation may post its receives and sends before its call's
+  agreement, under a tag of its own call, withdrawn when the call does not agree
+  (:mod:`collectives.transports.mpi_work`).
 * **giving up**: an instance that times out or fails (:meth:`MPITransport.abandon`) sends a
   notice to every other instance (on ``COMM_WORLD``, tag ``_TAG_NOTICE``); a peer sees it in its next
   wait (or at the end of an agreement) and raises ``PeerLostError`` naming that instance,
@@ -60,8 +60,7 @@ from collectives.transports.base import Communicator, Transport
 from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
 from collectives.transports.mpi_waits import cancel as _cancel
 from collectives.transports.mpi_communicator import MPICommunicator
-from collectives.transports.mpi_early import (EARLY_MIN_MEMBERS, EARLY_TAG_MAX, WITHDRAW_S,
-                                              finished)
+from collectives.transports.mpi_work import POSTED_TAG_MAX, WITHDRAW_S, finished
 from collectives.waiting import Patience
 from protos import mpi_notice
 
@@ -135,12 +134,10 @@ class MPITransport(Transport):
         atexit.register(self._stop_listening)  # (before mpi4py's MPI_Finalize: LIFO)
         _at_program_end(self.program_ended)
         self._comms: dict[tuple[int, ...], MPICommunicator] = {}
-        #: whether communicators of this job may post large calls before their agreement
-        #: (mpi_early: EARLY_MIN_MEMBERS instances or more, and MPI_TAG_UB reaches its tags)
-        self.posts_early = (process_count >= EARLY_MIN_MEMBERS
-                            and world.Get_attr(MPI.TAG_UB) >= EARLY_TAG_MAX)
-        #: (requests, buffers) of data posted early for calls that did not agree
-        #: (EarlyCall.withdraw), kept until they finish (sweep_orphans) or the end
+        # whether MPI_TAG_UB reaches the tags of data posted before an agreement (mpi_work)
+        self._posted_tags = world.Get_attr(MPI.TAG_UB) >= POSTED_TAG_MAX
+        #: (requests, buffers) of data posted before the agreement of calls that did not
+        #: agree (Messages.withdraw), kept until they finish (sweep_orphans) or the end
         self.orphans: list = []
 
     # -- waiting ----------------------------------------------------------------------------
@@ -271,7 +268,8 @@ class MPITransport(Transport):
             else:
                 def make(patience: Patience, members=members):
                     return self._sub_communicator(members, patience)
-            comm = self._comms[members] = MPICommunicator(self, members, make)
+            comm = self._comms[members] = MPICommunicator(self, members, make,
+                                                          self._posted_tags)
         return comm
 
     def _job_communicator(self, patience: Patience):

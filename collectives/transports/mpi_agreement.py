@@ -8,7 +8,7 @@ k (``2^k < P``) a member sends the first ``min(2^k, P - 2^k)`` blocks it holds t
 ``rank - 2^k`` and appends those of member ``rank + 2^k``. Any P; O(log P) rounds; and since
 every member sees every fingerprint, every member decides alike whether the call agrees.
 
-A small call (at most ``EAGER_MAX_BYTES`` per member) carries its data in its block, so its
+A small call (at most ``CARRIED_MAX_BYTES`` per member) carries its data in its block, so its
 agreement *is* its data exchange; a large one sends its header alone and moves its data
 afterwards. Receives go into buffers sized for the largest block of every member, so a peer
 that called something else (another size, another op, a large call, the end of its
@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import TransportError
-from collectives.transports.base import (AGREE_HEADER_BYTES, EAGER_MAX_BYTES,
+from collectives.transports.base import (AGREE_HEADER_BYTES, CARRIED_MAX_BYTES,
                                          agree_block_bytes)
 from collectives.transports.mpi_waits import NOTICE_POLLS, RoundWaits
 from collectives.waiting import Patience
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 #: the rounds of an agreement use tags TAG_ROUND + round
 TAG_ROUND = 0x1A40
 #: the most bytes of one block (header and padded payload)
-_BLOCK_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
+_BLOCK_CAPACITY = agree_block_bytes(CARRIED_MAX_BYTES)
 #: the most payload sizes whose agreement layout a communicator keeps (:class:`_Layout`)
 _MAX_LAYOUTS = 64
 
@@ -59,7 +59,7 @@ def read_blocks(words: memoryview, at: int, limit: int, count: int, sender: int
     blocks, start = [], at
     for _ in range(count):
         length = int(words[(at >> 3) + 1]) if at + AGREE_HEADER_BYTES <= limit else -1
-        if not 0 <= length <= EAGER_MAX_BYTES or at + agree_block_bytes(length) > limit:
+        if not 0 <= length <= CARRIED_MAX_BYTES or at + agree_block_bytes(length) > limit:
             break
         blocks.append((at, length))
         at += agree_block_bytes(length)
@@ -129,9 +129,11 @@ class Rounds:
 
     def agree_gather(self, comm, fingerprint: int, payload: np.ndarray | None,
                      patience: Patience) -> tuple[bool, list[np.ndarray] | None]:
-        """:meth:`Communicator.agree_gather
-        <collectives.transports.base.Communicator.agree_gather>` on the mpi4py ``comm``
-        (the same one at every call). Then the notices of peers that gave up are looked at,
+        """The agreement of :meth:`Communicator.agree
+        <collectives.transports.base.Communicator.agree>`, every member's ``payload`` (or
+        none) in its block, on the mpi4py ``comm`` (the same one at every call):
+        ``(agreed, blocks)``, the blocks (every member's payload, in member order) when
+        agreed with a payload, else None. Then the notices of peers that gave up are looked at,
         so a late member never goes on with a call its peer abandoned.
 
         Raises:
@@ -148,7 +150,7 @@ class Rounds:
 
     def send_area(self, n: int) -> np.ndarray:
         """Where this member's payload of ``n`` bytes goes (``uint8[n]``, the same memory
-        at every call, at most ``EAGER_MAX_BYTES``): a caller that writes it there itself
+        at every call, at most ``CARRIED_MAX_BYTES``): a caller that writes it there itself
         calls :meth:`agree_sent`."""
         buf = (self._buffers or self._allocate())[0]
         return buf[AGREE_HEADER_BYTES:AGREE_HEADER_BYTES + n]
@@ -158,7 +160,7 @@ class Rounds:
         """:meth:`agree_gather` of the ``sizes[rank]`` payload bytes already in
         :meth:`send_area`; ``(agreed, blocks)``, the blocks as there (read them only when
         agreed). ``sizes``: every member's payload bytes as the caller expects them (an
-        eager call knows them from its descriptor: a broadcast's root sends its value, the
+        carried call knows them from its descriptor: a broadcast's root sends its value, the
         others nothing), which picks the layout to reuse (:class:`_Layout`); when they
         differ, the call takes the general loop.
 
@@ -241,7 +243,7 @@ class Rounds:
 
     def buffers(self) -> tuple[np.ndarray, memoryview]:
         """The receive buffer (``uint8``, room for every member's block at its largest:
-        ``len(members) * agree_block_bytes(EAGER_MAX_BYTES)``) and its int64 words (a
+        ``len(members) * agree_block_bytes(CARRIED_MAX_BYTES)``) and its int64 words (a
         memoryview), shared by every agreement of this communicator."""
         if self._words is None:
             self._allocate()

@@ -38,42 +38,30 @@ import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import TransportError
-from collectives.transports.base import AGREE_HEADER_BYTES, EAGER_MAX_BYTES, agree_block_bytes
+from collectives.transports.base import (AGREE_HEADER_BYTES, CARRIED_MAX_BYTES,
+                                         agree_block_bytes, index_rounds, index_sent_bytes,
+                                         takes_index)
 from collectives.transports.mpi_agreement import TAG_ROUND, Rounds, read_blocks
 from collectives.waiting import Patience
 
-__all__ = ["EAGER_LIMIT_BYTES", "IndexRounds", "index_rounds"]
+__all__ = ["EAGER_LIMIT_BYTES", "IndexRounds"]
 
 logger = logging.getLogger(__name__)
 
 #: the most bytes of a message that MPICH sends without waiting for its receiver (its
 #: eager limit, ch4 over UCX: a step measured between 8100 and 8200 bytes; past it a
-#: message waits for its receiver, rendezvous); :meth:`IndexRounds.takes` reads it.
-#: Measured at 4 instances on the 2-core VM, the agreement alone (40 interleaved rounds of
-#: 50 calls; all-gather / index, us a call): payloads of 4, 8, 12 KiB 31.5 / 19.0, 45.2 /
-#: 19.3, 48.6 / 20.3 (index rounds within the limit); 16, 32, 64 KiB 74.6 / 85.3, 97.5 /
-#: 106.2, 124.9 / 121.8 (index rounds past it, packed into a buffer: the all-gather's
-#: fewer, larger rendezvous messages were as fast or faster). ipupod assumption: 8 KiB,
-#: below that step.
+#: message waits for its receiver, rendezvous); the MPI communicator's
+#: ``Capabilities.index_limit_bytes`` (:func:`~collectives.transports.base.takes_index`).
+#: Index rounds past it were as slow as the all-gather's fewer, larger messages
+#: (``benchmarks/thresholds.py -n 4 --only indexed`` times both sides). ipupod assumption:
+#: 8 KiB, below that step.
 EAGER_LIMIT_BYTES = 8 << 10
 #: the most piece sizes whose persistent requests and datatypes a communicator keeps (the
 #: oldest freed first; made again when used again); as the all-gather's layouts
 _MAX_LAYOUTS = 64
 #: bytes of every block at its largest (the all-gather's receive regions hold this many per
 #: block of a round)
-_CAPACITY = agree_block_bytes(EAGER_MAX_BYTES)
-
-
-def index_rounds(size: int) -> list[tuple[int, int, tuple[int, ...]]]:
-    """Bruck's index rounds among ``size`` members: per round ``(distance, count, slots)``,
-    ``count`` the blocks of the all-gather's round, ``slots`` the slots that move in it
-    (increasing)."""
-    rounds, dist = [], 1
-    while dist < size:
-        rounds.append((dist, min(dist, size - dist),
-                       tuple(j for j in range(1, size) if j & dist)))
-        dist <<= 1
-    return rounds
+_CAPACITY = agree_block_bytes(CARRIED_MAX_BYTES)
 
 
 class _Layout:
@@ -135,22 +123,17 @@ class IndexRounds:
         self._layouts: dict[int, _Layout] = {}
 
     def takes(self, piece: int) -> bool:
-        """Whether pieces of ``piece`` bytes go by this agreement (the same answer on every
-        member): when every round's message is at most :data:`EAGER_LIMIT_BYTES`
-        (MPICH's eager limit) and some round of the all-gather agreement of the whole
-        payloads is not. Where the all-gather's rounds are within it too, it was as fast
-        or faster (the same measurements: 2 instances, 4 KiB payloads, all-gather / index
-        2.5 / 2.8 us; 3 instances, 3 and 6 KiB, 18.4 / 19.3 and 19.1 / 21.5 us)."""
-        payload = agree_block_bytes(self._size * piece)
-        return piece > 0 and all(
-            AGREE_HEADER_BYTES * count + agree_block_bytes(len(slots) * piece)
-            - AGREE_HEADER_BYTES <= EAGER_LIMIT_BYTES for _, count, slots in self._plan
-        ) and any(count * payload > EAGER_LIMIT_BYTES for _, count, _ in self._plan)
+        """:func:`~collectives.transports.base.takes_index` of pieces of ``piece`` bytes with
+        MPICH's eager limit (:data:`EAGER_LIMIT_BYTES`): where every round's message stays
+        within it and some round of the all-gather agreement of the whole payloads does
+        not. Where the all-gather's rounds are within it too, it was as fast or faster
+        (``benchmarks/thresholds.py --only indexed``)."""
+        return takes_index(self._size, piece, EAGER_LIMIT_BYTES)
 
     def sent_bytes(self, piece: int) -> int:
-        """Bytes of pieces this member sends in one agreement (a piece forwarded counts
-        again; headers not counted): ``piece`` times the slots of every round."""
-        return piece * sum(len(slots) for _, _, slots in self._plan)
+        """Bytes of pieces this member sends in one agreement
+        (:func:`~collectives.transports.base.index_sent_bytes`)."""
+        return index_sent_bytes(self._size, piece)
 
     def send_buffer(self, piece: int) -> np.ndarray:
         """Where this member writes its pieces of ``piece`` bytes each (``uint8[P *
@@ -289,4 +272,3 @@ class IndexRounds:
                 "an agreement whose fingerprints agree but whose pieces did not arrive as "
                 "sent (a peer that is not this version of ipupod?)")
         return False, None
-

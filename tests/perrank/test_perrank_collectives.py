@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives.tree import block_nodes
+from collectives._engine.tree import block_nodes
 from poprun import popdist
 from tests.collective_cases import Case, all_cases, assert_same, oracle, run_case
 from tests.collective_cases import check_cases
@@ -135,19 +135,19 @@ def test_instance_index_environment():
     assert int(os.environ["POPDIST_NUM_TOTAL_REPLICAS"]) % popdist.getNumInstances() == 0
 
 
-# -- the eager path (collectives._eager): small calls move their data in the agreement ----
+# -- carried calls (collectives._engine.plan): small calls move their data in the agreement ----
 
-def _ordinary_path(engine, on: bool) -> None:
-    """Make every small call take the ordinary path (``on``) or the eager one again; the
-    one-replica path's plans are made anew."""
-    from collectives import _eager
-    from collectives.transports.base import EAGER_MAX_BYTES
-    _eager.EAGER_MAX_BYTES = -1 if on else EAGER_MAX_BYTES
+def _exchanged(engine, on: bool) -> None:
+    """Make every small call exchange its data after its agreement (``on``) or carry it
+    again; the plans are made anew."""
+    from collectives._engine import plan as _plan
+    from collectives.transports.base import CARRIED_MAX_BYTES
+    _plan.CARRIED_MAX_BYTES = -1 if on else CARRIED_MAX_BYTES
     engine.forget_plans()
 
 
-def test_eager_results_are_the_ordinary_paths_bit_for_bit(strategy):
-    from collectives._runtime import get_engine
+def test_carried_results_are_the_exchanged_ones_bit_for_bit(strategy):
+    from collectives._engine.runtime import get_engine
     R = strategy.num_replicas_in_sync
     ALL = C.CommGroup()
     # and what all_cases lacks: 0-d values, 3-D values, an all_to_all along dimension 0 only
@@ -168,20 +168,20 @@ def test_eager_results_are_the_ordinary_paths_bit_for_bit(strategy):
         r = int(C.replication_index())
         return [run_case(case, r) for case in cases]
 
-    before = engine.eager_calls
-    eager = strategy.run(step)
-    assert engine.eager_calls > before  # (calls with op LOCAL are never eager)
-    _ordinary_path(engine, True)
+    before = engine.carried_calls
+    carried = strategy.run(step)
+    assert engine.carried_calls > before  # (calls with op LOCAL are never carried)
+    _exchanged(engine, True)
     try:
-        before = engine.eager_calls
-        ordinary = strategy.run(step)
-        assert engine.eager_calls == before
+        before = engine.carried_calls
+        exchanged = strategy.run(step)
+        assert engine.carried_calls == before
     finally:
-        _ordinary_path(engine, False)
-    for local, (got, want) in enumerate(zip(eager, ordinary)):
+        _exchanged(engine, False)
+    for local, (got, want) in enumerate(zip(carried, exchanged)):
         r = popdist.getReplicaIndexOffset() + local
         for case, a, b in zip(cases, got, want):
-            assert_same(a, b, f"{case.key} on replica {r}: eager vs ordinary")
+            assert_same(a, b, f"{case.key} on replica {r}: carried vs exchanged")
             assert_same(a, oracle(case, r, R), f"{case.key} on replica {r}")
 
 
@@ -194,7 +194,7 @@ def test_a_small_call_against_a_large_one_or_another_op_raises_everywhere(strate
         try:
             if r != last:
                 C.cross_replica_sum(np.ones(4, np.float32), name="small")
-            elif other == "large":  # 128 KiB: not eager
+            elif other == "large":  # 128 KiB: not carried
                 C.cross_replica_sum(np.ones(1 << 15, np.float32), name="small")
             else:
                 C.all_gather(np.ones(4, np.float32), name="small")
@@ -270,7 +270,7 @@ def test_an_index_call_against_another_call_raises_everywhere(strategy, other):
                 C.cross_replica_sum(x, name="idx")
             elif other == "all_to_all":
                 C.all_to_all(x, 0, 0, name="idx")
-            else:  # 256 KiB: not eager
+            else:  # 256 KiB: not carried
                 C.reduce_scatter(np.full(count * 22, r, np.float32), name="idx")
         except C.CollectiveMismatchError as exc:
             return str(exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import collectives as C
-from collectives import _exchange
+from collectives._engine import exchange as _exchange
 from poprun import popdist
 from tests.collective_cases import ALL, Case, check_cases
 

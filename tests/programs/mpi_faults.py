@@ -45,13 +45,13 @@ def _forge(length: int) -> None:
     """Instance 2's part of MODE ``forged-round`` (module docstring)."""
     from mpi4py import MPI
 
-    from collectives._runtime import get_engine
+    from collectives._engine.runtime import get_engine
     from collectives.transports import mpi_agreement
 
     engine = get_engine()
     members = tuple(range(engine.transport.process_count))
-    comm = engine.transport.communicator(members)._ready(
-        engine.data_patience(_Label(), members))
+    comm = engine.transport.communicator(members).ready(
+        engine.data_patience("forged agreement", members))
     tag = mpi_agreement.TAG_ROUND
     block = np.zeros(mpi_agreement._BLOCK_CAPACITY, np.uint8)
     status = MPI.Status()
@@ -64,10 +64,6 @@ def _forge(length: int) -> None:
     words[1] = length  # the first block's payload length
     comm.Send([forged, MPI.BYTE], 0, tag + 1)  # round 2: "two blocks" to instance 0
     print("RESULT forged", flush=True)
-
-
-class _Label:
-    label = "forged agreement"
 
 
 def main(mode: str) -> int:

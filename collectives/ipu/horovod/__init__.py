@@ -1,11 +1,11 @@
 """``tensorflow.python.ipu.horovod`` as the seeds give it (seed 004:2069-2104): TF-IPU's
-pared-down Horovod, with TF-IPU's signatures, over :mod:`collectives.horovod`.
+pared-down Horovod, with TF-IPU's signatures, over :mod:`collectives.framework.horovod`.
 
     from collectives.ipu import horovod as hvd      # TF-IPU: from tensorflow.python.ipu
     hvd.init()                                      #         import horovod as hvd
     hvd.allreduce(grads, op=hvd.Sum)
 
-The path mirrors TF-IPU's ``ipu.horovod`` (``collectives.horovod`` already is
+The path mirrors TF-IPU's ``ipu.horovod`` (``collectives.framework.horovod`` already is
 horovod.torch's API, whose ``allreduce`` takes ``average``, ``name``, ``compression``...
 first: a TF-IPU program's positional ``allreduce(tensor, op)`` would land on ``average``
 there). The strategies live where TF-IPU keeps them:
@@ -19,8 +19,8 @@ tensors too); results are new numpy arrays (torch tensors for torch inputs).
 
 from __future__ import annotations
 
-from collectives import horovod as _hvd
-from collectives.horovod import (Adasum, Average, Sum, ccl_built, ddl_built, gloo_built,
+from collectives.framework import horovod as _hvd
+from collectives.framework.horovod import (Adasum, Average, Sum, ccl_built, ddl_built, gloo_built,
                                  gloo_enabled, init, is_homogeneous, local_rank, local_size,
                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                  rank, shutdown, size)
@@ -45,7 +45,7 @@ def allreduce(tensor, op=None):
     Raises:
         NotImplementedError: ``op=Adasum`` (TF-IPU's "The Adasum reduction is not
             implemented.").
-        ValueError, CollectiveMismatchError: as :func:`collectives.horovod.allreduce`.
+        ValueError, CollectiveMismatchError: as :func:`collectives.framework.horovod.allreduce`.
     """
     if op == Adasum:
         raise NotImplementedError("The Adasum reduction is not implemented.")

@@ -1,7 +1,7 @@
 """``tensorflow.python.ipu.horovod.ipu_horovod_strategy`` (seed 004:2106):
-:class:`collectives.strategies.IPUHorovodStrategy` under TF-IPU's module path."""
+:class:`collectives.framework.strategies.IPUHorovodStrategy` under TF-IPU's module path."""
 
-from collectives.strategies import IPUHorovodStrategy
+from collectives.framework.strategies import IPUHorovodStrategy
 
 IPUHorovodStrategyV1 = IPUHorovodStrategy
 

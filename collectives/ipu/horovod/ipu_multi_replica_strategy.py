@@ -1,7 +1,7 @@
 """``tensorflow.python.ipu.horovod.ipu_multi_replica_strategy`` (seed 004:2188):
-:class:`collectives.strategies.IPUMultiReplicaStrategy` under TF-IPU's module path."""
+:class:`collectives.framework.strategies.IPUMultiReplicaStrategy` under TF-IPU's module path."""
 
-from collectives.strategies import IPUMultiReplicaStrategy
+from collectives.framework.strategies import IPUMultiReplicaStrategy
 
 IPUMultiReplicaStrategyV1 = IPUMultiReplicaStrategy
 

@@ -1,0 +1,440 @@
+"""The whole-step model: how long one training step takes on a POD, and why.
+
+Plain Python data, usable without running anything: a :class:`ModelCard` (what the model
+is), a :class:`StepConfig` (how it is laid out on which POD), :func:`predict` (the
+:class:`StepEstimate`) and :func:`what_if` (the same step on another configuration).
+Hardware numbers come from :mod:`ipu_node.chips` (datasheets) and the collective cost model
+(:mod:`collectives.performance.cost_model`); nothing is fitted to measured throughput. Times are
+modelled seconds (what the real POD would take).
+
+**The step** of one replica: ``gradient_accumulation`` micro-batches of ``micro_batch``
+items, then one all-reduce of the gradients and one weight update:
+
+* ``compute``: ``gradient_accumulation`` micro-batches on the slowest pipeline stage:
+  ``share_j * flops_per_item * micro_batch / (peak(dtype) * efficiency)`` for stage ``j``
+  on its own IPU (``stage_shares``; one stage: the whole replica on one IPU). ``dtype`` is
+  the card's ``grad_dtype`` (float16 models compute in FP16.16).
+* ``bubble``: the pipeline's ramp-up and ramp-down, ``(stages - 1)`` slowest-stage
+  micro-batches (a grouped pipeline, TF-IPU's ``Grouped`` schedule); 0 without pipelining.
+* ``allreduce``: the gradients (``params * itemsize(grad_dtype)``) summed over the
+  replicas, each stage's share on its own IPU at once
+  (:meth:`~collectives.performance.cost_model.HardwareCostModel.estimate_shares`), the cheapest
+  schedule the cost model knows (``auto``). Not overlapped with compute: with gradient
+  accumulation it runs once, after the last micro-batch.
+* ``weight_update``: the optimizer's arithmetic (:data:`WEIGHT_UPDATE_FLOPS_PER_PARAM` in
+  float32), and for ``optimizer_state_in='streaming'`` the optimizer state read from and
+  written back to Streaming Memory (``offload_weight_update_variables``) over each IPU's
+  share of its machine's Streaming Memory bandwidth.
+* ``host_io``: the input bytes of the step from the host to the first stage's IPU, over the
+  IPU-Machine's 100 GbE shared by its IPUs (:attr:`ipu_node.chips.Chip.host_bytes_per_s_per_machine`).
+  It overlaps compute (the infeed prefetches the next micro-batches while the IPUs compute):
+  only ``host_io_exposed = max(0, host_io - compute - bubble)`` adds to the step.
+
+``step_s = compute + bubble + host_io_exposed + allreduce + weight_update``;
+``samples_per_s = replicas * micro_batch * gradient_accumulation * samples_per_item / step_s``.
+
+Left out: BSP sync latency and on-chip exchange inside a pass (in ``efficiency``), the
+forward/backward split of a stage, recomputation, activations spilled to Streaming Memory,
+memory capacity checks, host-side data loading, and the number of host instances (it changes
+nothing the POD does: :class:`StepConfig` accepts it to check it divides the replicas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ipu_node.execution.ipu_infeed_queue import dequeued_bytes
+from ipu_node.hardware.chips import Chip, chip_of_system
+from ipu_node.hardware.systems import canonical_system_name, get_system_model
+
+from collectives.performance.cost_model import ALL_REDUCE_OPS, HardwareCostModel
+
+__all__ = ["ModelCard", "StepConfig", "StepEstimate", "predict", "what_if",
+           "DEFAULT_EFFICIENCY", "WEIGHT_UPDATE_FLOPS_PER_PARAM", "TERMS"]
+
+#: Fraction of the peak FLOP/s a training pass sustains when ``predict`` is given none.
+#: ipupod assumption, the same default as ``IPUConfig.execution.compute_efficiency``: no
+#: measured figure in the seeds or anchors; half of peak sits between dense matmuls (near
+#: peak) and whole models with normalisation and element-wise ops (well below). Not fitted.
+DEFAULT_EFFICIENCY = 0.5
+#: FLOPs per parameter of a weight update (LAMB/Adam-class: moments, norms, the update;
+#: SGD needs fewer). ipupod assumption, a round figure; the term is small beside the others.
+WEIGHT_UPDATE_FLOPS_PER_PARAM = 10
+#: The terms every breakdown has, in table order.
+TERMS = ("compute", "bubble", "host_io_exposed", "allreduce", "weight_update")
+
+_CHANGES = ("system", "replicas", "ipus_per_replica", "micro_batch", "gradient_accumulation",
+            "instances")
+
+
+def _positive(name: str, value, *, integer: bool) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        what = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {what} > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What a model is, for the step model.
+
+    Attributes:
+        params: trainable parameters.
+        flops_per_item: training FLOPs (forward + backward) of one item, e.g. ``3 * 8.18e9``
+            for ResNet-50 at 224x224.
+        grad_dtype: numpy dtype name of the gradients (and of the arithmetic):
+            ``'float16'`` or ``'float32'``.
+        samples_per_item: samples per item (2 for a BERT pack of 2 sequences).
+        input_bytes_per_item: bytes the host sends per item (150,528 for a 224x224x3 uint8
+            image).
+        stage_shares: the fraction of the FLOPs and parameters on each pipeline stage, one per
+            IPU of a replica (normalised to sum 1); ``(1.0,)`` with several IPUs per replica
+            means equal shares.
+        optimizer_state_bytes_per_param: optimizer state per parameter, bytes (LAMB with fp32
+            master weights and two moments: 12).
+        optimizer_state_in: ``'sram'`` (In-Processor-Memory) or ``'streaming'`` (Streaming
+            Memory: ``offload_weight_update_variables``).
+
+    Raises:
+        ValueError: a count or size out of range, an unknown dtype or place.
+    """
+
+    params: int
+    flops_per_item: float
+    grad_dtype: str = "float16"
+    samples_per_item: float = 1.0
+    input_bytes_per_item: int = 0
+    stage_shares: tuple[float, ...] = (1.0,)
+    optimizer_state_bytes_per_param: float = 0
+    optimizer_state_in: str = "sram"
+
+    def __post_init__(self):
+        _positive("ModelCard.params", self.params, integer=True)
+        _positive("ModelCard.flops_per_item", self.flops_per_item, integer=False)
+        _positive("ModelCard.samples_per_item", self.samples_per_item, integer=False)
+        if self.grad_dtype not in ("float16", "float32"):
+            raise ValueError(f"ModelCard.grad_dtype must be 'float16' or 'float32', got "
+                             f"{self.grad_dtype!r}")
+        if self.input_bytes_per_item < 0 or self.optimizer_state_bytes_per_param < 0:
+            raise ValueError("ModelCard.input_bytes_per_item and "
+                             "optimizer_state_bytes_per_param must be >= 0, got "
+                             f"{self.input_bytes_per_item!r} and "
+                             f"{self.optimizer_state_bytes_per_param!r}")
+        shares = tuple(self.stage_shares)
+        if not shares or any(isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0
+                             for s in shares) or sum(shares) <= 0:
+            raise ValueError(f"ModelCard.stage_shares must be numbers >= 0 with a positive "
+                             f"sum, got {self.stage_shares!r}")
+        if self.optimizer_state_in not in ("sram", "streaming"):
+            raise ValueError(f"ModelCard.optimizer_state_in must be 'sram' or 'streaming', "
+                             f"got {self.optimizer_state_in!r}")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Gradient bytes of one replica: ``params * itemsize(grad_dtype)``."""
+        return self.params * np.dtype(self.grad_dtype).itemsize
+
+    def shares_for(self, ipus_per_replica: int) -> tuple[float, ...]:
+        """The stage shares for ``ipus_per_replica`` IPUs, normalised to sum 1.
+
+        Raises:
+            ValueError: ``stage_shares`` has neither 1 nor ``ipus_per_replica`` entries.
+        """
+        shares = tuple(self.stage_shares)
+        if len(shares) == 1:
+            shares = (1.0,) * ipus_per_replica
+        if len(shares) != ipus_per_replica:
+            raise ValueError(f"ModelCard.stage_shares has {len(shares)} stages but the "
+                             f"replica has {ipus_per_replica} IPUs")
+        total = float(sum(shares))
+        return tuple(s / total for s in shares)
+
+    @classmethod
+    def from_run(cls, records: Sequence = (), *, pipeline=None, micro_batch: int = 1,
+                 flops_per_item: float | None = None, steps: int = 1, infeed=None,
+                 run=None, **fields) -> "ModelCard":
+        """A card from a run, without re-running it.
+
+        * ``run``: a front end's own account of its model in plain types, a mapping of card
+          fields (``params``, ``flops_per_item``, ``stage_shares``, ``grad_dtype``,
+          ``input_bytes_per_item``, ``optimizer_state_bytes_per_param``,
+          ``optimizer_state_in``) or an object with a ``card_fields()`` method giving one
+          (PopTorch: ``model.modelReport()``, FLOPs counted from the PyTorch operations); the
+          fields given as keywords win. With ``run`` nothing below is needed.
+
+        * ``params`` and ``grad_dtype`` from the run's collectives ledger (``records``: its
+          :class:`~collectives.records.CallRecord` list, :func:`collectives.call_records`
+          of this instance): the bytes of every ``cross_replica_*`` call over ``steps``
+          steps, divided by ``steps`` (or ``params=`` given);
+        * ``flops_per_item`` as given, or from ``pipeline``, the run's
+          :class:`ipu_node.pipelining_ops.PipelineReport` (``last_report()``): the modelled
+          compute seconds of its forward and backward passes (from the FLOPs its
+          ``Stage(flops=...)`` declared) times the peak of the configured system's chip in
+          ``grad_dtype`` and the clock's ``compute_efficiency``, over the items of its
+          ``gradient_accumulation_count * repeat_count`` micro-batches of ``micro_batch``
+          items; ``stage_shares`` from each stage's share of that compute;
+        * ``input_bytes_per_item`` as given, or from the run's infeeds: ``infeed``, the
+          :func:`ipu_node.ipu_infeed_queue.dequeued_bytes` of the run (default: this
+          process's, read now): per replica, the bytes of every queue's dequeued elements
+          over its iterations (the most dequeues of one queue), averaged over the replicas,
+          over ``micro_batch`` items per element (a TF-IPU dataset batched to the
+          micro-batch, one element per micro-batch); 0 when no queue was dequeued;
+        * other fields as given (optimizer state, ...).
+
+        Raises:
+            ValueError: neither all-reduces in ``records`` nor ``params``; neither
+                ``flops_per_item`` nor ``pipeline``; ``steps`` or ``micro_batch`` < 1;
+                ``run`` gives a field a card does not have, or values a card refuses.
+        """
+        _positive("steps", steps, integer=True)
+        _positive("micro_batch", micro_batch, integer=True)
+        if run is not None:
+            given = run.card_fields() if hasattr(run, "card_fields") else dict(run)
+            unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"ModelCard.from_run: run gives unknown field(s) "
+                                 f"{sorted(unknown)}")
+            merged = {**given, **fields}
+            if flops_per_item is not None:
+                merged["flops_per_item"] = flops_per_item
+            if "stage_shares" in merged:
+                merged["stage_shares"] = tuple(merged["stage_shares"])
+            return cls(**merged)
+        reduces = [r for r in records if r.op in ALL_REDUCE_OPS]
+        if reduces and "params" not in fields:
+            nbytes = sum(r.nbytes for r in reduces) / steps
+            dtype = max((r.dtype for r in reduces), key=lambda d: np.dtype(d).itemsize)
+            dtype = fields.setdefault(
+                "grad_dtype", dtype if dtype in ("float16", "float32") else "float32")
+            fields["params"] = max(1, round(nbytes / np.dtype(dtype).itemsize))
+        if "params" not in fields:
+            raise ValueError("the run's ledger holds no cross_replica_* call: no gradients "
+                             "to size the card from (give params=)")
+        if flops_per_item is None:
+            if pipeline is None:
+                raise ValueError("ModelCard.from_run needs flops_per_item or the run's "
+                                 "pipeline report (pipelining_ops.last_report())")
+            flops_per_item, shares = _flops_of_pipeline(
+                pipeline, micro_batch, fields.get("grad_dtype", "float16"))
+            fields.setdefault("stage_shares", shares)
+        if "input_bytes_per_item" not in fields:
+            fields["input_bytes_per_item"] = _input_bytes_per_item(infeed, micro_batch)
+        return cls(flops_per_item=flops_per_item, **fields)
+
+
+def _input_bytes_per_item(infeed, micro_batch: int) -> float:
+    """Bytes per item fed by the run's infeeds (``ModelCard.from_run``)."""
+    if infeed is None:
+        infeed = dequeued_bytes()
+    fed: dict[int, float] = {}
+    iterations: dict[int, int] = {}
+    for nbytes, counts in infeed.values():
+        for replica, n in counts.items():
+            fed[replica] = fed.get(replica, 0) + nbytes * n
+            iterations[replica] = max(iterations.get(replica, 0), n)
+    if not fed:
+        return 0
+    per_element = sum(fed[r] / iterations[r] for r in fed) / len(fed)
+    per_item = per_element / micro_batch
+    return int(per_item) if float(per_item).is_integer() else per_item
+
+
+def _flops_of_pipeline(report, micro_batch: int, dtype: str) -> tuple[float, tuple]:
+    """(FLOPs per item, stage shares) of a pipeline report's forward and backward passes."""
+    from ipu_node import clock
+
+    per_stage: dict[int, float] = {}
+    for r in report.steps:
+        if r.kind in ("F", "B"):
+            per_stage[r.stage] = per_stage.get(r.stage, 0.0) + r.compute_s
+    total_s = sum(per_stage.values())
+    if not total_s:
+        raise ValueError("the pipeline report has no modelled compute: declare FLOPs with "
+                         "Stage(flops=...)")
+    items = (micro_batch * report.gradient_accumulation_count
+             * max(report.repeat_count, 1))
+    flops = total_s * clock.peak_flops("ipu2", dtype) * clock.compute_efficiency() / items
+    shares = tuple(per_stage[s] / total_s for s in sorted(per_stage))
+    return flops, shares
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How a step is laid out: ``replicas`` replicas of ``ipus_per_replica`` IPUs on
+    ``system`` (the chip follows from the system, :func:`ipu_node.chips.chip_of_system`),
+    ``micro_batch`` items per micro-batch, ``gradient_accumulation`` micro-batches per step,
+    ``instances`` host processes (checked to divide ``replicas``; it changes no modelled time).
+
+    Raises:
+        ValueError, UnknownSystemError: an unknown system, a count < 1, more IPUs than the
+            system has, or instances that do not divide the replicas.
+    """
+
+    system: str
+    replicas: int
+    ipus_per_replica: int = 1
+    micro_batch: int = 1
+    gradient_accumulation: int = 1
+    instances: int = 1
+
+    def __post_init__(self):
+        canonical_system_name(self.system)
+        for name in ("replicas", "ipus_per_replica", "micro_batch", "gradient_accumulation",
+                     "instances"):
+            _positive(f"StepConfig.{name}", getattr(self, name), integer=True)
+        need = self.replicas * self.ipus_per_replica
+        have = get_system_model(self.system).num_ipus
+        if need > have:
+            raise ValueError(f"{self.replicas} replicas x {self.ipus_per_replica} IPUs = {need} "
+                             f"IPUs do not fit {self.system} ({have} IPUs)")
+        if self.replicas % self.instances:
+            raise ValueError(f"StepConfig: {self.replicas} replicas cannot be divided evenly "
+                             f"among {self.instances} instances")
+
+    @property
+    def system_name(self) -> str:
+        """``system`` as the registry spells it (e.g. ``"POD64"`` for ``"pod64"``)."""
+        return canonical_system_name(self.system)
+
+    @property
+    def chip(self) -> Chip:
+        """The chip of the system (:func:`ipu_node.chips.chip_of_system`)."""
+        return chip_of_system(self.system)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The modelled step: ``step_s``, ``samples_per_s`` and ``breakdown`` (term -> seconds:
+    :data:`TERMS` plus ``host_io``, the whole host transfer of which ``host_io_exposed`` is
+    not hidden behind compute), the all-reduce's schedule (``allreduce_method``) and the
+    assumptions it rests on."""
+
+    card: ModelCard
+    config: StepConfig
+    efficiency: float
+    step_s: float
+    samples_per_s: float
+    breakdown: dict = field(compare=False)
+    allreduce_method: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    def table(self) -> str:
+        """The breakdown as a text table: every term with its seconds and share of the step,
+        the all-reduce's schedule, samples per second and the assumptions."""
+        c, b = self.config, self.breakdown
+        lines = [f"{c.system_name} ({c.chip.name}): {c.replicas} replicas x {c.ipus_per_replica} "
+                 f"IPU, micro-batch {c.micro_batch}, gradient accumulation "
+                 f"{c.gradient_accumulation}, {c.instances} instance(s)",
+                 f"  {'term':<34}{'ms':>10}{'% step':>8}"]
+        names = {
+            "compute": "compute",
+            "bubble": "pipeline bubble",
+            "host_io_exposed": f"host I/O not hidden (of {b['host_io'] * 1e3:.3f} ms)",
+            "allreduce": "all-reduce",
+            "weight_update": "weight update" + (" (+ Streaming Memory)"
+                                                if self.card.optimizer_state_in == "streaming"
+                                                else ""),
+        }
+        for term in TERMS:
+            lines.append(f"  {names[term]:<34}{b[term] * 1e3:>10.3f}"
+                         f"{100 * b[term] / self.step_s:>8.1f}")
+        lines.append(f"  {'step':<34}{self.step_s * 1e3:>10.3f}{100.0:>8.1f}")
+        lines.append(f"  all-reduce schedule: {self.allreduce_method}")
+        lines.append(f"  samples/s: {self.samples_per_s:,.0f}")
+        lines += [f"  assumption: {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+
+def predict(card: ModelCard, config: StepConfig, efficiency: float | None = None
+            ) -> StepEstimate:
+    """The modelled training step of ``card`` laid out as ``config`` (module docstring).
+
+    Args:
+        efficiency: fraction of peak FLOP/s sustained, in (0, 1]; None:
+            :data:`DEFAULT_EFFICIENCY`.
+
+    Raises:
+        ValueError: ``efficiency`` outside (0, 1], or stage shares that do not match the IPUs.
+    """
+    eff = DEFAULT_EFFICIENCY if efficiency is None else efficiency
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+        raise ValueError(f"efficiency must be a number in (0, 1], got {efficiency!r}")
+    chip = config.chip
+    shares = card.shares_for(config.ipus_per_replica)
+    stages = len(shares)
+    peak = chip.peak_flops(card.grad_dtype)
+    micro_s = max(shares) * card.flops_per_item * config.micro_batch / (peak * eff)
+    compute = config.gradient_accumulation * micro_s
+    bubble = (stages - 1) * micro_s
+
+    grad_shares = [round(s * card.grad_bytes) for s in shares]
+    method = "none (one replica)"
+    allreduce = 0.0
+    if config.replicas > 1:
+        cost = HardwareCostModel.for_replicas(get_system_model(config.system), config.replicas,
+                                              config.ipus_per_replica)
+        allreduce = cost.estimate_shares("cross_replica_sum", grad_shares)
+        method = cost.choose("cross_replica_sum", grad_shares[0])[1]
+
+    params_ipu = max(shares) * card.params
+    update = params_ipu * WEIGHT_UPDATE_FLOPS_PER_PARAM / (chip.peak_flops("float32") * eff)
+    if card.optimizer_state_in == "streaming" and card.optimizer_state_bytes_per_param:
+        state = params_ipu * card.optimizer_state_bytes_per_param
+        update += 2 * state / chip.streaming_memory_bytes_per_s_per_ipu  # read + write back
+
+    host_io = _host_io_s(card, config, chip)
+    exposed = max(0.0, host_io - compute - bubble)
+    breakdown = {"compute": compute, "bubble": bubble, "host_io": host_io,
+                 "host_io_exposed": exposed, "allreduce": allreduce, "weight_update": update}
+    step = compute + bubble + exposed + allreduce + update
+    samples = (config.replicas * config.micro_batch * config.gradient_accumulation
+               * card.samples_per_item)
+    assumptions = (
+        f"compute at {eff:g} of peak {card.grad_dtype} FLOP/s "
+        f"({peak / 1e12:.1f} TFLOPS per {chip.name})"
+        + (" (DEFAULT_EFFICIENCY, ipupod assumption)" if efficiency is None else ""),
+        "host I/O overlaps compute (infeed prefetch); all-reduce and weight update do not "
+        "(once per step, after the last micro-batch)",
+        "IPU-Link/GW-Link latencies are ipupod assumptions; bandwidths from the datasheets",
+    ) + (("Streaming Memory bandwidth (51.2 GB/s per machine) is an ipupod assumption",)
+         if card.optimizer_state_in == "streaming" else ())
+    return StepEstimate(card=card, config=config, efficiency=eff, step_s=step,
+                        samples_per_s=samples / step if step else float("inf"),
+                        breakdown=breakdown, allreduce_method=method,
+                        assumptions=assumptions)
+
+
+def _host_io_s(card: ModelCard, config: StepConfig, chip: Chip) -> float:
+    """Seconds to bring a step's input to the first stage's IPUs: per machine, the bytes of
+    the replicas whose first IPU it holds over its host path (the busiest machine)."""
+    per_replica = card.input_bytes_per_item * config.micro_batch * config.gradient_accumulation
+    if not per_replica:
+        return 0.0
+    model = get_system_model(config.system)
+    per_machine: dict[int, int] = {}
+    for r in range(config.replicas):
+        m = model.ipu(r * config.ipus_per_replica).machine
+        per_machine[m] = per_machine.get(m, 0) + 1
+    busiest = max(per_machine.values())
+    bytes_per_s = min(chip.host_bytes_per_s_per_machine, busiest * chip.pcie_bytes_per_s)
+    return busiest * per_replica / bytes_per_s
+
+
+def what_if(card: ModelCard, config: StepConfig, efficiency: float | None = None,
+            **changes) -> StepEstimate:
+    """:func:`predict` of the same step on ``config`` with ``changes`` (``system``,
+    ``replicas``, ``ipus_per_replica``, ``micro_batch``, ``gradient_accumulation``,
+    ``instances``), without running anything.
+
+    Raises:
+        ValueError: an unknown change (names the known ones), or as :class:`StepConfig`.
+    """
+    unknown = sorted(set(changes) - set(_CHANGES))
+    if unknown:
+        raise ValueError(f"what_if: unknown change(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(_CHANGES)}")
+    return predict(card, dataclasses.replace(config, **changes), efficiency)
