@@ -182,6 +182,7 @@ def test_bigger_pods_never_make_the_whole_pod_all_reduce_cheaper():
             assert t["POD128"] <= t["POD256"], size
 
 
+@pytest.mark.slow   # prices ResNet-50's gradients on POD128 and POD256: 4-7 s of link flows
 def test_hierarchical_across_domains_on_pod128_and_pod256():
     """ResNet-50's gradients (fp16): reduce-scatter inside each POD64, all-reduce across,
     all-gather; far below the flat ring that crosses the GW-Links at every step."""

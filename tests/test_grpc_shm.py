@@ -37,8 +37,7 @@ def _job(host_ids, options=OPTIONS):
 
 
 def _close(server, transports):
-    for t in transports:
-        t.close()
+    _parallel([t.close for t in transports])  # each waits out its server's stop grace
     server.stop(0)
 
 

@@ -54,8 +54,7 @@ def job():
         (lambda i=i: GrpcTransport(i, 3, coordinator_address=server.address,
                                    job_token=TOKEN, options=OPTIONS)) for i in range(3)])
     yield server, transports
-    for t in transports:
-        t.close()
+    _parallel([t.close for t in transports])  # each waits out its server's stop grace
     server.stop(0)
 
 
