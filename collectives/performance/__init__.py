@@ -6,7 +6,7 @@ a real IPU-POD (modelled seconds), and the reports of a run.
   :mod:`~collectives.performance.link_flows` and the schedules priced by
   :mod:`~collectives.performance.pricing`;
 * :mod:`~collectives.performance.step_model`: a training step's modelled time from a model
-  card, on any POD;
+  card (:mod:`~collectives.performance.model_card`: by hand or from a run), on any POD;
 * :mod:`~collectives.performance.run_report`: a run's report (JSON, Chrome trace, summary),
   and :mod:`~collectives.performance.report_cli`, ``ipupod-report``.
 
