@@ -34,64 +34,20 @@ from __future__ import annotations
 import builtins
 import itertools
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from ipu_node import nest as _nest
 from ipu_node.errors import InvalidArgumentError
+from ipu_node.execution.elements import (TensorSpec, as_leaf, lists_to_arrays, spec_of,
+                                         stack_elements)
 
 __all__ = ["Dataset", "TensorSpec", "as_dataset", "INFINITE_CARDINALITY",
            "UNKNOWN_CARDINALITY"]
 
 INFINITE_CARDINALITY = -1  #: ``tf.data.INFINITE_CARDINALITY``
 UNKNOWN_CARDINALITY = -2   #: ``tf.data.UNKNOWN_CARDINALITY``
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one leaf of a dataset element (``tf.TensorSpec``).
-
-    Attributes:
-        shape: dimensions; ``None`` where unknown (the batch dimension of
-            ``batch(n, drop_remainder=False)``).
-        dtype: a numpy dtype.
-    """
-
-    shape: tuple
-    dtype: np.dtype
-
-    def is_fully_defined(self) -> bool:
-        """Whether every dimension is known."""
-        return all(d is not None for d in self.shape)
-
-    @staticmethod
-    def of(value: Any) -> "TensorSpec":
-        """The spec of one array or scalar."""
-        arr = np.asarray(value)
-        return TensorSpec(tuple(arr.shape), arr.dtype)
-
-
-def _leaf(value: Any) -> Any:
-    """A dataset leaf: numpy arrays stay, numpy scalars stay, the rest goes through asarray."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value
-    arr = np.asarray(value)
-    return arr[()] if arr.ndim == 0 else arr
-
-
-def _lists_to_arrays(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _lists_to_arrays(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [_lists_to_arrays(v) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    return np.asarray(value)
-
-
-def _spec_of(element: Any) -> Any:
-    return _nest.map_structure(TensorSpec.of, element)
 
 
 class Dataset:
@@ -121,7 +77,7 @@ class Dataset:
         Raises:
             ValueError: a leaf is a scalar, or the leaves' first dimensions differ.
         """
-        leaves, treedef = _nest.flatten(_lists_to_arrays(tensors))
+        leaves, treedef = _nest.flatten(lists_to_arrays(tensors))
         if not leaves:
             raise ValueError("from_tensor_slices needs at least one tensor")
         for i, leaf in enumerate(leaves):
@@ -136,7 +92,7 @@ class Dataset:
 
         def make_iter():
             for i in builtins.range(n):
-                yield _nest.unflatten(treedef, [_leaf(leaf[i]) for leaf in leaves])
+                yield _nest.unflatten(treedef, [as_leaf(leaf[i]) for leaf in leaves])
 
         spec = _nest.unflatten(treedef, [TensorSpec(leaf.shape[1:], leaf.dtype)
                                          for leaf in leaves])
@@ -145,8 +101,8 @@ class Dataset:
     @staticmethod
     def from_tensors(tensors: Any) -> "Dataset":
         """A dataset of exactly one element, ``tensors`` (lists are arrays)."""
-        element = _nest.map_structure(_leaf, _lists_to_arrays(tensors))
-        return Dataset(lambda: iter((element,)), lambda: _spec_of(element), 1)
+        element = _nest.map_structure(as_leaf, lists_to_arrays(tensors))
+        return Dataset(lambda: iter((element,)), lambda: spec_of(element), 1)
 
     @staticmethod
     def range(*args: int) -> "Dataset":
@@ -210,7 +166,7 @@ class Dataset:
                 chunk = list(itertools.islice(it, n))
                 if not chunk or (drop_remainder and len(chunk) < n):
                     return
-                yield _stack(chunk)
+                yield stack_elements(chunk)
 
         def spec():
             first = None if not drop_remainder else n
@@ -261,7 +217,7 @@ class Dataset:
             out = map_func(*element) if isinstance(element, tuple) else map_func(element)
             if isinstance(out, list):
                 out = tuple(out)
-            return _nest.map_structure(_leaf, out)
+            return _nest.map_structure(as_leaf, out)
 
         def make_iter():
             return (apply(e) for e in parent)
@@ -276,7 +232,7 @@ class Dataset:
                 _probe.active = previous
             if first is None:
                 raise ValueError("cannot tell the element spec of map() over an empty dataset")
-            out = _spec_of(apply(first))
+            out = spec_of(apply(first))
             unknown_batch = any(s.shape[:1] == (None,) for s in _nest.flatten(in_spec)[0])
             if unknown_batch:
                 out = _nest.map_structure(
@@ -375,27 +331,6 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def _stack(chunk: list) -> Any:
-    flat = [_nest.flatten(e) for e in chunk]
-    treedef = flat[0][1]
-    for j, (_, t) in enumerate(flat[1:], 1):
-        if t != treedef:
-            raise InvalidArgumentError(
-                f"Cannot batch elements of different structures: element 0 is "
-                f"{_nest.describe(treedef)}, element {j} is {_nest.describe(t)}")
-    out = []
-    for c in builtins.range(len(flat[0][0])):
-        parts = [np.asarray(leaves[c]) for leaves, _ in flat]
-        for j, p in enumerate(parts[1:], 1):
-            if p.shape != parts[0].shape:
-                raise InvalidArgumentError(
-                    f"Cannot batch tensors with different shapes in component {c}. First "
-                    f"element had shape {list(parts[0].shape)} and element {j} had shape "
-                    f"{list(p.shape)}.")
-        out.append(np.stack(parts))
-    return _nest.unflatten(treedef, out)
-
-
 class _IterableSource:
     """An iterable (re-iterable, or a one-shot iterator) seen as a dataset source. A one-shot
     iterator is read once: the element peeked for the spec is given back first."""
@@ -449,7 +384,7 @@ def as_dataset(obj: Any) -> Dataset:
         UNKNOWN_CARDINALITY
 
     def make_iter():
-        return (_nest.map_structure(_leaf, e) for e in source)
+        return (_nest.map_structure(as_leaf, e) for e in source)
 
-    return Dataset(make_iter, lambda: _spec_of(_nest.map_structure(_leaf, source.first())),
+    return Dataset(make_iter, lambda: spec_of(_nest.map_structure(as_leaf, source.first())),
                    card)
