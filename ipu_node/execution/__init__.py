@@ -1,6 +1,7 @@
 """The execution model: TF-IPU's API for what runs on the replicas, eagerly on numpy.
 
-Datasets (:mod:`~ipu_node.execution.data`, their elements in :mod:`~ipu_node.execution.elements`), feeds (:mod:`~ipu_node.execution.ipu_infeed_queue`,
+Datasets (:mod:`~ipu_node.execution.data`, their elements in
+:mod:`~ipu_node.execution.elements`), feeds (:mod:`~ipu_node.execution.ipu_infeed_queue`,
 :mod:`~ipu_node.execution.ipu_outfeed_queue`), on-device loops
 (:mod:`~ipu_node.execution.loops`), ``ipu_compiler.compile``
 (:mod:`~ipu_node.execution.ipu_compiler`), placement scopes (:mod:`~ipu_node.execution.scopes`),
