@@ -46,7 +46,7 @@ class Call:
         self.what = what
         self.engine = s.engine
         self.set = process_set
-        self.comm = s.engine.communicator(self.members) if len(self.members) > 1 else None
+        self.comm = self.engine.communicator(self.members) if len(self.members) > 1 else None
         self.size = len(self.members)
         self.position = self.members.index(s.rank)
         self.lock = s.lock
