@@ -57,8 +57,8 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 from collectives.errors import CollectiveTimeoutError, PeerLostError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
-from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
-from collectives.transports.mpi_waits import cancel as _cancel
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.transports.mpi_communicator import MPICommunicator
 from collectives.transports.mpi_work import POSTED_TAG_MAX, WITHDRAW_S, finished
 from collectives.waiting import Patience

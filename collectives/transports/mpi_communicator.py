@@ -25,8 +25,8 @@ from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds
 from collectives.transports.mpi_work import (POSTED_MIN_MEMBERS, Collective, Messages,
                                              counted_pieces, displacements, posted_tag)
-from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
-from collectives.transports.mpi_waits import cancel as _cancel
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.waiting import Patience
 
 __all__ = ["COPY_FIRST_MIN_BYTES", "DATA_SPIN_S", "FLAT_BROADCAST_MAX_MEMBERS",

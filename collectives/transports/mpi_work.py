@@ -36,7 +36,7 @@ from mpi4py import MPI  # (imported only when the MPI transport is created)
 
 from collectives.errors import TransportError
 from collectives.transports.base import Work
-from collectives.transports.mpi_waits import cancel
+from collectives.transports.mpi_agreement import cancel
 from collectives.waiting import Patience
 
 __all__ = ["POSTED_MIN_MEMBERS", "POSTED_TAG_MAX", "WITHDRAW_S", "Collective", "Messages",
