@@ -140,6 +140,18 @@ class StageTrace(Trace):
         set_current_forward(self._previous_forward)
         return super().__exit__(*exc) if self.intercept else None
 
+    def suspend(self) -> None:
+        """Pause: other code runs in this thread until :meth:`resume` (the pipeline's
+        scheduler, other micro-batches' forward passes)."""
+        set_current_forward(self._previous_forward)
+        if self.intercept:
+            super().suspend()
+
+    def resume(self) -> None:
+        if self.intercept:
+            super().resume()
+        set_current_forward(self)
+
     # -- blocks (poptorch._blocks) ---------------------------------------------------------
     def next_auto_id(self) -> str:
         value = self._auto
