@@ -183,7 +183,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
                             LocalRunner(replicas, threads))
             if self._training:
                 self._make_optimizers()
-            self._stage = self._make_stage(threads)
+            self._stage = self._make_stage()
             self._plan_memory()
             if self._attached:
                 self._place_tensors()

@@ -141,7 +141,7 @@ class ExecutorStages:
         return not plan.sharded and len(set(plan.ipus)) > 1
 
     # -- the stage object, the memory, the clock ----------------------------------------
-    def _make_stage(self, threads: int):
+    def _make_stage(self):
         plan = self._profile.plan
         if plan.num_stages == 1:
             return SingleStage(self._loss_index, self._traced)
@@ -151,8 +151,7 @@ class ExecutorStages:
             per_replica.append([[named[n] for n in st.params
                                  if n in named and named[n].requires_grad]
                                 for st in self._profile.stages])
-        return PipelinedStages(plan, self._strategy(), per_replica, self._runner.threads,
-                               self._traced, len(self._replicas.modules))
+        return PipelinedStages(plan, self._strategy(), per_replica, self._traced)
 
     def _steps(self) -> list:
         plan, L = self._profile.plan, self._layout

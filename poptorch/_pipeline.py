@@ -7,27 +7,31 @@ backward stage fused (``2N - 1`` training stages; stage s's forward of micro-bat
 schedule (every pass of a micro-batch before the next micro-batch's). Inference streams the
 device iterations through the forward stages.
 
-How the passes run: each micro-batch's forward pass runs in a worker thread of the replica
-and stops where its next stage begins (:class:`~poptorch._stage_trace.StageTrace` calls
-back at the block that begins it); the forward pass ``F_s(m)`` lets micro-batch m's forward
-run through stage s, so the stages' operations run in exactly the schedule's order. The
-backward pass ``B_s(m)`` runs in the replica's own thread: ``torch.autograd.backward`` of
-stage s's part of micro-batch m's graph (the stages' graphs are cut at detached boundary
-tensors). Each parameter's gradients therefore accumulate in ascending micro-batch order,
-as in the unsplit model: the weights are the same, bit for bit (a parameter used by two stages
-gets its contributions in the schedule's order instead).
+How the passes run: each micro-batch's forward pass runs in a greenlet of the replica's
+thread and stops where its next stage begins (:class:`~poptorch._stage_trace.StageTrace`
+calls back at the block that begins it, and steps out of the thread's torch function mode
+stack until it resumes); the forward pass ``F_s(m)`` lets micro-batch m's forward run through
+stage s, so the stages' operations run in exactly the schedule's order. The backward pass
+``B_s(m)`` is ``torch.autograd.backward`` of stage s's part of micro-batch m's graph (the
+stages' graphs are cut at detached boundary tensors). Each parameter's gradients therefore
+accumulate in ascending micro-batch order, as in the unsplit model: the weights are the same,
+bit for bit (a parameter used by two stages gets its contributions in the schedule's order
+instead).
 
-Only one thread of a replica computes at any time (the scheduler waits while a forward runs),
-so the replica's random numbers are drawn in the schedule's order.
+Everything of a replica runs in its one thread: a greenlet (gevent's, a C extension) switches
+without the operating system, where a worker thread per paused forward pass costs two thread
+wake-ups per stage and micro-batch, and every pass computes in the thread's own OpenMP team.
+The grad mode, the torch function mode stack and the current forward are the thread's, so a
+pausing forward pass steps out of them and back in. The replica's random numbers are drawn in
+the schedule's order.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
+from greenlet import greenlet
 
 from ipu_node.pipelining.schedules import PipelineSchedule, schedule_steps
 
@@ -35,7 +39,6 @@ from poptorch._batching import MicroBatches, OutputCollector
 from poptorch._errors import createPoptorchError
 from poptorch._stage_trace import StagePlan, StageTrace, _Cancelled
 from poptorch._strategies import ExecutionStrategy
-from poptorch._threads import torch_threads
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["PipelinedStages", "schedule_of"]
@@ -49,40 +52,34 @@ def schedule_of(plan: StagePlan, micro_batches: int, training: bool) -> list:
 
 
 class _Forward:
-    """One micro-batch's forward pass in a worker thread, paused between stages."""
+    """One micro-batch's forward pass in a greenlet, paused between stages."""
 
-    def __init__(self, m: int, args: tuple, kwargs: dict):
+    def __init__(self, m: int, args: tuple, kwargs: dict, run: Callable[["_Forward"], None]):
         self.m, self.args, self.kwargs = m, args, kwargs
-        self.resume = threading.Semaphore(0)
-        self.paused = threading.Semaphore(0)
         self.reached = 0  # the stage it waits to run
-        self.done = self.cancelled = False
-        self.error: BaseException | None = None
+        self.done = False
         self.output: Any = None
         self.loss: torch.Tensor | None = None
         self.trace: StageTrace | None = None
+        self._greenlet = greenlet(lambda: run(self))
 
     def switch(self, segment: int) -> None:
-        """In the worker, where stage ``segment`` begins: wait for its pass."""
+        """In the forward pass, where stage ``segment`` begins: wait for its pass."""
         self.reached = segment
-        self.paused.release()
-        self.resume.acquire()
-        if self.cancelled:
-            raise _Cancelled()
+        self.trace.suspend()
+        try:
+            self._greenlet.parent.switch()
+        finally:  # resumed (or cancelled: the exception unwinds from here)
+            self.trace.resume()
 
     def run_until_paused(self) -> None:
-        """In the scheduler: let the forward run through its current stage."""
-        self.resume.release()
-        self.paused.acquire()
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+        """In the scheduler: let the forward run through its current stage (its errors are
+        raised here)."""
+        self._greenlet.switch()
 
     def cancel(self) -> None:
-        if not self.done:
-            self.cancelled = True
-            self.resume.release()
-            self.paused.acquire()
+        if self._greenlet and not self._greenlet.dead:
+            self._greenlet.throw(_Cancelled())
 
 
 class PipelinedStages:
@@ -92,21 +89,17 @@ class PipelinedStages:
     Args:
         plan: the compiled stages.
         strategy: the options' execution strategy.
-        stage_params: per stage, the parameters whose gradients it accumulates (the
-            running mean and float16 accumulators treat them after its backward passes).
-        threads: intra-op threads of a replica (the workers use the same).
+        stage_params: per local replica, per stage, the parameters whose gradients it
+            accumulates (the running mean and float16 accumulators treat them after its
+            backward passes).
         traced: intercept every op in inference (random numbers); training always does.
-        replicas: local replicas (one worker pool each).
     """
 
     def __init__(self, plan: StagePlan, strategy: ExecutionStrategy, stage_params: list,
-                 threads: int, traced: bool, replicas: int):
+                 traced: bool):
         self.plan, self.strategy = plan, strategy
         self.stage_params = stage_params
-        self.threads, self.traced = threads, traced
-        self._pools = [ThreadPoolExecutor(plan.num_stages + 1,
-                                          thread_name_prefix=f"poptorch-r{r}-forward")
-                       for r in range(replicas)]
+        self.traced = traced
         self._steps: dict[tuple[int, bool], list] = {}
 
     def steps(self, micro_batches: int, training: bool) -> list:
@@ -116,40 +109,36 @@ class PipelinedStages:
         return self._steps[key]
 
     def close(self) -> None:
-        for pool in self._pools:
-            pool.shutdown(wait=True)
-        self._pools = []
+        pass
 
-    # -- the worker ------------------------------------------------------------------------
+    # -- a micro-batch's forward pass ------------------------------------------------------
     def _forward_body(self, fwd: _Forward, module: torch.nn.Module, rng: ReplicaRNG | None,
                       training: bool) -> None:
-        fwd.resume.acquire()
+        """The greenlet's body (its errors reach the scheduler's switch)."""
         try:
-            if fwd.cancelled:
-                return
             trace = StageTrace(rng, self.strategy, self.plan, boundaries=training,
                                on_switch=fwd.switch, intercept=training or self.traced)
             fwd.trace = trace
-            with torch_threads(self.threads), \
-                    (torch.enable_grad() if training else torch.no_grad()), trace:
+            with trace:
                 fwd.output = module(*fwd.args, **fwd.kwargs)
             if training:
                 fwd.loss = trace.final_loss()
         except _Cancelled:
             pass
-        except BaseException as exc:  # handed to the scheduler
-            fwd.error = exc
         finally:
             fwd.done = True
-            fwd.paused.release()
 
     # -- the scheduler -----------------------------------------------------------------------
-    def _run(self, r: int, module: torch.nn.Module, rng: ReplicaRNG | None, count: int,
+    def _run(self, module: torch.nn.Module, rng: ReplicaRNG | None, count: int,
              inputs: Callable[[int], tuple[tuple, dict]], training: bool,
              on_output: Callable[[int, Any], None], on_backward=None) -> None:
         forwards: dict[int, _Forward] = {}
         last = self.plan.num_stages - 1
-        pool = self._pools[r]
+        grad_mode = torch.is_grad_enabled()
+        torch.set_grad_enabled(training)  # the forward passes' (the thread's, shared)
+
+        def body(fwd: _Forward) -> None:
+            self._forward_body(fwd, module, rng, training)
         try:
             for step in self.steps(count, training):
                 for p in step:
@@ -157,8 +146,8 @@ class PipelinedStages:
                         fwd = forwards.get(p.micro_batch)
                         if fwd is None:
                             args, kwargs = inputs(p.micro_batch)
-                            fwd = forwards[p.micro_batch] = _Forward(p.micro_batch, args, kwargs)
-                            pool.submit(self._forward_body, fwd, module, rng, training)
+                            fwd = forwards[p.micro_batch] = _Forward(p.micro_batch, args,
+                                                                     kwargs, body)
                         if not fwd.done and fwd.reached == p.stage:
                             fwd.run_until_paused()
                         if p.stage == last:
@@ -177,6 +166,8 @@ class PipelinedStages:
             for fwd in forwards.values():
                 fwd.cancel()
             raise
+        finally:
+            torch.set_grad_enabled(grad_mode)
 
     def train_step(self, module: torch.nn.Module, plan, d: int, r: int,
                    rng: ReplicaRNG | None, params: list) -> None:
@@ -188,14 +179,14 @@ class PipelinedStages:
                 plan.collector.add(d, m, r, output)
 
         def on_backward(fwd: _Forward, stage: int) -> None:
-            mine = self.stage_params[stage] if accumulation.active else ()
+            mine = self.stage_params[r][stage] if accumulation.active else ()
             before = accumulation.begin(mine, fwd.m) if mine else None
             fwd.trace.backward(stage, fwd.loss, plan.loss_scaling)
             if mine:
                 accumulation.end(mine, fwd.m, before)
 
-        self._run(r, module, rng, micro.layout.G, lambda m: micro.get(d, m, r), True,
-                  on_output, on_backward)
+        self._run(module, rng, micro.layout.G, lambda m: micro.get(d, m, r), True, on_output,
+                  on_backward)
 
     def infer_call(self, module: torch.nn.Module, micro: MicroBatches,
                    collector: OutputCollector, r: int, rng: ReplicaRNG | None) -> None:
@@ -204,5 +195,4 @@ class PipelinedStages:
             if collector.wants(d, 0):
                 collector.add(d, 0, r, output)
 
-        self._run(r, module, rng, micro.layout.di, lambda d: micro.get(d, 0, r), False,
-                  on_output)
+        self._run(module, rng, micro.layout.di, lambda d: micro.get(d, 0, r), False, on_output)

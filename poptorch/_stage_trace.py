@@ -26,10 +26,10 @@ Two modes:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from poptorch._blocks import set_current_forward
 from poptorch._errors import createPoptorchError
@@ -90,6 +90,29 @@ class Crossing:
         self.src, self.dst, self.tensor, self.copy = src, dst, tensor, copy
 
 
+class _Producers:
+    """The segment that made each tensor of a forward pass, by identity, without keeping the
+    tensors alive (a dead tensor's id may come back on a new one: its entry is then stale).
+
+    ``torch.utils.weak.WeakIdKeyDictionary`` does the same but builds a weak reference object
+    in Python for every lookup, and every op's tensor arguments are looked up."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, t: torch.Tensor) -> int | None:
+        entry = self._by_id.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def __setitem__(self, t: torch.Tensor, segment: int) -> None:
+        self._by_id[id(t)] = (weakref.ref(t), segment)
+
+
 class _Cancelled(BaseException):
     """Unwinds a paused forward pass whose step failed elsewhere."""
 
@@ -121,7 +144,7 @@ class StageTrace(Trace):
         self.segment = 0
         self._stage_id = DEFAULT_STAGE
         self._auto = 0
-        self._producers = WeakIdKeyDictionary() if boundaries else None
+        self._producers = _Producers() if boundaries else None
         self._copies: dict[tuple[int, int], torch.Tensor] = {}
         self.crossings: list[Crossing] = []
         if plan is None:
@@ -139,6 +162,18 @@ class StageTrace(Trace):
     def __exit__(self, *exc):
         set_current_forward(self._previous_forward)
         return super().__exit__(*exc) if self.intercept else None
+
+    def suspend(self) -> None:
+        """Pause: other code runs in this thread until :meth:`resume` (the pipeline's
+        scheduler, other micro-batches' forward passes)."""
+        set_current_forward(self._previous_forward)
+        if self.intercept:
+            super().suspend()
+
+    def resume(self) -> None:
+        if self.intercept:
+            super().resume()
+        set_current_forward(self)
 
     # -- blocks (poptorch._blocks) ---------------------------------------------------------
     def next_auto_id(self) -> str:

@@ -98,6 +98,17 @@ class Trace(TorchFunctionMode):
         _current.trace = self._previous
         return super().__exit__(*exc)
 
+    def suspend(self) -> None:
+        """Step out of this trace inside its ``with`` block (a forward pass that pauses lets
+        other code run in its thread: the mode stack and the current trace are the thread's),
+        :meth:`resume` steps back in."""
+        _current.trace = self._previous
+        super().__exit__(None, None, None)
+
+    def resume(self) -> None:
+        super().__enter__()
+        _current.trace = self
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in RANDOM_FUNCTIONS:

@@ -38,6 +38,29 @@ def test_pipelined_weights_equal_the_unsplit_model_bit_for_bit(R):
         assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
 
 
+@pytest.mark.parametrize("R", [1, 2])
+def test_running_mean_accumulation_of_a_pipelined_model_equals_the_unsplit_model(R):
+    """The running mean treats each stage's parameters after that stage's backward passes
+    (per local replica): the same bits as the unsplit model with the running mean, and the
+    post-accumulation mean up to rounding."""
+    from poptorch import enums
+    x, y = data(2 * 4 * R * 3, width=16)
+    base = Chain(3, width=16)
+    results = []
+    for blocks, strategy in ((None, enums.MeanReductionStrategy.Running),
+                             ([0, 1, 1], enums.MeanReductionStrategy.Running),
+                             ([0, 1, 1], enums.MeanReductionStrategy.Post)):
+        net = copy.deepcopy(base) if blocks is None else annotate(copy.deepcopy(base), blocks)
+        model = training(net, G=4, di=2, R=R)
+        model.options.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
+        model(x, y)
+        model.destroy()
+        results.append([p.detach().clone() for p in net.parameters()])
+    unsplit, running, post = results
+    assert all(torch.equal(a, b) for a, b in zip(unsplit, running))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(running, post))
+
+
 class Logits(torch.nn.Module):
     """A Chain's logits alone (the plain PyTorch loop's model)."""
 
