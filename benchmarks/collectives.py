@@ -44,7 +44,7 @@
    itself is measured apart (``run_overhead_s``). Each
    round times every contender once, in a shuffled order, each after an untimed barrier
    of the instances, so all see the same state of the machine; a round's time of a
-   contender is the mean over the instances (:func:`_interleaved_medians`; OSU's
+   contender is the mean over the instances (:func:`interleaved_medians`; OSU's
    micro-benchmarks report the same average by default); the medians over rounds are
    compared.
 2. ``--gradients``: the ResNet-50-shaped gradient list (161 tensors, 25.6 M floats) summed
@@ -62,12 +62,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +74,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._contenders import raw_contender  # noqa: E402
 from benchmarks._shapes import resnet50_gradient_shapes, sizes  # noqa: E402
+from benchmarks._tables import fmt_size, print_gradients, print_table  # noqa: E402
+from benchmarks._timing import (calls_per_run, interleaved_medians,  # noqa: E402
+                               median_time, rounds)
 
 OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 RAW = {"cross_replica_sum": "Allreduce", "all_gather": "Allgather",
@@ -90,64 +90,6 @@ def bus_factor(op: str, n: int) -> float:
     if op == "broadcast":
         return 1.0
     return (n - 1) / n
-
-
-def rounds(size: int, calls: int, quick: bool) -> int:
-    """Rounds of :func:`_interleaved_medians` for an op of ``size`` bytes timed ``calls``
-    at a time: enough for about 1 GiB of payload per contender (64 MiB with ``quick``),
-    between 30 and 300 (10 and 60 with ``quick``). The floor keeps the median steady: with
-    the 200 calls of the earlier budget, 4 KiB ran 10 rounds of 20 calls and 1 MiB 50
-    rounds of 4, and on the 2-core VM a 1 MiB all_gather's ratio then swung 0.42-0.72
-    over three runs of the same checkout, against 0.74-0.79 over 300 rounds."""
-    budget, lo, hi = ((64 << 20), 10, 60) if quick else ((1 << 30), 30, 300)
-    return int(max(lo, min(hi, budget // (size * calls))))
-
-
-def calls_per_run(size: int) -> int:
-    """Calls of an op timed together inside one ``strategy.run`` (a replica function calls
-    many collectives; the run's own fixed cost is reported apart): enough for about 4 MiB
-    of payload, at most 20."""
-    return int(max(1, min(20, (4 << 20) // size)))
-
-
-def _median_time(fn, reps: int) -> float:
-    return _interleaved_medians([fn], reps)[0]
-
-
-def _interleaved_medians(fns, reps: int, sync=None, combine=None) -> list[float]:
-    """Median wall seconds of each of ``fns`` over ``reps`` rounds, the contenders timed in
-    turn within every round: a change in the machine's state (this 2-core VM's memory
-    bandwidth and scheduling swing by 2-4x from minute to minute) hits them alike.
-
-    ``sync()`` (untimed; the instances' barrier) runs before each contender, so that none
-    is charged for the previous one's end on the other instances: a collective returns on
-    each instance at a different time (a broadcast's root before or after the others, the
-    last sender of a reduction last), and without it the next contender's first call on
-    instance 0 (the one that reports) waits for the others to finish the previous one.
-    The contenders run in a new order every round (the same on every instance: a seeded
-    shuffle), so that none always follows the same one (what a call leaves behind, in the
-    caches and in MPI's progress state, costs the next call too).
-
-    ``combine(times)`` (untimed): ``times`` (float64 ``[len(fns), reps]``, this instance's
-    seconds) -> the mean over the instances of each round, so that every instance's time
-    counts (a broadcast's root returns as soon as its bytes are taken, before the others
-    have them; only instance 0 reports). The mean rather than the most any instance took:
-    a maximum over instances catches either one's scheduling delays on this loaded
-    2-core VM (4 KiB rounds varied tenfold from run to run)."""
-    times: list[list[float]] = [[] for _ in fns]
-    order = random.Random(0)
-    for _ in range(reps):
-        pairs = list(zip(fns, times))
-        order.shuffle(pairs)
-        for fn, acc in pairs:
-            if sync is not None:
-                sync()
-            start = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - start)
-    if combine is not None:
-        times = combine(np.asarray(times, np.float64)).tolist()
-    return [statistics.median(t) for t in times]
 
 
 # -- the multi-instance part (runs in every instance) --------------------------------------
@@ -240,7 +182,7 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
             for fn in fns.values():  # warm up
                 fn()
             barrier()
-            medians = _interleaved_medians(list(fns.values()),
+            medians = interleaved_medians(list(fns.values()),
                                            rounds(size, calls, quick),
                                            raw.barrier if raw is not None else barrier,
                                            mean_over_instances)
@@ -260,7 +202,7 @@ def worker(transport: str, size_list: list[int], ops: list[str], quick: bool,
                    "data_ratio": (t_r / t_d) if t_r and t_d else None}
             rows.append(row)
     grads = gradient_rows(strategy, raw, barrier, quick) if gradients else None
-    run_overhead = _median_time(lambda: strategy.run(lambda: None), 200)
+    run_overhead = median_time(lambda: strategy.run(lambda: None), 200)
     if rank == 0:
         Path(out_path).write_text(json.dumps({"rows": rows, "gradients": grads,
                                               "run_overhead_s": run_overhead}))
@@ -306,7 +248,7 @@ def gradient_rows(strategy, raw, barrier, quick: bool) -> dict:
     for fn in fns.values():
         fn()
     barrier()
-    times = _interleaved_medians(list(fns.values()), 3 if quick else 7)
+    times = interleaved_medians(list(fns.values()), 3 if quick else 7)
     out = dict(zip(fns, times))
     out.update(tensors=len(grads), floats=total, nest_supported=nest_ok)
     return out
@@ -328,14 +270,14 @@ def local_part(size: int = 16 << 20, replicas: int = 8, reps: int = 5) -> dict:
     outs = [np.empty_like(x) for x in xs]
     per = PerReplica(xs)
     strategy.run(C.cross_replica_sum, args=(per,))
-    t_ours = _median_time(lambda: strategy.run(C.cross_replica_sum, args=(per,)), reps)
+    t_ours = median_time(lambda: strategy.run(C.cross_replica_sum, args=(per,)), reps)
 
     def copy_all():
         for x, o in zip(xs, outs):
             np.copyto(o, x)
 
     copy_all()
-    t_copy = _median_time(copy_all, reps)
+    t_copy = median_time(copy_all, reps)
     reset_ipu_configuration()
     return {"op": "cross_replica_sum", "replicas": replicas, "bytes_per_replica": size,
             "ours_s": t_ours, "numpy_copy_s": t_copy, "ratio": t_copy / t_ours,
@@ -343,53 +285,6 @@ def local_part(size: int = 16 << 20, replicas: int = 8, reps: int = 5) -> dict:
 
 
 # -- driver ----------------------------------------------------------------------------------
-
-def _fmt_size(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-
-
-def print_table(rows: list[dict]) -> None:
-    first = rows[0]
-    raw = first["raw"] or "no raw contender"
-    fresh = ("raw us: the raw call into a fresh result, like ours (the baseline); in-place: "
-             "into a preallocated buffer" if first.get("raw_fresh_result")
-             else "raw us: the raw call in place")
-    data = any(r.get("ours_data_s") for r in rows)
-    print(f"# {first['instances']} instances over {first['transport']} (one replica each), "
-          f"float32, against {raw}; times: medians over rounds of the instances' mean; "
-          f"GB/s = 1e9 B/s; ratio = raw time / ours (>1: ours "
-          f"faster); {fresh}" + ("; data: the op's data path alone (no agreement, "
-                                "accounting), data ratio = raw / data" if data else ""))
-    print(f"{'op':<18} {'size':>8} {'ours us':>10} {'raw us':>10} {'in-place':>10} "
-          + (f"{'data us':>10} " if data else "")
-          + f"{'ours busbw':>10} {'ratio':>6} {'in-pl.':>6}" + (f" {'data':>6}" if data else ""))
-
-    def us(t) -> str:
-        return f"{t * 1e6:>10.1f}" if t else f"{'-':>10}"
-
-    def ratio(v) -> str:
-        return f"{v:>6.2f}" if v else f"{'-':>6}"
-
-    for r in rows:
-        print(f"{r['op']:<18} {_fmt_size(r['size']):>8} {r['ours_s'] * 1e6:>10.1f} "
-              f"{us(r['raw_s'])} {us(r.get('raw_inplace_s'))} "
-              + (f"{us(r.get('ours_data_s'))} " if data else "")
-              + f"{r['ours_busbw_GBps']:>10.3f} {ratio(r['ratio'])} "
-              f"{ratio(r.get('ratio_inplace'))}"
-              + (f" {ratio(r.get('data_ratio'))}" if data else ""))
-
-
-def print_gradients(g: dict, transport: str, instances: int) -> None:
-    parts = ", ".join(f"{k.replace('_', ' ')} {g[k] * 1e3:.1f} ms"
-                      for k in ("ours_per_tensor", "ours_nest", "raw_per_tensor", "raw_fused")
-                      if k in g)
-    print(f"# ResNet-50 gradients ({g['tensors']} tensors, {g['floats'] / 1e6:.1f} M floats), "
-          f"{instances} instances over {transport}: {parts}")
-    if "raw_per_tensor" in g:
-        print(f"#   ours per tensor / raw per tensor {g['ours_per_tensor'] / g['raw_per_tensor']:.2f}"
-              + (f"; ours nest / raw fused {g['ours_nest'] / g['raw_fused']:.2f}"
-                 if "ours_nest" in g else ""))
-
 
 def _free_port() -> int:
     import socket
@@ -466,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         local = local_part()
         results["local"] = local
         print(f"# 1 instance, {local['replicas']} local replicas: cross_replica_sum of "
-              f"{_fmt_size(local['bytes_per_replica'])} per replica: "
+              f"{fmt_size(local['bytes_per_replica'])} per replica: "
               f"{local['ours_s'] * 1e3:.1f} ms; numpy copy of the same bytes: "
               f"{local['numpy_copy_s'] * 1e3:.1f} ms; ratio copy/ours {local['ratio']:.2f}")
     Path(args.json).write_text(json.dumps(results, indent=1))

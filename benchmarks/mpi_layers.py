@@ -51,7 +51,7 @@ OPS = ("all_gather", "all_to_all", "broadcast")
 def _contenders(op: str, x: np.ndarray, calls: int, strategy, engine, raw) -> dict:
     """``name -> () -> None`` (``calls`` calls each, results kept like a program's)."""
     import collectives as C
-    from collectives._engine.descriptor import seq_fingerprint
+    from collectives._engine.plan import seq_fingerprint
     from mpi4py import MPI
 
     call = {"all_gather": lambda: C.all_gather(x),

@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0:1] = [str(ROOT)]  # (this folder holds collectives.py, which would shadow it)
 
-from benchmarks.collectives import _interleaved_medians  # noqa: E402
+from benchmarks._timing import interleaved_medians  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 _OPS = ("cross_replica_sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -138,7 +138,7 @@ def _const(module, name: str, value):
 
 
 def worker(names: list[str], quick: bool, out_path: str) -> None:
-    from benchmarks.collectives import calls_per_run, rounds
+    from benchmarks._timing import calls_per_run, rounds
 
     import collectives as C
     from collectives._engine.runtime import get_engine
@@ -195,7 +195,7 @@ def worker(names: list[str], quick: bool, out_path: str) -> None:
 
                 for which in (0, 1):  # warm up (the communicators' layouts)
                     side(which)
-                medians = _interleaved_medians([lambda: side(0), lambda: side(1)],
+                medians = interleaved_medians([lambda: side(0), lambda: side(1)],
                                                rounds(size, calls, quick), barrier,
                                                mean_over_instances)
                 forced.restore()

@@ -185,7 +185,7 @@ def test_a_late_peer_gets_no_result_for_a_call_the_others_gave_up():
 def test_an_agreement_soon_after_the_last_looks_once_for_a_notice(timeout_s, steps, looks):
     # a peer that gave up on this call (it waited the timeout) or said it is present (it
     # waited PRESENCE_AFTER_S) would have sent a message after its block: only an agreement
-    # that starts so long after the previous one looks behind it (mpi_waits.quiet_s)
+    # that starts so long after the previous one looks behind it (mpi_agreement.quiet_s)
     job = run([PYTHON, "-m", "tests.programs.notice_looks", timeout_s, *steps], timeout_s=30,
               env=child_env())
     assert job.returncode == 0, job.stdout + job.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from collectives.errors import TransportError
 from collectives.transports.base import agree_block_bytes
-from collectives.transports.mpi_agreement import read_blocks
+from collectives.transports.mpi_rounds import read_blocks
 from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds, index_rounds
 
 

@@ -1,15 +1,14 @@
 """The package layout of DESIGN.md: imports point down, no heavy imports at import time."""
 
 import ast
-import functools
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.import_graph import REPO, find_cycle, import_graph
+
 PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch")
 # DESIGN.md: poprun -> launch -> protos, poprun -> ipu_node, collectives -> ipu_node,
 # collectives -> protos, launch -> protos; popdist (Graphcore's name for the PopDist API) is a
@@ -113,83 +112,9 @@ def test_poptorch_uses_only_public_names_of_the_packages_below():
 
 # -- no import cycle inside a package (function-level imports included) --------------------
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _reexports(init: Path, package: str) -> dict[str, str]:
-    """Names a package's ``__init__`` imports from its submodules: name -> module."""
-    found = {}
-    for node in ast.walk(ast.parse(init.read_text(), str(init))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.startswith(package + "."):
-            for alias in node.names:
-                found[alias.asname or alias.name] = node.module
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _import_graph(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports anywhere in its body. ``from pkg
-    import name`` counts as importing the module that defines ``name`` when the package
-    re-exports it; the implicit import of parent packages is not counted (every submodule
-    would otherwise form a cycle with its package's ``__init__``). Parsed once per test
-    session (the tests only read it)."""
-    paths = {_module_name(p): p for p in (REPO / package).rglob("*.py")}
-    exports = {name: _reexports(path, name) for name, path in paths.items()
-               if path.name == "__init__.py"}
-    graph: dict[str, set[str]] = {name: set() for name in paths}
-    for name, path in paths.items():
-        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = here.split(".")[:len(here.split(".")) - node.level + 1]
-                    base = ".".join(parent + ([base] if base else []))
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    targets.append(sub if sub in paths else
-                                   exports.get(base, {}).get(alias.name, base))
-            graph[name].update(t for t in targets if t in paths and t != name)
-    return graph
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_inside_a_package(package):
-    cycle = _cycle(_import_graph(package))
+    cycle = find_cycle(import_graph(package))
     assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
 
 
@@ -248,7 +173,7 @@ def _part(module: str) -> str:
 
 def test_the_parts_of_collectives_import_downwards():
     wrong = []
-    for module, imported in _import_graph("collectives").items():
+    for module, imported in import_graph("collectives").items():
         if module in COLLECTIVES_PUBLIC_MODULES:
             continue    # (a re-exporting module: for programs, checked below)
         here = _part(module)
@@ -315,10 +240,10 @@ def test_no_import_hook_serves_collectives_paths():
     assert not hooks, hooks
 
 
-def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
+def test_the_cycle_finder_finds_a_function_levelfind_cycle(tmp_path):
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": set()}
-    assert _cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
-    assert _cycle({"p.a": {"p.b"}, "p.b": set()}) is None
+    assert find_cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
+    assert find_cycle({"p.a": {"p.b"}, "p.b": set()}) is None
 
 
 # -- ipu_node: its parts import downwards, its public module paths stay ------------------------
@@ -364,7 +289,7 @@ def _ipu_node_part(module: str) -> str | None:
 
 
 def test_the_parts_of_ipu_node_import_downwards():
-    graph = _import_graph("ipu_node")
+    graph = import_graph("ipu_node")
     wrong = []
     for module, imported in graph.items():
         for target in imported:
@@ -405,70 +330,3 @@ def test_every_module_ipu_node_all_names_has_a_public_path():
     modules = {f"ipu_node.{n}" for n in ipu_node.__all__
                if isinstance(getattr(ipu_node, n), types.ModuleType)}
     assert modules <= set(IPU_NODE_PUBLIC_MODULES), modules - set(IPU_NODE_PUBLIC_MODULES)
-
-
-# -- the collectives API ---------------------------------------------------------------------
-
-COLLECTIVES_API = sorted([
-    "cross_replica_sum", "cross_replica_mean", "cross_replica_reduce", "all_gather",
-    "reduce_scatter", "all_to_all", "broadcast", "replication_index",
-    "assume_equal_across_replicas", "CommGroup", "CommGroupType", "CollectiveOperator", "GCLOptions",
-    "COLLECTIVE_OP_ADD", "COLLECTIVE_OP_MUL", "COLLECTIVE_OP_MIN", "COLLECTIVE_OP_MAX",
-    "COLLECTIVE_OP_LOGICAL_AND", "COLLECTIVE_OP_LOGICAL_OR", "COLLECTIVE_OP_SQUARE_ADD",
-    "COLLECTIVE_OP_LOCAL", "COLLECTIVE_OP_MEAN",
-    "stats", "total_stats", "report", "call_records", "reset_stats", "set_cost_model",
-    "CallRecord", "OpStats",
-    "CollectiveError", "CollectiveMismatchError", "CollectiveTimeoutError",
-    "CollectiveAbortedError", "CollectiveArgumentError", "CollectiveTypeError",
-    "TransportError", "PeerLostError", "TransportClosedError",
-])
-
-
-def test_collectives_all_is_the_pinned_api():
-    import collectives
-
-    assert sorted(collectives.__all__) == COLLECTIVES_API
-    assert len(set(collectives.__all__)) == len(collectives.__all__)
-    missing = [n for n in collectives.__all__ if not hasattr(collectives, n)]
-    assert not missing, missing
-
-
-def test_the_engine_modules_of_collectives_are_private():
-    public = {p.stem for p in (REPO / "collectives").glob("*.py") if not p.stem.startswith("_")}
-    for internal in ("engine", "algorithms", "movement", "nest", "runtime", "accounting"):
-        assert internal not in public, f"collectives.{internal} should be private"
-
-
-# -- the transports: one list of names, one registry ----------------------------------------
-
-def test_the_transport_names_and_the_registry_agree():
-    from collectives.transports import registered_transports
-    from ipu_node import IPUConfig
-    from ipu_node.transport_names import INSTANCE_TRANSPORTS, TRANSPORT_NAMES
-    from poprun.cli import build_parser
-
-    assert registered_transports() == TRANSPORT_NAMES
-    assert set(INSTANCE_TRANSPORTS) <= set(TRANSPORT_NAMES)
-    (action,) = [a for a in build_parser()._actions if "--transport" in a.option_strings]
-    assert tuple(action.choices) == INSTANCE_TRANSPORTS
-    mrd = IPUConfig().experimental.multi_replica_distribution
-    for name in TRANSPORT_NAMES:
-        mrd.transport = name
-    with pytest.raises(ValueError, match="'auto', 'local', 'mpi', 'grpc'"):
-        mrd.transport = "carrier-pigeon"
-
-
-def test_make_plan_checks_the_transport_against_the_names_it_is_given():
-    from launch.plan import make_plan
-
-    with pytest.raises(ValueError, match="unknown transport 'tcp'; known: mpi, grpc"):
-        make_plan(["python", "x.py"], 2, transport="tcp", transports=("mpi", "grpc"))
-
-
-def test_an_unknown_transport_name_is_refused_by_the_registry():
-    from collectives.transports import create_transport, register_transport
-
-    with pytest.raises(ValueError, match="unknown transport 'tcp'; known: local, mpi, grpc"):
-        create_transport("tcp", 0, 1)
-    with pytest.raises(ValueError, match="registered already"):
-        register_transport("mpi", lambda *a, **k: None)

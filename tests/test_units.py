@@ -7,8 +7,8 @@ import ipu_node
 from collectives._engine.descriptor import Descriptor
 from collectives.groups import CommGroup, CommGroupType, consecutive
 from collectives.operators import CollectiveOperator, combine_into, finish, parse_operator
-from collectives._engine.tree import (block_nodes, combine_steps, node_reduce, run_steps,
-                              split_point, subtrees, tree_reduce)
+from collectives._engine.exchange import node_reduce, run_steps, tree_reduce
+from collectives._engine.tree import block_nodes, combine_steps, split_point, subtrees
 from launch.mpirun import instance_command
 from launch.output import LineTagger
 
@@ -182,6 +182,14 @@ def test_descriptor_roundtrip_and_differences():
     other = Descriptor(3, "cross_replica_sum", "COLLECTIVE_OP_ADD", "float32", (4,), "ALL(0)",
                        name="grads")
     assert d.differences(other) == ["shape (4, 2) vs (4,)"]
+
+
+def test_a_plans_fingerprint_of_call_seq_is_its_descriptors():
+    from collectives._engine.plan import seq_fingerprint
+    d = Descriptor(0, "all_gather", "", "int32", (3,), "ALL(0)")
+    for seq in (0, 1, 7, 1 << 40):
+        assert seq_fingerprint(d.fingerprint(), seq) == d.with_seq(seq).fingerprint()
+    assert d.fingerprint() != d.with_seq(1).fingerprint()
 
 
 def test_line_tagger_tags_whole_lines_and_progress_refreshes():

@@ -16,15 +16,10 @@ WIRE_BYTES = 512
 #: fingerprint once, and encodes it again only to name a difference)
 _SEQ = struct.Struct("<q")
 _BODY_BYTES = WIRE_BYTES - _SEQ.size
-_MASK63 = (1 << 63) - 1
-#: an odd multiplier (2^64 / golden ratio): ``seq -> seq * _SEQ_MIX mod 2^63`` is one-to-one
-_SEQ_MIX = 0x9E3779B97F4A7C15
-
-
-def seq_fingerprint(fingerprint: int, seq: int) -> int:
-    """The :meth:`Descriptor.fingerprint` of a descriptor with sequence number ``seq``, from
-    the fingerprint of the same descriptor with sequence number 0 (no descriptor made)."""
-    return (fingerprint + seq * _SEQ_MIX) & _MASK63
+#: a fingerprint is taken modulo 2^63 (``& FINGERPRINT_MASK``)
+FINGERPRINT_MASK = (1 << 63) - 1
+#: an odd multiplier (2^64 / golden ratio): ``seq -> seq * SEQ_MIX mod 2^63`` is one-to-one
+SEQ_MIX = 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +91,7 @@ class Descriptor:
         (the MIN/MAX agreement of :meth:`Communicator.agree
         <collectives.transports.base.Communicator.agree>`)."""
         digest = hashlib.blake2b(self._encode_body(), digest_size=8).digest()
-        return (int.from_bytes(digest, "little") + self.seq * _SEQ_MIX) & _MASK63
+        return (int.from_bytes(digest, "little") + self.seq * SEQ_MIX) & FINGERPRINT_MASK
 
     def _encode_body(self) -> bytes:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seq"}

@@ -1,6 +1,9 @@
 """The exchange of a reduction's partials between the instances of its groups (one
 communicator), for :class:`collectives._engine.reduction.Reduction` and Horovod's grouped
-all-reduce (:func:`collectives.framework.horovod._data.allreduce_group`).
+all-reduce (:func:`collectives.framework.horovod._data.allreduce_group`), and the arithmetic
+that combines arrays in the canonical tree order (:func:`run_steps` of the steps of
+:func:`collectives._engine.tree.combine_steps`, :func:`tree_reduce`, :func:`node_reduce`),
+which the reductions run.
 
 Member j of the communicator owns a chunk of every partial; every member sends each owner
 its pieces (an all-to-all), each owner combines the pieces it received in the canonical tree
@@ -13,14 +16,19 @@ are elements unless named bytes.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from collectives._engine.tree import Node, combine_steps, run_steps
+from collectives._engine.tree import Node, combine_steps
 from collectives.operators import CollectiveOperator, combine_into, direct_ufunc
 
-__all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "Exchange", "Scratch", "combiner"]
+__all__ = ["PAIR_ALLREDUCE_MAX_BYTES", "Combine", "Exchange", "Scratch", "combiner",
+           "node_reduce", "run_steps", "tree_reduce"]
+
+#: ``combine(a, b, out=None)``: ``a (op) b``, written into ``out`` when not None (called
+#: with ``out`` by keyword: a numpy ufunc is one)
+Combine = Callable[..., np.ndarray]
 
 #: an all-reduce between two instances of at most this many bytes goes in one round (each
 #: sends its whole partial); larger ones reduce-scatter then all-gather, which halves the
@@ -30,14 +38,91 @@ PAIR_ALLREDUCE_MAX_BYTES = 768 << 10
 
 
 def combiner(op: CollectiveOperator, dtype: np.dtype):
-    """``combine(a, b, out)`` of ``op`` for :func:`~collectives._engine.tree.run_steps`: the ufunc
-    itself where it computes ``op`` on ``dtype`` (``out`` None: its new array, a numpy
-    scalar of 0-d operands), else :func:`~collectives.operators.combine_into`."""
+    """``combine(a, b, out)`` of ``op`` for :func:`run_steps`: the ufunc itself where it
+    computes ``op`` on ``dtype`` (``out`` None: its new array, a numpy scalar of 0-d
+    operands), else :func:`~collectives.operators.combine_into`."""
     ufunc = direct_ufunc(op, dtype)
     if ufunc is None:
         return lambda a, b, out: combine_into(op, a, b, out)
     return ufunc
 
+
+# -- combining arrays in the canonical tree order (collectives._engine.tree's steps) -----
+
+def run_steps(steps: Sequence[tuple[int, int, int]], slots: list, combine: Combine,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Run :func:`~collectives._engine.tree.combine_steps` ``steps`` over ``slots`` (the
+    items, then the intermediates: arrays to write into, or None, which the combine makes;
+    extended with None where short) with ``combine(a, b, out=...)`` (a numpy ufunc, or a
+    function with an ``out`` parameter); the last step writes into ``out`` when given.
+    Returns the result (``out`` when given; the one item itself when there is no step and
+    no ``out``)."""
+    for a, b, dest in steps:
+        if dest < 0:
+            result = combine(slots[a], slots[b], out=out)
+            if out is not None and result is not out:
+                np.copyto(out, result)  # (a combine that could not write into out: 0-d)
+                return out
+            return result
+        if dest >= len(slots):
+            slots.extend([None] * (dest + 1 - len(slots)))
+        slots[dest] = combine(slots[a], slots[b], out=slots[dest])
+    if out is None:
+        return slots[0]
+    np.copyto(out, slots[0])
+    return out
+
+
+def tree_reduce(items: Sequence[np.ndarray], combine: Combine,
+                owned: Sequence[bool] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Combine ``items`` in the canonical tree order.
+
+    Args:
+        items: arrays of one shape and dtype, in group-position order.
+        combine: ``combine(a, b, out)`` returns ``a (op) b``, into ``out`` when not None.
+        owned: which items may be overwritten (default: none); intermediates always may.
+        out: where the result goes (the last combine writes there: no extra copy).
+
+    Returns:
+        The combined array (``out`` when given); without ``out`` it is ``items[0]`` itself
+        only when there is one item.
+    """
+    if not items:
+        raise ValueError("tree_reduce of no items")
+    steps = combine_steps(_units(len(items)), tuple(owned or ()))
+    return run_steps(steps, list(items), combine, out)
+
+
+def _units(n: int) -> tuple[Node, ...]:
+    return tuple((i, i + 1) for i in range(n))
+
+
+def node_reduce(nodes: Sequence[Node], items: Sequence[np.ndarray], combine: Combine,
+                owned: Sequence[bool] | None = None, out: np.ndarray | None = None
+                ) -> np.ndarray:
+    """Combine ``items`` in the canonical tree order, item t being the reduction of node
+    ``nodes[t]`` (:func:`tree_reduce` when every node is one position).
+
+    Args:
+        nodes: nodes of the tree of ``[0, n)`` that cover it, in position order (e.g. every
+            instance's :func:`subtrees`, in instance order).
+        items: arrays of one shape and dtype, one per node.
+        combine, owned, out: as for :func:`tree_reduce`.
+
+    Returns:
+        As :func:`tree_reduce`.
+
+    Raises:
+        ValueError: the nodes do not cover ``[0, n)`` in order, or one is not a node of
+            its tree.
+    """
+    if not nodes or len(nodes) != len(items):
+        raise ValueError(f"node_reduce of {len(items)} items on {len(nodes)} nodes")
+    steps = combine_steps(tuple(tuple(node) for node in nodes), tuple(owned or ()))
+    return run_steps(steps, list(items), combine, out)
+
+
+# -- the exchange -------------------------------------------------------------------------
 
 class Scratch:
     """A ``uint8`` buffer the pieces an exchange receives go into, reused from call to call

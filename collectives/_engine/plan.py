@@ -40,12 +40,12 @@ from typing import Any, Callable, Sequence
 from ipu_node.clock import charge_collective
 
 from collectives._engine.agreement import Arrival
-from collectives._engine.descriptor import Descriptor, seq_fingerprint
+from collectives._engine.descriptor import FINGERPRINT_MASK, SEQ_MIX, Descriptor
 from collectives.errors import CollectiveTimeoutError, TransportError
 from collectives.groups import CommGroup
 from collectives.transports.base import CARRIED_MAX_BYTES, Carry, takes_index
 
-__all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan"]
+__all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan", "seq_fingerprint"]
 
 #: bytes of a call's result from which its one exchange is posted before its agreement,
 #: where the communicator posts; below, the exchange after the agreement costs less Python
@@ -53,6 +53,13 @@ __all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan"]
 POSTED_MIN_BYTES = 4 << 20
 
 _clock = time.perf_counter  # (a call's wall seconds)
+
+
+def seq_fingerprint(fingerprint: int, seq: int) -> int:
+    """The :meth:`~collectives._engine.descriptor.Descriptor.fingerprint` of a descriptor
+    with sequence number ``seq``, from the fingerprint of the same descriptor with sequence
+    number 0 (no descriptor made): what a plan's call number ``seq`` agrees on."""
+    return (fingerprint + seq * SEQ_MIX) & FINGERPRINT_MASK
 
 
 class CallText:

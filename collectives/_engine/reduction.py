@@ -34,9 +34,9 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._engine.exchange import Exchange, combiner
+from collectives._engine.exchange import Exchange, combiner, run_steps
 from collectives._engine.members import give, local_members, reduction_groups
-from collectives._engine.tree import combine_steps, run_steps
+from collectives._engine.tree import combine_steps
 from collectives.groups import CommGroup
 from collectives.operators import CollectiveOperator, finish, finish_into, prepare
 from collectives.transports.base import Carry

@@ -23,10 +23,10 @@ from collectives.transports.base import (NAMED_GATHER_MAX_BYTES, Capabilities, C
                                          Communicator, Done, Work)
 from collectives.transports.mpi_agreement import Rounds
 from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds
-from collectives.transports.mpi_work import (POSTED_MIN_MEMBERS, Collective, Messages,
-                                             counted_pieces, displacements, posted_tag)
-from collectives.transports.mpi_waits import NOTICE_EVERY as _NOTICE_EVERY
-from collectives.transports.mpi_waits import cancel as _cancel
+from collectives.transports.mpi_posted import POSTED_MIN_MEMBERS, posted_tag
+from collectives.transports.mpi_work import Collective, Messages, counted_pieces, displacements
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import cancel as _cancel
 from collectives.waiting import Patience
 
 __all__ = ["COPY_FIRST_MIN_BYTES", "DATA_SPIN_S", "FLAT_BROADCAST_MAX_MEMBERS",
@@ -93,7 +93,7 @@ class MPICommunicator(Communicator):
         members: instance indices, increasing.
         make: returns the mpi4py ``Comm`` when called with the first call's patience (it may
             wait, with that patience, for the members to arrive); called once.
-        posts: the transport's tags reach :func:`~collectives.transports.mpi_work.posted_tag`'s
+        posts: the transport's tags reach :func:`~collectives.transports.mpi_posted.posted_tag`'s
             (then a communicator of ``POSTED_MIN_MEMBERS`` or more posts large calls before
             their agreement).
     """

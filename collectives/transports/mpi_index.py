@@ -41,7 +41,8 @@ from collectives.errors import TransportError
 from collectives.transports.base import (AGREE_HEADER_BYTES, CARRIED_MAX_BYTES,
                                          agree_block_bytes, index_rounds, index_sent_bytes,
                                          takes_index)
-from collectives.transports.mpi_agreement import TAG_ROUND, Rounds, read_blocks
+from collectives.transports.mpi_agreement import Rounds
+from collectives.transports.mpi_rounds import TAG_ROUND, read_blocks
 from collectives.waiting import Patience
 
 __all__ = ["EAGER_LIMIT_BYTES", "IndexRounds"]

@@ -1,28 +1,14 @@
 """The handles of the MPI communicator's operations
-(:class:`~collectives.transports.base.Work`): point-to-point messages (:class:`Messages`),
-one nonblocking MPI collective (:class:`Collective`), and the tags of data posted before its
-call's agreement (:func:`posted_tag`).
+(:class:`~collectives.transports.base.Work`): point-to-point messages (:class:`Messages`)
+and one nonblocking MPI collective (:class:`Collective`); and what their waits rest on, the
+transport's waits for requests and the notices of peers that gave up or ended their
+program (:class:`Notices`, the base of :class:`~collectives.transports.mpi.MPITransport`;
+:mod:`protos.mpi_notice`), which every wait looks for while it polls.
 
-A large point-to-point operation of a call may be posted *before* the call's agreement
-(``posted=seq``, on communicators of :data:`POSTED_MIN_MEMBERS` members or more), so that its
-bytes move while the fingerprints are compared and while the instances wait for the CPU. Its
-messages carry a tag of their own call (:func:`posted_tag`, from the call's number), never
-one of another call, so a call that does not agree leaves nothing a later call could take
-(:meth:`Messages.withdraw`):
-
-* its receives are cancelled; one that a member posting for *another* call at the same
-  number filled, maybe cut short (``MPI_ERR_TRUNCATE``: that member sent more), is done all
-  the same: the bytes are dropped with the call;
-* its sends, which MPICH cannot cancel (measured here: ``MPI_Cancel`` of a pending 1 MiB
-  ``Isend`` never completes) and which no member will receive when its call was not posted,
-  stay pending: the transport keeps them with their buffers (the caller's input, never
-  read) in ``orphans``, drops the finished ones at the next posted call, and leaves the
-  rest to exit (``MPI_Finalize`` does not wait for them; measured: a pending unmatched
-  1 MiB send, both ranks exit at once). Such a send could only be received by the call
-  ``2^27`` calls later between the same members, were it posted too.
-
-Whether an operation goes point-to-point depends on its sizes and its communicator alone,
-so every member whose call agrees decides alike (and uses the same tag).
+Data posted before its call's agreement (its tags, its withdrawal) is
+:mod:`collectives.transports.mpi_posted`'s. Whether an operation goes point-to-point
+depends on its sizes and its communicator alone, so every member whose call agrees decides
+alike (and uses the same tag).
 """
 
 from __future__ import annotations
@@ -34,46 +20,32 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
-from collectives.errors import TransportError
+from collectives.errors import CollectiveTimeoutError, PeerLostError
 from collectives.transports.base import Work
-from collectives.transports.mpi_waits import cancel
+from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi_agreement import cancel
+from collectives.transports.mpi_posted import WITHDRAW_S, withdraw
 from collectives.waiting import Patience
+from protos import mpi_notice
 
-__all__ = ["POSTED_MIN_MEMBERS", "POSTED_TAG_MAX", "WITHDRAW_S", "Collective", "Messages",
-           "counted_pieces", "displacements", "finished", "posted_tag"]
+__all__ = ["ENDED_GRACE_S", "ENDED_NOTICE_AFTER_S", "NOTICE_BYTES", "Collective", "Messages",
+           "Notices", "counted_pieces", "displacements"]
 
 logger = logging.getLogger(__name__)
 
-#: the tags of data posted before its call's agreement: _TAG_POSTED + (call number mod
-#: _POSTED_TAGS) (posted_tag), above every other tag of the transport (0x1A11..0x1A4F)
-_TAG_POSTED = 1 << 27
-_POSTED_TAGS = 1 << 27
-#: the largest tag of :func:`posted_tag`: MPI promises tags up to 32767 only, so a transport
-#: whose ``MPI_TAG_UB`` is smaller posts nothing (MPICH's is 2^29 - 1)
-POSTED_TAG_MAX = _TAG_POSTED + _POSTED_TAGS - 1
-#: communicators of at least this many members post their large calls before the
-#: agreement; those of two run the agreement, then the data. With more instances than cores
-#: a waiting instance yields its core and the bytes already posted move meanwhile; two
-#: instances on two cores have nothing to hide (figures: the commit that added it,
-#: d57870f, and ``benchmarks/collectives.py`` at 4 instances)
-POSTED_MIN_MEMBERS = 3
-#: seconds a cancelled receive may take to finish cancelling
-WITHDRAW_S = 0.5
-
-
-def posted_tag(seq: int) -> int:
-    """The tag of the messages of call number ``seq`` posted before its agreement: the
-    same on every member, another for each of the next 2^27 - 1 calls."""
-    return _TAG_POSTED + seq % _POSTED_TAGS
-
-
-def finished(request) -> bool:
-    """Whether ``request`` is complete; a receive cut short (``MPI_ERR_TRUNCATE``: a member
-    sent more for another call) counts as complete."""
-    try:
-        return request.Test()
-    except MPI.Exception:
-        return True
+#: a notice of an instance that gives up or ends its program (protos.mpi_notice)
+_TAG_NOTICE = mpi_notice.TAG
+#: empty looks that end the draining of notices (MPICH takes one message per look)
+_DRAIN_LOOKS = 4
+#: bytes of a notice: its reason, UTF-8, zero-padded
+NOTICE_BYTES = mpi_notice.NBYTES
+#: seconds an instance whose program has ended waits (for peers at the end of the job)
+#: before it tells them it has ended (protos.mpi_notice)
+ENDED_NOTICE_AFTER_S = mpi_notice.ENDED_AFTER_S
+#: seconds a wait goes on after it saw that a peer ended its program, before it raises:
+#: ipupod assumption, far longer than what the peer sent before it ended takes to arrive
+#: (its sends were complete), short enough that the job ends within seconds
+ENDED_GRACE_S = 1.0
 
 
 def displacements(counts: Sequence[int]) -> list[int]:
@@ -162,36 +134,17 @@ class Messages(Work):
         return self._recvs is not None and MPI.Request.Testall(self._recvs + self._sends)
 
     def withdraw(self) -> None:
-        """The call did not agree (or failed before its data): cancel the receives and poll
-        at most :data:`WITHDRAW_S` for them to finish; the sends not finished yet go to the
-        transport's ``orphans`` with the buffers (module docstring). Nothing for messages
-        not posted before the agreement, or not posted yet.
+        """The call did not agree (or failed before its data): its messages withdrawn
+        (:func:`collectives.transports.mpi_posted.withdraw`). Nothing for messages not posted
+        before the agreement, or not posted yet.
 
         Raises:
-            TransportError: a receive did not finish (MPI completes a cancelled receive,
-                cancelled or filled, in this instance's own polls: never seen); it may still
-                write into a buffer that later calls reuse, so the caller's engine must stop
-                (it does, on a TransportError).
+            TransportError: a receive could not be cancelled (the engine must stop).
         """
         if self._over or not self._posted:
             return
         self._over = "withdrawn"
-        recvs = self._recvs or []
-        for r in recvs:
-            cancel(r)
-        deadline = time.monotonic() + WITHDRAW_S
-        while recvs and time.monotonic() < deadline:
-            recvs = [r for r in recvs if not finished(r)]
-        pending = recvs + [r for r in self._sends if not finished(r)]
-        if pending:
-            logger.debug("%d posted messages of a call that did not agree stay pending",
-                         len(pending))
-            self._owner.orphan(pending, self._buffers)
-        if recvs:
-            raise TransportError(
-                f"{len(recvs)} receives posted before an agreement that failed could not be "
-                f"cancelled within {WITHDRAW_S:g} s; this instance's collectives stop (a "
-                "later call could read their bytes)")
+        withdraw(self._owner, self._recvs or [], self._sends, self._buffers)
 
 
 class Collective(Work):
@@ -213,3 +166,160 @@ class Collective(Work):
 
     def test(self) -> bool:
         return self._request is not None and self._request.Test()
+
+
+class Notices:
+    """The notices of :class:`~collectives.transports.mpi.MPITransport` (module docstring):
+    its base, holding the notice listener and what it has heard, and the transport's waits
+    for requests, which look for notices while they poll. The transport gives
+    ``process_index``, ``process_count``, ``options`` and ``_world`` (``MPI.COMM_WORLD``),
+    and calls :meth:`_listen_for_notices` when it is made."""
+
+    def _listen_for_notices(self, world) -> None:
+        """Start listening for the notices of the other instances on ``world``."""
+        # Notices of instances that give up come on COMM_WORLD itself (it exists from the
+        # start, so even an instance that never reached a communicator can be told), under
+        # the reserved tag _TAG_NOTICE.
+        self._notice = np.zeros(NOTICE_BYTES, np.uint8)
+        self._notice_request = world.Recv_init([self._notice, MPI.BYTE], MPI.ANY_SOURCE,
+                                               _TAG_NOTICE)
+        self._notice_request.Start()
+        self._notice_status = MPI.Status()
+        self._lost: PeerLostError | None = None
+        self._gave_up = False
+        self._notices_sent: list = []  # (requests, buffer): kept alive until the end
+        #: peers whose program has ended -> when this instance first saw their notice
+        self._ended: dict[int, float] = {}
+        #: when this instance's program ended (None: it runs); whether it told the others
+        self._program_ended: float | None = None
+        self._told_ended = False
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def wait(self, request, patience: Patience) -> None:
+        """Poll ``request`` until done, backing off with ``patience``; every
+        :data:`_NOTICE_EVERY` polls look for a notice of a peer that gave up.
+
+        Raises:
+            CollectiveTimeoutError: past the patience's timeout (the others are told).
+            PeerLostError: a peer gave up (:meth:`abandon`).
+        """
+        self.wait_all([request], patience)
+
+    def wait_all(self, requests: list, patience: Patience) -> None:
+        """:meth:`wait` for every one of ``requests``."""
+        polls, testall = 0, MPI.Request.Testall
+        try:
+            while not testall(requests):
+                polls += 1
+                if not polls % _NOTICE_EVERY:
+                    self.check_notices()
+                patience.backoff()
+        except CollectiveTimeoutError as exc:
+            self.abandon(f"timed out: {exc}")
+            raise
+
+    # -- notices of instances that give up ------------------------------------------------
+
+    def check_notices(self, polls: int = 1) -> None:
+        """Raise if another instance gave up (sent a notice, :meth:`abandon`). Each of up to
+        ``polls`` looks lets MPI's progress engine take one more message off the queue
+        (where a peer's notice may wait behind its earlier messages).
+
+        Raises:
+            PeerLostError: names the instance and its reason.
+        """
+        if self._lost is not None:
+            raise self._lost
+        request = self._notice_request
+        if request is None:
+            return
+        if self._program_ended is not None and not self._told_ended:
+            self._tell_ended()
+        status = self._notice_status
+        for _ in range(polls):
+            if request.Test(status):
+                break
+        else:
+            return self._check_ended()
+        source = status.Get_source()
+        reason = mpi_notice.decode(self._notice)
+        if reason == mpi_notice.ENDED:
+            self._ended.setdefault(source, time.monotonic())
+            request.Start()  # (listen for the next notice)
+            return self._check_ended()
+        self._lost = PeerLostError(
+            f"instance {source} gave up on the job's collectives ({reason}); this "
+            f"instance stops too (IPUPOD_COLLECTIVE_TIMEOUT_S is "
+            f"{self.options.timeout_s:g} s)", source)
+        raise self._lost
+
+    def _check_ended(self) -> None:
+        """Raise when a peer ended its program :data:`ENDED_GRACE_S` or more ago (as this
+        instance saw it) and this instance's program goes on."""
+        if not self._ended or self._program_ended is not None:
+            return
+        source, seen = min(self._ended.items(), key=lambda item: item[1])
+        if time.monotonic() - seen < ENDED_GRACE_S:
+            return
+        self._lost = PeerLostError(
+            f"instance {source} {mpi_notice.ENDED} while this instance still calls "
+            "collectives (every instance must call the same collectives; after an instance "
+            "has ended, none can complete)", source)
+        raise self._lost
+
+    def program_ended(self) -> None:
+        """This instance's program has ended (called at interpreter exit, before ``atexit``'s
+        handlers): from now on the notice of a peer that ended is the normal end of the
+        job, and a wait that lasts :data:`ENDED_NOTICE_AFTER_S` tells the others that this
+        instance has ended (:data:`protos.mpi_notice.ENDED`). Once."""
+        if self._program_ended is None:
+            self._program_ended = time.monotonic()
+
+    def _tell_ended(self) -> None:
+        """Send the notice :data:`protos.mpi_notice.ENDED` once this instance's program has
+        ended :data:`ENDED_NOTICE_AFTER_S` ago (and it has not given up: then they know)."""
+        if time.monotonic() - self._program_ended < ENDED_NOTICE_AFTER_S:
+            return
+        self._told_ended = True
+        if not self._gave_up:
+            self._send_notice(mpi_notice.ENDED)
+
+    def abandon(self, reason: str) -> None:
+        """Send a notice to every other instance: this one gives up (best effort, once,
+        without waiting; a notice that cannot go yet is dropped)."""
+        if self._gave_up or self.process_count == 1:
+            return
+        self._gave_up = True
+        self._send_notice(reason)
+
+    def _send_notice(self, reason: str) -> None:
+        """Send ``reason`` to every other instance, without waiting (best effort)."""
+        if self.process_count == 1:
+            return
+        try:
+            buffer = mpi_notice.encode(reason)
+            requests = [self._world.Isend([buffer, MPI.BYTE], j, _TAG_NOTICE)
+                        for j in range(self.process_count) if j != self.process_index]
+            self._notices_sent.append((requests, buffer))
+        except MPI.Exception:  # the job is ending anyway
+            logger.debug("sending a notice failed", exc_info=True)
+
+    def _drain_notices(self) -> None:
+        """Take the notices still queued for this instance, and let this instance's own
+        leave (briefly), so that none is in flight at ``MPI_Finalize`` (see the module
+        docstring); best effort."""
+        request, empty = self._notice_request, 0
+        try:
+            while request is not None and empty < _DRAIN_LOOKS:
+                if request.Test():
+                    request.Start()
+                    empty = 0
+                else:
+                    empty += 1
+            deadline = time.monotonic() + WITHDRAW_S
+            sent = [r for requests, _ in self._notices_sent for r in requests]
+            while sent and not MPI.Request.Testall(sent) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        except MPI.Exception:  # the job is ending
+            logger.debug("draining the notices failed", exc_info=True)

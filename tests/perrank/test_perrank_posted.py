@@ -34,7 +34,7 @@ def _posts() -> bool:
     transport = get_engine().transport
     if not hasattr(transport, "orphans"):
         return False
-    from collectives.transports.mpi_work import POSTED_MIN_MEMBERS
+    from collectives.transports.mpi_posted import POSTED_MIN_MEMBERS
     return (popdist.getNumLocalReplicas() == 1
             and popdist.getNumInstances() >= POSTED_MIN_MEMBERS)
 
@@ -173,8 +173,8 @@ def test_withdraw_cancels_receives_and_keeps_the_sends_no_one_takes():
 
 
 def test_withdraw_stops_the_collectives_when_a_receive_cannot_be_cancelled(monkeypatch):
-    from collectives.transports import mpi_work
-    monkeypatch.setattr(mpi_work, "WITHDRAW_S", 0.01)
+    from collectives.transports import mpi_posted
+    monkeypatch.setattr(mpi_posted, "WITHDRAW_S", 0.01)
     stuck = _Request(None)
     owner = _Owner([stuck])
     with pytest.raises(C.TransportError, match="could not be cancelled"):

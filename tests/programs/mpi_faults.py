@@ -46,14 +46,14 @@ def _forge(length: int) -> None:
     from mpi4py import MPI
 
     from collectives._engine.runtime import get_engine
-    from collectives.transports import mpi_agreement
+    from collectives.transports import mpi_rounds
 
     engine = get_engine()
     members = tuple(range(engine.transport.process_count))
     comm = engine.transport.communicator(members).ready(
         engine.data_patience("forged agreement", members))
-    tag = mpi_agreement.TAG_ROUND
-    block = np.zeros(mpi_agreement._BLOCK_CAPACITY, np.uint8)
+    tag = mpi_rounds.TAG_ROUND
+    block = np.zeros(mpi_rounds.BLOCK_CAPACITY, np.uint8)
     status = MPI.Status()
     comm.Recv([block, MPI.BYTE], 3, tag, status)  # instance 3's own block (round 1)
     got = status.Get_count(MPI.BYTE)

@@ -14,10 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from collectives._engine.exchange import Exchange, Scratch
+from collectives._engine.exchange import Exchange, Scratch, tree_reduce
 from collectives.framework.horovod._wire import patience_for
 from collectives.operators import CollectiveOperator, combine_into
-from collectives._engine.tree import tree_reduce
 
 #: Horovod's reduction ops (``hvd.Sum`` ...) as ipupod operators
 OPERATORS = {"Sum": CollectiveOperator.ADD, "Average": CollectiveOperator.ADD,
