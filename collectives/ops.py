@@ -41,7 +41,7 @@ from collectives._engine.arguments import operator_of as _operator
 from collectives._engine.dispatch import call as _call
 from collectives._engine.dispatch import call_nest as _call_nest
 from collectives._engine.dispatch import is_nest as _is_nest
-from collectives._engine.dispatch import common as _common
+from collectives._engine.plan import common as _common
 from collectives.errors import CollectiveArgumentError
 from collectives.groups import CommGroup, consecutive
 from collectives.operators import CollectiveOperator
@@ -106,7 +106,7 @@ def _all_reduce(what: str, x, operator: CollectiveOperator, replica_group_size: 
 
 
 #: the keys of the common calls of cross_replica_sum, cross_replica_mean and all_gather
-#: (:func:`collectives._engine.dispatch.common`), made once
+#: (:func:`collectives._engine.plan.common`), made once
 _SUM_KEY, _MEAN_KEY, _GATHER_KEY = ("cross_replica_sum",), ("cross_replica_mean",), \
     ("all_gather",)
 

@@ -1,4 +1,4 @@
-"""The common call of a one-replica instance (collectives._engine.dispatch.common, _plan.Plan):
+"""The common call of a one-replica instance (collectives._engine.plan.common and Plan):
 a call found among the plans skips the argument checks its dtype and shape passed, so
 these tests check that what the plan does not cover is still checked, that its calls are
 recorded and charged like any other, and that forgotten plans are not used."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives._engine import dispatch as _dispatch
+from collectives._engine import plan as _plan
 from collectives._engine.runtime import get_engine
 from ipu_node import clock
 
@@ -44,7 +44,7 @@ def test_common_calls_are_recorded_and_charged_like_the_first(local_system):
     C.reset_stats()
     clock.reset_timelines()
     results = strategy.run(lambda: [C.cross_replica_sum(x) for _ in range(5)])[0]
-    assert (("cross_replica_sum",), x.dtype, x.shape) in _dispatch.common_plans  # (calls 2-5)
+    assert (("cross_replica_sum",), x.dtype, x.shape) in _plan.common_plans  # (calls 2-5)
     assert all(r.tobytes() == x.tobytes() and r is not x for r in results)
     totals = C.stats()["cross_replica_sum"]
     assert totals.calls == 5 and totals.payload_bytes == 5 * x.nbytes

@@ -1,12 +1,12 @@
 """The collective engine, private to ``collectives``: what runs a call from the public op
 (:mod:`collectives.ops`) to the transport.
 
-* :mod:`~collectives._engine.dispatch`: a call's plan, found by its signature (and the
-  common call's, without the argument checks of :mod:`~collectives._engine.arguments`);
-  a nest's fused buffers (:mod:`~collectives._engine.fusion`).
+* :mod:`~collectives._engine.dispatch`: a call's plan, found by its signature; a nest's
+  fused buffers (:mod:`~collectives._engine.fusion`).
 * :mod:`~collectives._engine.plan`: the plan of a call signature, its four steps (combine,
   agree, exchange, finish) and its two choices (carry the data in the agreement; post it
-  before); the op's steps: :mod:`~collectives._engine.reduction` (with its exchange,
+  before), and the plans of common calls, found without the argument checks of
+  :mod:`~collectives._engine.arguments`; the op's steps: :mod:`~collectives._engine.reduction` (with its exchange,
   :mod:`~collectives._engine.exchange`), :mod:`~collectives._engine.movement` and
   :mod:`~collectives._engine.alltoall`, on where
   a group's replicas run (:mod:`~collectives._engine.members`) and the canonical order of a

@@ -1,27 +1,26 @@
 """How a collective operation's call reaches its plan (:mod:`collectives.ops` checks the
-arguments): the plan of the call's signature, made at its first call (:func:`plan`); the
-plan of a one-replica instance's common call, found without the argument checks
-(:func:`common`); a nest's fused buffers (:func:`call_nest`).
+arguments): the plan of the call's signature, made at its first call (:func:`plan`), and
+kept for a one-replica instance's common call (:data:`collectives._engine.plan.common_plans`);
+a nest's fused buffers (:func:`call_nest`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from ipu_node import current_replica_context, nest, require_replica_context
+from ipu_node import nest, require_replica_context
 
 from collectives._engine import fusion as _fusion
 from collectives._engine.arguments import members_of
 from collectives._engine.engine import MAX_PLANS
 from collectives._engine.alltoall import AllToAll
 from collectives._engine.movement import Broadcast, Gather
-from collectives._engine.plan import Plan
+from collectives._engine.plan import Plan, common_plans
 from collectives._engine.reduction import Reduction
 from collectives._engine.descriptor import Descriptor
 from collectives.groups import CommGroup
 from collectives._engine.runtime import get_engine
 
-__all__ = ["call", "call_nest", "common", "common_plans", "host_plan", "is_nest", "plan",
-           "steps"]
+__all__ = ["call", "call_nest", "host_plan", "is_nest", "plan", "steps"]
 
 
 def steps(spec: tuple, group: CommGroup, dtype: np.dtype, shape: tuple[int, ...]):
@@ -70,29 +69,6 @@ def host_plan(engine, what: str, operator: str, dtype: np.dtype, shape: tuple[in
                     host=True)
 
     return engine.plan(("host", what, operator, dtype, shape, name), make)
-
-
-#: the plans of one-replica instances' calls without a group or name argument (the common
-#: call), by ``((op, its scalar arguments), the input's dtype, its shape)``: ``(replica
-#: context, plan)``. A call found here skips the argument checks (its dtype and shape passed
-#: them at its first call), the plan's look-up by signature and the engine's dispatch; its
-#: replica context tells that it runs in the same system.
-common_plans: dict[tuple, tuple] = {}
-
-
-def common(x, size, group, name, key: tuple | None) -> tuple:
-    """``(plan, common_key)`` of a call with input ``x``, a size argument ``size``,
-    ``group`` and ``name`` (``key``: the op and its scalar arguments; None when they are not
-    plain): the plan a one-replica instance made at an earlier such call, or None; and the
-    key under which :func:`call` keeps the plan (None: not a common call: ``x`` is not an
-    ndarray, or a size, group or name is given)."""
-    if key is None or type(x) is not np.ndarray or size is not None or group is not None \
-            or name is not None:
-        return None, None
-    found = common_plans.get((key, x.dtype, x.shape))
-    if found is not None and found[0] is current_replica_context() and found[1].live:
-        return found[1], key
-    return None, key
 
 
 def call(what: str, arr: np.ndarray, group: CommGroup, name: str | None, spec: tuple,

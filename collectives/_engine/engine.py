@@ -68,7 +68,7 @@ class _Transfer:
 
 
 #: call plans an engine keeps before it starts again (a program calls few signatures; also
-#: the cap of collectives._engine.dispatch's common-call plans)
+#: the cap of collectives._engine.plan's common-call plans)
 MAX_PLANS = 4096
 
 

@@ -37,6 +37,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+import numpy as np
+from ipu_node import current_replica_context
 from ipu_node.clock import charge_collective
 
 from collectives._engine.agreement import Arrival
@@ -45,7 +47,8 @@ from collectives.errors import CollectiveTimeoutError, TransportError
 from collectives.groups import CommGroup
 from collectives.transports.base import CARRIED_MAX_BYTES, Carry, takes_index
 
-__all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan", "seq_fingerprint"]
+__all__ = ["CARRIED_MAX_BYTES", "POSTED_MIN_BYTES", "CallText", "Plan", "common", "common_plans",
+           "seq_fingerprint"]
 
 #: bytes of a call's result from which its one exchange is posted before its agreement,
 #: where the communicator posts; below, the exchange after the agreement costs less Python
@@ -192,3 +195,28 @@ class Plan:
         if modelled is not None and not self._host:
             charge_collective(modelled, self._op)
         return results
+
+
+# -- the common call: a one-replica instance's call found without its arguments' checks ------
+
+#: the plans of one-replica instances' calls without a group or name argument (the common
+#: call), by ``((op, its scalar arguments), the input's dtype, its shape)``: ``(replica
+#: context, plan)``. A call found here skips the argument checks (its dtype and shape passed
+#: them at its first call), the plan's look-up by signature and the engine's dispatch; its
+#: replica context tells that it runs in the same system.
+common_plans: dict[tuple, tuple] = {}
+
+
+def common(x, size, group, name, key: tuple | None) -> tuple:
+    """``(plan, common_key)`` of a call with input ``x``, a size argument ``size``,
+    ``group`` and ``name`` (``key``: the op and its scalar arguments; None when they are not
+    plain): the plan a one-replica instance made at an earlier such call, or None; and the
+    key under which :func:`collectives._engine.dispatch.call` keeps the plan (None: not a
+    common call: ``x`` is not an ndarray, or a size, group or name is given)."""
+    if key is None or type(x) is not np.ndarray or size is not None or group is not None \
+            or name is not None:
+        return None, None
+    found = common_plans.get((key, x.dtype, x.shape))
+    if found is not None and found[0] is current_replica_context() and found[1].live:
+        return found[1], key
+    return None, key
