@@ -36,7 +36,8 @@ class Runner:
         raise NotImplementedError
 
     def reduce(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
-        """The sum of ``tensors`` over every replica of the job (call inside ``run``)."""
+        """The sum of ``tensors`` over every replica of the job (call inside ``run``): tensors
+        this replica owns (its inputs, or new ones), which the caller may change in place."""
         return tensors
 
     def close(self) -> None:

@@ -180,12 +180,10 @@ def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, step: int,
     for p, mine, total in zip(params, local, summed):
         if mine is None and not total.any():
             p.grad = None  # used by no replica: left alone by the optimizer, as in PyTorch
-        elif divisor == 1:
-            p.grad = total
-        elif total is mine:  # this replica's own gradient (no other replica's was added)
-            mine.div_(divisor)
         else:
-            p.grad = total / divisor
+            if divisor != 1:
+                total.div_(divisor)  # (this replica's own tensor: Runner.reduce)
+            p.grad = total
 
 
 def infer_replica(r: int, micro: MicroBatches, collector: OutputCollector, stage,
