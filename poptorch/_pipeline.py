@@ -57,11 +57,15 @@ class _Forward:
     def __init__(self, m: int, args: tuple, kwargs: dict, run: Callable[["_Forward"], None]):
         self.m, self.args, self.kwargs = m, args, kwargs
         self.reached = 0  # the stage it waits to run
-        self.done = False
         self.output: Any = None
         self.loss: torch.Tensor | None = None
         self.trace: StageTrace | None = None
         self._greenlet = greenlet(lambda: run(self))
+
+    @property
+    def done(self) -> bool:
+        """Whether the forward pass has run to its end (or was cancelled)."""
+        return self._greenlet.dead
 
     def switch(self, segment: int) -> None:
         """In the forward pass, where stage ``segment`` begins: wait for its pass."""
@@ -78,7 +82,7 @@ class _Forward:
         self._greenlet.switch()
 
     def cancel(self) -> None:
-        if self._greenlet and not self._greenlet.dead:
+        if self._greenlet:  # (true while started and not finished)
             self._greenlet.throw(_Cancelled())
 
 
@@ -125,8 +129,6 @@ class PipelinedStages:
                 fwd.loss = trace.final_loss()
         except _Cancelled:
             pass
-        finally:
-            fwd.done = True
 
     # -- the scheduler -----------------------------------------------------------------------
     def _run(self, module: torch.nn.Module, rng: ReplicaRNG | None, count: int,

@@ -184,3 +184,31 @@ def test_passes_run_in_the_schedules_exact_order(strategy):
     report = model.modelReport()
     depths = [s.stash_depth for s in report.stages]
     assert depths == ([1] * N if strategy else [2 * (N - 1 - s) for s in range(N - 1)] + [1])
+
+
+def test_an_error_in_a_later_stage_cancels_the_paused_forward_passes():
+    """Micro-batch 1 fails in the last stage while micro-batches 2 and 3 are paused in
+    earlier ones: the call raises the model's error, the paused passes are unwound (their
+    blocks no longer current in this thread), and the next call runs every micro-batch."""
+    from poptorch._blocks import current_forward
+    G, N = 6, 3
+    x, y = data(G * 2)
+    net = annotate(Chain(N), [0, 1, 2])
+    model = training(net, G=G, autoRoundNumIPUs=True)
+    model.compile(x, y)
+    last, runs, failing = net.layers[N - 1], [], [True]
+
+    def fail_once(module, inputs):
+        runs.append(1)
+        if failing[0] and len(runs) == 2:
+            raise RuntimeError("stage 2 failed")
+    handle = last.register_forward_pre_hook(fail_once)
+    with pytest.raises(RuntimeError, match="stage 2 failed"):
+        model(x, y)
+    assert current_forward() is None and torch.is_grad_enabled()
+    failing[0] = False
+    runs.clear()
+    model(x, y)
+    assert len(runs) == G
+    handle.remove()
+    model.destroy()
