@@ -336,8 +336,6 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
             self._device.release()
         if self._runner is not None:
             self._runner.close()
-        if self._stage is not None:
-            self._stage.close()
         self._device = self._runner = self._stage = self._clock = None
         self._attached = self._compiled = False
         self._optimizers = []

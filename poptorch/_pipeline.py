@@ -112,9 +112,6 @@ class PipelinedStages:
             self._steps[key] = schedule_of(self.plan, micro_batches, training)
         return self._steps[key]
 
-    def close(self) -> None:
-        pass
-
     # -- a micro-batch's forward pass ------------------------------------------------------
     def _forward_body(self, fwd: _Forward, module: torch.nn.Module, rng: ReplicaRNG | None,
                       training: bool) -> None:

@@ -123,9 +123,6 @@ class SingleStage:
             if collector.wants(d, 0):
                 collector.add(d, 0, r, output)
 
-    def close(self) -> None:
-        pass
-
 
 @dataclass
 class TrainPlan:
