@@ -11,7 +11,10 @@ from tests.procs import PYTHON, ROOT, child_env, describe, poprun, run
 
 pytestmark = pytest.mark.slow  # starts processes, runs training jobs (tests/conftest.py)
 
-PROGRAM = ["-m", "tests.programs.poptorch_resnet"]
+#: the program, started as the interpreter does with ipupod_aliases.pth installed (its one
+#: line, for an environment installed before the .pth existed): horovod.torch is served
+PROGRAM = ["-c", "import ipupod_aliases; ipupod_aliases.install(); import runpy; "
+           "runpy.run_module('tests.programs.poptorch_resnet', run_name='__main__')"]
 
 
 def _digests(stdout: str) -> dict[int, str]:

@@ -30,9 +30,7 @@ REPLICAS, DI, B = 4, 2, 3
 
 def main(use_hvd: bool) -> None:
     if use_hvd:
-        # TODO(lead): `import horovod.torch as hvd` once ipupod_aliases.SERVED (branch tf)
-        # has "horovod.torch": "poptorch._horovod_torch"
-        import poptorch._horovod_torch as hvd
+        import horovod.torch as hvd   # ipupod's (poptorch._horovod_torch) without Horovod
         hvd.init()
     if popdist.isPopdistEnvSet():
         opts = popdist.poptorch.Options()
