@@ -106,3 +106,28 @@ def test_horovod_torch_is_collectives_horovod_with_the_timeline_recorded():
     hvd.stop_timeline()
     calls = [c["call"] for c in _report.report()["calls"]]
     assert calls[-2:] == ["hvd.start_timeline", "hvd.stop_timeline"]
+
+
+def test_a_dropped_async_loader_goes_with_no_garbage_collection():
+    """No reference cycle between a DataLoader and its accessor: dropping the loader frees
+    it at once and stops its worker thread (which lets the epoch's iterator go)."""
+    import gc
+    import threading
+    import weakref
+
+    data = torch.utils.data.TensorDataset(torch.arange(32.0))
+    gc.disable()
+    try:
+        loader = poptorch.DataLoader(poptorch.Options(), data, batch_size=4,
+                                     mode=poptorch.DataLoaderMode.Async)
+        assert sum(1 for _ in loader) == 8
+        worker, ref = loader._accessor._worker, weakref.ref(loader)
+        del loader
+        worker.join(timeout=30)
+        assert ref() is None and not worker.is_alive()
+        for batch in poptorch.DataLoader(poptorch.Options(), data, batch_size=4,
+                                         mode=poptorch.DataLoaderMode.Async):
+            assert batch[0].shape == (4,)  # a loader iterated without a name lives on
+    finally:
+        gc.enable()
+    assert not [t for t in threading.enumerate() if t is worker]

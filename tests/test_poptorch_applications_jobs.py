@@ -50,3 +50,14 @@ def test_a_batchnorm_resnet_gives_the_same_bits_at_both_layouts_beside_horovod(t
               timeout_s=120, env=child_env(), cwd=ROOT)
     assert cli.returncode == 0, describe(cli)
     assert "cross_replica_sum" in cli.stdout and "poptorch model 'training'" in cli.stdout
+
+
+def test_several_async_loaders_with_workers_leave_no_tracebacks_and_no_processes():
+    """Graphcore's efficient-data-loading tutorial's pattern (tests/programs/
+    poptorch_loaders.py): each dropped loader lets its worker processes go."""
+    result = run([PYTHON, "-m", "tests.programs.poptorch_loaders"], timeout_s=180,
+                 env=child_env(), cwd=ROOT)
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.count("batches=8") == 4, describe(result)
+    assert "children=0" in result.stdout, describe(result)
+    assert "Exception ignored" not in result.stderr, describe(result)
