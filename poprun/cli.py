@@ -293,7 +293,7 @@ def _reserve_and_run(plan: LaunchPlan, model: SystemModel, args: argparse.Namesp
         return _run(plan)
     try:
         partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
-                                      job=plan.job_id)
+                                      job=plan.job_id, num_ilds=args.num_ilds)
     except IPUError as exc:  # busy, or an unusable lock directory
         return _fail(str(exc), 1)
     with partition:
