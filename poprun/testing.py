@@ -314,6 +314,8 @@ def start_job(kind: str, spec: dict, *, num_instances: int = 2, num_replicas: in
         except (UsageError, SystemExit) as exc:
             raise ValueError(f"poprun refuses the job: {exc}") from None
         plan, model, _ = cli.prepare_job(args, program)
+        plan = dataclasses.replace(plan, job_env=(*plan.job_env,
+                                                  ("PYTHONPATH", _instance_pythonpath())))
         record = {**spec, "kind": kind, "timeout_s": timeout_s,
                   "sys_path": [p for p in sys.path if p and os.path.isdir(p)]}
         if write_files is not None:
@@ -339,6 +341,14 @@ def start_job(kind: str, spec: dict, *, num_instances: int = 2, num_replicas: in
                        f", {plan.num_replicas} replicas, transport {plan.transport}")
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
+
+
+def _instance_pythonpath() -> str:
+    """``PYTHONPATH`` of the instances: the directory this ipupod is imported from first
+    (the instances run the same code as the test, whatever the install), then the test's."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])
 
 
 def _gather(jobdir: str, num_instances: int, output: str, launcher_error: str,
