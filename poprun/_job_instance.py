@@ -39,6 +39,7 @@ GIL_GRACE_S = 2.0
 #: set in an instance while it runs its test: the poprun marker runs the test here, not a job
 IN_JOB_VAR = "IPUPOD_PYTEST_JOB"
 
+_NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 _REPLICA_NOTE = re.compile(r"raised in the replica function of replica (\d+)")
 
 
@@ -131,10 +132,18 @@ def _call(spec: dict, jobdir: str, index: int) -> dict:
 class _Recorder:
     """A pytest plugin that keeps the outcome of the one test this instance runs."""
 
-    def __init__(self):
+    def __init__(self, autoload: str | None = None):
+        self.autoload = autoload   # the variable's value before the instance set it
         self.reports: list[dict] = []
         self.collect_errors: list[str] = []
         self.replica: int | None = None
+
+    def pytest_configure(self, config) -> None:
+        # read at start only: the test and its children see the variable as it was
+        if self.autoload is None:
+            os.environ.pop(_NO_AUTOLOAD, None)
+        else:
+            os.environ[_NO_AUTOLOAD] = self.autoload
 
     def pytest_collectreport(self, report) -> None:
         if report.failed:
@@ -176,7 +185,10 @@ def _pytest(spec: dict, jobdir: str, index: int) -> dict:
     import pytest
     os.environ[IN_JOB_VAR] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
-    recorder = _Recorder()
+    # the parent names the plugins it loaded from installed distributions (-p): no scan of
+    # every installed distribution for entry points (poprun.pytest_plugin._plugin_args)
+    recorder = _Recorder(os.environ.get(_NO_AUTOLOAD))
+    os.environ[_NO_AUTOLOAD] = "1"
     basetemp = os.path.join(jobdir, f"tmp.{index}")   # tmp_path: removed with the job
     code = pytest.main([*spec["pytest_args"], "--basetemp", basetemp], plugins=[recorder])
     return recorder.outcome(int(code))
