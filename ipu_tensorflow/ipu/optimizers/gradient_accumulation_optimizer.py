@@ -1,0 +1,172 @@
+"""Gradient accumulation (TFI ``ipu/optimizers/gradient_accumulation_optimizer.py``;
+reference tf-keras-ipu.md §4.4, execution-model.md §1.8): accumulate ``num_mini_batches``
+gradients, then one update."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import tensorflow as tf
+from ipu_node.pipelining_ops import GradientAccumulationReductionMethod
+
+from ipu_tensorflow.ipu.optimizers.cross_replica_optimizer import cross_replica_mean_of
+from ipu_tensorflow.ipu.optimizers.ipu_optimizer import IpuOptimizer
+
+__all__ = ["GradientAccumulationOptimizerV2", "GradientAccumulationOptimizer",
+           "CrossReplicaGradientAccumulationOptimizerV2",
+           "CrossReplicaGradientAccumulationOptimizer", "parse_reduction_method"]
+
+
+def parse_reduction_method(value: Any) -> GradientAccumulationReductionMethod:
+    """A :class:`GradientAccumulationReductionMethod` from itself or its name (any case).
+
+    Raises:
+        ValueError: "Cannot parse X as one of GradientAccumulationReductionMethod. Valid
+            values are: SUM, MEAN, RUNNING_MEAN." (reference §4.4).
+    """
+    if isinstance(value, GradientAccumulationReductionMethod):
+        return value
+    name = getattr(value, "name", value)
+    if isinstance(name, str) and name.upper() in GradientAccumulationReductionMethod.__members__:
+        return GradientAccumulationReductionMethod[name.upper()]
+    raise ValueError(f"Cannot parse {value} as one of GradientAccumulationReductionMethod. "
+                     "Valid values are: SUM, MEAN, RUNNING_MEAN.")
+
+
+class GradientAccumulationOptimizerV2(IpuOptimizer):
+    """``GradientAccumulationOptimizerV2(opt, num_mini_batches,
+    offload_weight_update_variables=None, replicated_optimizer_state_sharding=False,
+    dtype=None, reduction_method=SUM, name='GradientAccumulationOptimizerV2')``.
+
+    Each call of :meth:`apply_gradients` adds the gradients into one accumulator per
+    variable (dtype: the variable's, ``dtype``, or ``dtype(var)``); every
+    ``num_mini_batches``-th call hands the accumulated gradients to ``opt`` once and zeroes
+    the accumulators. The reduction (reference §4.4): SUM (TF-IPU's default) the plain sum;
+    MEAN the sum times ``1/num_mini_batches``; RUNNING_MEAN ``acc * k/(k+1) + g/(k+1)`` for
+    the k-th gradient (0-based) of the window. Works eagerly and in ``tf.function`` (the
+    update under a ``tf.cond``; the wrapped optimizer's slots are made on the first call).
+    The offload and sharding arguments are recorded only.
+
+    TF-IPU also checks at compile time that the enclosing loop's iteration count is a
+    multiple of ``num_mini_batches``; ipupod does not (a call count that is not a multiple
+    leaves the last window's gradients in the accumulators).
+
+    Raises:
+        ValueError: ``num_mini_batches`` not a positive int ("num_mini_batches must be a
+            positive number."); an unknown reduction method.
+    """
+
+    _cross_replica = False
+
+    def __init__(self, opt: Any, num_mini_batches: int, offload_weight_update_variables=None,
+                 replicated_optimizer_state_sharding: bool = False, dtype=None,
+                 reduction_method=GradientAccumulationReductionMethod.SUM,
+                 name: str = "GradientAccumulationOptimizerV2"):
+        super().__init__(opt, name)
+        if isinstance(num_mini_batches, bool) or not isinstance(num_mini_batches, int) or \
+                num_mini_batches < 1:
+            raise ValueError("num_mini_batches must be a positive number.")
+        self.num_mini_batches = num_mini_batches
+        self.reduction_method = parse_reduction_method(reduction_method)
+        self.offload_weight_update_variables = offload_weight_update_variables
+        self.replicated_optimizer_state_sharding = replicated_optimizer_state_sharding
+        self._dtype = dtype
+        self._accumulators: dict = {}   # variable ref -> accumulator Variable
+        self._calls: tf.Variable | None = None
+
+    def _accumulator(self, var: tf.Variable) -> tf.Variable:
+        acc = self._accumulators.get(var.ref())
+        if acc is None:
+            dtype = self._dtype(var) if callable(self._dtype) else self._dtype
+            with tf.init_scope():
+                acc = tf.Variable(tf.zeros(var.shape, dtype or var.dtype), trainable=False,
+                                  name=f"{var.name.split(':')[0]}/GradientAccumulation")
+            self._accumulators[var.ref()] = acc
+        return acc
+
+    def _prepare(self, variables: list) -> None:
+        if self._calls is None:
+            with tf.init_scope():
+                self._calls = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                          name=f"{self._name}/calls")
+        fresh = [v for v in variables if v.ref() not in self._accumulators]
+        for var in fresh:
+            self._accumulator(var)
+        if fresh:
+            self._prepare_inner(fresh)
+
+    def _accumulate(self, pairs: list, k: tf.Tensor) -> None:
+        for grad, var in pairs:
+            acc = self._accumulator(var)
+            g = tf.cast(tf.convert_to_tensor(grad), acc.dtype)
+            if self.reduction_method is GradientAccumulationReductionMethod.RUNNING_MEAN:
+                kf = tf.cast(k, acc.dtype)
+                acc.assign(acc * (kf / (kf + 1)) + g / (kf + 1))
+            else:
+                acc.assign_add(g)
+
+    def _update(self, variables: list, global_step, name):
+        accs = [self._accumulators[v.ref()] for v in variables]
+        grads = [tf.identity(a) for a in accs]
+        if self.reduction_method is GradientAccumulationReductionMethod.MEAN:
+            grads = [g * tf.cast(1.0 / self.num_mini_batches, g.dtype) for g in grads]
+        if self._cross_replica:
+            grads = cross_replica_mean_of(grads, self._name)
+        grads = [tf.cast(g, v.dtype) for g, v in zip(grads, variables)]
+        with tf.control_dependencies(grads):
+            self._apply_inner(list(zip(grads, variables)), global_step, name)
+        for a in accs:
+            a.assign(tf.zeros_like(a))
+
+    def apply_gradients(self, grads_and_vars: Iterable, global_step=None,
+                        name: str | None = None):
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        variables = [v for _, v in pairs]
+        self._prepare(variables)
+        k = self._calls % self.num_mini_batches
+        self._accumulate(pairs, k)
+        self._calls.assign_add(1)
+
+        def update():
+            self._update(variables, global_step, name)
+            return tf.constant(True)
+
+        return tf.cond(tf.equal(k, self.num_mini_batches - 1), update,
+                       lambda: tf.constant(False))
+
+
+class GradientAccumulationOptimizer(GradientAccumulationOptimizerV2):
+    """TF-IPU's deprecated first gradient-accumulation optimizer
+    ``GradientAccumulationOptimizer(opt, num_mini_batches, verify_usage=True,
+    name='GradientAccumulationOptimizer')``: the same numbers as V2 with SUM."""
+
+    def __init__(self, opt: Any, num_mini_batches: int, verify_usage: bool = True,
+                 name: str = "GradientAccumulationOptimizer"):
+        super().__init__(opt, num_mini_batches, name=name)
+        self.verify_usage = verify_usage
+
+
+class CrossReplicaGradientAccumulationOptimizerV2(GradientAccumulationOptimizerV2):
+    """:class:`GradientAccumulationOptimizerV2` whose accumulated gradients become their
+    cross-replica **mean** (one fused collective per update, so the exchanges drop by a
+    factor of ``num_mini_batches``; reference execution-model.md §1.4) before ``opt``
+    applies them. Must run in a replica function. Same arguments and errors as V2."""
+
+    _cross_replica = True
+
+    def __init__(self, opt: Any, num_mini_batches: int, offload_weight_update_variables=None,
+                 replicated_optimizer_state_sharding: bool = False, dtype=None,
+                 reduction_method=GradientAccumulationReductionMethod.SUM,
+                 name: str = "CrossReplicaGradientAccumulationOptimizerV2"):
+        super().__init__(opt, num_mini_batches, offload_weight_update_variables,
+                         replicated_optimizer_state_sharding, dtype, reduction_method, name)
+
+
+class CrossReplicaGradientAccumulationOptimizer(CrossReplicaGradientAccumulationOptimizerV2):
+    """TF-IPU's deprecated ``CrossReplicaGradientAccumulationOptimizer(opt,
+    num_mini_batches, verify_usage=True, name=...)``: V2's numbers with SUM."""
+
+    def __init__(self, opt: Any, num_mini_batches: int, verify_usage: bool = True,
+                 name: str = "CrossReplicaGradientAccumulationOptimizer"):
+        super().__init__(opt, num_mini_batches, name=name)
+        self.verify_usage = verify_usage
