@@ -9,12 +9,16 @@ import pytest
 
 from tests.import_graph import REPO, find_cycle, import_graph
 
-PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch")
+PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch",
+            "ipu_tensorflow")
 # DESIGN.md: poprun -> launch -> protos, poprun -> ipu_node, collectives -> ipu_node,
 # collectives -> protos, launch -> protos; popdist (Graphcore's name for the PopDist API) is a
 # thin layer over poprun.popdist (and popdist.poptorch over poptorch), and nothing of ipupod
-# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun.
+# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun;
+# and the TF front end the same way: ipu_tensorflow -> collectives, ipu_node, poprun (it
+# serves horovod.tensorflow over collectives.horovod, not over poptorch).
 ALLOWED = {
+    "ipu_tensorflow": {"collectives", "ipu_node", "poprun"},
     "popdist": {"poprun", "poptorch"},
     "poptorch": {"collectives", "ipu_node", "poprun"},
     "poprun": {"launch", "protos", "ipu_node"},
@@ -68,6 +72,62 @@ def test_only_poptorch_imports_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+#: the packages of ipupod that import TensorFlow (the TF front end alone; tests aside)
+TF_PACKAGES = ("ipu_tensorflow",)
+
+
+@pytest.mark.slow
+def test_only_the_tf_front_end_imports_tensorflow():
+    """``import ipu_node, collectives, poprun, popdist, poptorch`` (and the finder of the
+    served names, which every process of the environment imports) load no TensorFlow."""
+    code = ("import sys, ipupod_aliases, ipu_node, collectives, collectives.strategies, "
+            "collectives.horovod, poprun, launch, popdist, popdist.tensorflow, "
+            "ipu_tensorflow;"
+            "import importlib.util as u; "
+            "has_torch = u.find_spec('torch') is not None; "
+            "has_torch and __import__('poptorch'); "
+            "bad = [m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_only_the_tf_front_end_and_tests_import_tensorflow_in_source():
+    heavy = ("tensorflow", "tf_keras", "keras", "horovod")
+    wrong = []
+    for package in PACKAGES:
+        if package in TF_PACKAGES:
+            continue
+        for path in (REPO / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                         and node.level == 0 else [])
+                wrong += [f"{path.relative_to(REPO)}: {n}" for n in names
+                          if n.split(".")[0] in heavy]
+    assert not wrong, wrong
+
+
+def test_the_served_names_table_names_ipupod_modules():
+    """Every served name maps to an ipupod module that exists as a file (or None: an empty
+    parent package), and the finder module imports only the standard library."""
+    import ipupod_aliases
+
+    for served, home in ipupod_aliases.SERVED.items():
+        if home is None:
+            continue
+        path = REPO / home.replace(".", "/")
+        assert (path / "__init__.py").exists() or path.with_suffix(".py").exists(), served
+    tree = ast.parse((REPO / "ipupod_aliases.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert imported <= {"importlib", "os", "sys", "types", "__future__"}, imported
 
 
 def _public(module_name: str, name: str) -> bool:

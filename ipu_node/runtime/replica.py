@@ -44,6 +44,20 @@ def current_replica_context() -> ReplicaContext | None:
     return getattr(_current, "ctx", None)
 
 
+@contextlib.contextmanager
+def entered_replica_context(ctx: ReplicaContext):
+    """Run the body as replica ``ctx`` in this thread (a front end whose framework runs a
+    replica's operations on threads of its own, as TensorFlow runs a ``numpy_function`` on its
+    inter-op threads, enters the replica's context there); the thread's previous context comes
+    back after."""
+    previous = getattr(_current, "ctx", None)
+    _current.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _current.ctx = previous
+
+
 def require_replica_context(what: str) -> ReplicaContext:
     """The current replica context; raises :class:`NotInReplicaError` naming ``what`` outside one."""
     ctx = current_replica_context()
