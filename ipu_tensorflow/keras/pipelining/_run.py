@@ -17,6 +17,8 @@ traced stage (``ProfileOptionBuilder.float_operation``).
 
 from __future__ import annotations
 
+import threading
+
 from typing import Any, Callable
 
 import numpy as np
@@ -97,9 +99,9 @@ class PipelineRun:
 
     Args:
         cut: the model cut into stages.
-        reduce_gradients: ``fn(list of tf.Tensor) -> list`` applied to the accumulated
-            gradients before the optimizer (the strategy's cross-replica SUM or MEAN, one
-            fused call); None: as they are.
+        reduce_gradients: ``fn(list of numpy arrays) -> list`` applied to a replica's
+            accumulated gradients in the weight update (the strategy's cross-replica sum,
+            ONE fused ``collectives.cross_replica_sum``); None: as they are.
     """
 
     def __init__(self, cut: StageCut, reduce_gradients: Callable | None = None):
@@ -110,14 +112,19 @@ class PipelineRun:
         self._tf_of: dict = {}     # ipu_node.Variable -> tf variable
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
         self._update = _KerasWeightUpdate(self)
+        self._reduced: dict = {}   # local replica index -> its reduced gradients
+        self._local = threading.local()  # the running replica's loss and metrics functions
 
     # -- the stages -----------------------------------------------------------------------
     def _proxy(self, var: tf.Variable) -> Variable:
-        proxy = self._proxies.get(var.ref())
+        """The calling replica's ``ipu_node.Variable`` for ``var`` (its bytes accounted
+        on the IPU of the stage that uses it)."""
+        key = (current_replica_context().local_index, var.ref())
+        proxy = self._proxies.get(key)
         if proxy is None:
             proxy = Variable(np.zeros(var.shape, var.dtype.as_numpy_dtype),
                              var.name.split(":")[0])
-            self._proxies[var.ref()] = proxy
+            self._proxies[key] = proxy
             self._tf_of[proxy] = var
         return proxy
 
@@ -152,7 +159,7 @@ class PipelineRun:
                 if y is None:             # predict
                     return inputs, (_numpy(y_pred),), None
                 y, sw = _tensors(y), _tensors(sw)
-                loss = self.model.compute_loss(None, y, y_pred, sw)
+                loss = self._local.compute_loss(None, y, y_pred, sw)
                 return inputs, (loss.numpy(), y, _numpy(y_pred), sw), [loss]
             passed = {k: live[k] for k in cut.passed_after[s]}
             out = {k: v.numpy() for k, v in passed.items()}
@@ -198,26 +205,39 @@ class PipelineRun:
         return Stage(forward, backward, flops=flops)
 
     def _metrics(self, loss, y, y_pred, sw) -> None:
-        self.model.compute_metrics(None, _tensors(y), _tensors(y_pred), _tensors(sw))
+        self._local.compute_metrics(None, _tensors(y), _tensors(y_pred), _tensors(sw))
 
     # -- the weight update ----------------------------------------------------------------
     def apply_gradients(self, grads_and_vars) -> None:
-        """The runtime's weight update: the accumulated gradients (numpy), reduced across
-        replicas, applied by the model's optimizer."""
-        pairs = [(tf.convert_to_tensor(g), self._tf_of[v]) for g, v in grads_and_vars]
+        """The runtime's weight update in this replica: the accumulated gradients (numpy,
+        in the runtime's order), reduced across replicas by ``reduce_gradients`` (one fused
+        collective, charged to the IPUs' timelines in the update phase), kept for
+        :meth:`take_gradients`; the model's optimizer applies them once per instance."""
+        pairs = [(g, self._tf_of[v]) for g, v in grads_and_vars]
         grads = [g for g, _ in pairs]
         if self.reduce_gradients is not None:
             grads = list(self.reduce_gradients(grads))
-        self.model.optimizer.apply_gradients(zip(grads, [v for _, v in pairs]))
+        self._reduced[current_replica_context().local_index] = [
+            (tf.convert_to_tensor(g), v) for g, (_, v) in zip(grads, pairs)]
+
+    def take_gradients(self) -> list:
+        """The calling replica's reduced gradients of its last training run,
+        ``[(tf.Tensor, tf.Variable)]`` (empty before any)."""
+        return self._reduced.pop(current_replica_context().local_index, [])
 
     # -- one execution --------------------------------------------------------------------
     def run(self, elements: list, gradient_accumulation_count: int, training: bool,
             repeat_count: int = 1, device_mapping=None,
-            pipeline_schedule: PipelineSchedule | None = None, **pipelining_kwargs) -> list:
+            pipeline_schedule: PipelineSchedule | None = None, compute_loss=None,
+            compute_metrics=None, **pipelining_kwargs) -> list:
         """Run ``repeat_count`` pipeline executions of ``gradient_accumulation_count``
         micro-batches from ``elements`` (``(x, y, sample_weight)`` each; ``(x,)`` to
         predict) in this replica. Returns per micro-batch what the last stage outfed:
         training and evaluate ``(loss, y, y_pred, sample_weight)``, predict ``(y_pred,)``.
+
+        ``compute_loss(x, y, y_pred, sample_weight)`` and ``compute_metrics(...)`` default to
+        the model's (``train_step``'s); a caller running several replicas passes each
+        replica's own loss and metrics containers.
 
         Raises:
             NotInReplicaError: outside a replica function.
@@ -225,6 +245,8 @@ class PipelineRun:
                 schedule's overlap length, device_mapping, ...; reference §5.3).
         """
         outfeed = _Outfeed()
+        self._local.compute_loss = compute_loss or self.model.compute_loss
+        self._local.compute_metrics = compute_metrics or self.model.compute_metrics
         stages = [self._stage(s, training) for s in range(self.cut.num_stages)]
 
         def optimizer_function(loss, *rest):
