@@ -293,3 +293,57 @@ def test_pipeline_stage_tags_construction_and_calls(isolated):
     stages = [(a.layer.name, a.node_index, a.pipeline_stage)
               for a in m.get_pipeline_stage_assignment()]
     assert stages == [("shared", 0, 0), ("shared", 1, 1), ("out", 0, 1)]
+
+
+# -- through Keras fit / evaluate / predict (the core's extension) -----------------------------
+
+def _keras_model(stages: bool, ipus: int):
+    from tensorflow.python import ipu
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = ipus
+    cfg.configure_ipu_system()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        tf_keras.utils.set_random_seed(1)
+        inp = tf_keras.Input((6,))
+        with PipelineStage(0):
+            h = tf_keras.layers.Dense(16, activation="relu")(inp)
+        with PipelineStage(1):
+            o = tf_keras.layers.Dense(3)(h)
+        m = tf_keras.Model(inp, o)
+        if not stages:
+            m.reset_pipeline_stage_assignment()
+        m.compile(optimizer=tf_keras.optimizers.SGD(0.1),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=8)
+    return strategy, m
+
+
+def test_pipelined_fit_equals_the_unpipelined_fit_bit_for_bit(isolated):
+    """2 stages on 4 IPUs: 2 replicas; G = 4; the same weights as the unpipelined model on
+    2 IPUs (2 replicas) with ``set_gradient_accumulation_options(4)``."""
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(64, 6).astype(np.float32), rng.randint(0, 3, 64)
+    strategy, piped = _keras_model(True, 4)
+    with strategy.scope():
+        with pytest.raises(ValueError, match="has not been set through "
+                                             r"`set_pipelining_options\(\)`"):
+            piped.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        piped.set_pipelining_options(gradient_accumulation_steps_per_replica=4)
+        history = piped.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+        assert ipu_node.get_system().num_replicas == 2
+        assert ipu_node.get_system().ipus_per_replica == 2
+        logs = piped.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+        predicted = piped.predict(x, batch_size=4)
+    strategy, plain = _keras_model(False, 2)
+    with strategy.scope():
+        assert not plain._is_pipelined()
+        plain.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=4)
+        plain_history = plain.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+        plain_logs = plain.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+        plain_predicted = plain.predict(x, batch_size=4)
+    for a, b in zip(piped.get_weights(), plain.get_weights()):
+        assert a.tobytes() == b.tobytes()
+    assert history.history == plain_history.history
+    assert logs == plain_logs
+    np.testing.assert_array_equal(predicted, plain_predicted)

@@ -7,30 +7,14 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import tensorflow as tf
-from ipu_node.pipelining_ops import GradientAccumulationReductionMethod
-
+from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod,
+                                           parse_accumulation_reduction)
 from ipu_tensorflow.ipu.optimizers.cross_replica_optimizer import cross_replica_mean_of
 from ipu_tensorflow.ipu.optimizers.ipu_optimizer import IpuOptimizer
 
 __all__ = ["GradientAccumulationOptimizerV2", "GradientAccumulationOptimizer",
            "CrossReplicaGradientAccumulationOptimizerV2",
-           "CrossReplicaGradientAccumulationOptimizer", "parse_reduction_method"]
-
-
-def parse_reduction_method(value: Any) -> GradientAccumulationReductionMethod:
-    """A :class:`GradientAccumulationReductionMethod` from itself or its name (any case).
-
-    Raises:
-        ValueError: "Cannot parse X as one of GradientAccumulationReductionMethod. Valid
-            values are: SUM, MEAN, RUNNING_MEAN." (reference §4.4).
-    """
-    if isinstance(value, GradientAccumulationReductionMethod):
-        return value
-    name = getattr(value, "name", value)
-    if isinstance(name, str) and name.upper() in GradientAccumulationReductionMethod.__members__:
-        return GradientAccumulationReductionMethod[name.upper()]
-    raise ValueError(f"Cannot parse {value} as one of GradientAccumulationReductionMethod. "
-                     "Valid values are: SUM, MEAN, RUNNING_MEAN.")
+           "CrossReplicaGradientAccumulationOptimizer"]
 
 
 class GradientAccumulationOptimizerV2(IpuOptimizer):
@@ -51,9 +35,14 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
     multiple of ``num_mini_batches``; ipupod does not (a call count that is not a multiple
     leaves the last window's gradients in the accumulators).
 
+    ``reduction_method``: a ``GradientAccumulationReductionMethod`` (the Keras extension's
+    enum, TFI's values), its name in any case, or its value.
+
     Raises:
         ValueError: ``num_mini_batches`` not a positive int ("num_mini_batches must be a
-            positive number."); an unknown reduction method.
+            positive number."); an unknown reduction method ("Cannot parse X as one of
+            GradientAccumulationReductionMethod. Valid values are: SUM, MEAN,
+            RUNNING_MEAN.").
     """
 
     _cross_replica = False
@@ -67,7 +56,7 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
                 num_mini_batches < 1:
             raise ValueError("num_mini_batches must be a positive number.")
         self.num_mini_batches = num_mini_batches
-        self.reduction_method = parse_reduction_method(reduction_method)
+        self.reduction_method = parse_accumulation_reduction(reduction_method)
         self.offload_weight_update_variables = offload_weight_update_variables
         self.replicated_optimizer_state_sharding = replicated_optimizer_state_sharding
         self._dtype = dtype

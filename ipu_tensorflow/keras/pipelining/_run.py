@@ -150,7 +150,6 @@ class PipelineRun:
         def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None):
             live, y, sw = self._live_of(s, args, dict(kwargs))
             inputs = dict(live)
-            self._count(s, live, training)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
             live = cut.run_stage(s, live, training)
@@ -166,12 +165,17 @@ class PipelineRun:
             out[_Y], out[_SW] = y, sw
             return inputs, out, passed
 
+        def flops(*args, **kwargs):
+            """The stage's FLOPs for these inputs (counted once per stage and mode)."""
+            return self._count(s, self._live_of(s, args, dict(kwargs))[0], training)
+
         if not training:
             def infer(*args, **kwargs):
                 outputs = run(args, kwargs, None)[1]
                 if last and len(outputs) > 1:   # evaluate: the metrics of this micro-batch
                     self._metrics(*outputs)
                 return outputs
+            infer.flops = flops   # (the runtime reads a stage's ``flops``)
             return infer
 
         variables = cut.stage_variables(s)
@@ -200,8 +204,6 @@ class PipelineRun:
                         if g is not None}
             return var_grads, in_grads
 
-        def flops(*args, **kwargs):
-            return self._flops.get((s, training), 0.0)
         return Stage(forward, backward, flops=flops)
 
     def _metrics(self, loss, y, y_pred, sw) -> None:

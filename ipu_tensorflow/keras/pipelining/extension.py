@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import tensorflow as tf
+
 from ipu_node.pipelining_ops import PipelineSchedule
 
-from ipu_tensorflow.ipu.optimizers.gradient_accumulation_optimizer import \
-    parse_reduction_method
+from ipu_tensorflow._keras_options import parse_accumulation_reduction
 from ipu_tensorflow.keras.pipelining._cut import StageCut, cut_model, graph_nodes, node_index
 from ipu_tensorflow.keras.pipelining._run import PipelineRun
 from ipu_tensorflow.keras.pipelining.pipeline_stage_assignment import (
@@ -75,7 +76,8 @@ class PipeliningExtension:
         state = self.__dict__.get("_ipu_pipelining")
         if state is None:
             state = {"assignment": None, "G": None, "device_mapping": None,
-                     "accumulate_outfeed": None, "reduction": parse_reduction_method("sum"),
+                     "accumulate_outfeed": None,
+                     "reduction": parse_accumulation_reduction("sum"),
                      "kwargs": {}, "runs": {}}
             self.__dict__["_ipu_pipelining"] = state
         return state
@@ -145,9 +147,10 @@ class PipeliningExtension:
         self._pipeline_reset()
 
     def reset_pipeline_stage_assignment(self) -> None:
-        """Forget the assignment (the model is then not pipelined unless layers were tagged
-        with ``PipelineStage``)."""
-        self._pipelining_state()["assignment"] = None
+        """Make the model not pipelined: every layer call unassigned (the ``PipelineStage``
+        tags included)."""
+        self._pipelining_state()["assignment"] = [
+            type(a)(a.layer, a.node_index, None) for a in self._tagged_assignment()]
         self._pipeline_reset()
 
     def print_pipeline_stage_assignment_summary(self, line_length: int | None = None,
@@ -255,7 +258,8 @@ class PipeliningExtension:
         state = self._pipelining_state()
         state.update(G=gradient_accumulation_steps_per_replica, device_mapping=device_mapping,
                      accumulate_outfeed=accumulate_outfeed,
-                     reduction=parse_reduction_method(gradient_accumulation_reduction_method),
+                     reduction=parse_accumulation_reduction(
+                         gradient_accumulation_reduction_method),
                      kwargs=dict(pipelining_kwargs))
         self._pipeline_reset()
 
@@ -342,7 +346,8 @@ class PipeliningExtension:
         return run
 
     def _pipeline_window(self, elements: list, training: bool,
-                         reduce_gradients: Callable | None = None) -> tuple[list, list | None]:
+                         reduce_gradients: Callable | None = None, compute_loss=None,
+                         compute_metrics=None) -> tuple[list, list | None]:
         """One pipeline execution in the calling replica: ``len(elements)`` micro-batches
         (``(x, y, sample_weight)``; ``(x,)`` to predict), G of them in training (the
         reference's ``repeat_count = spe / G`` is the caller's loop over windows), all of
@@ -361,10 +366,59 @@ class PipeliningExtension:
         if training:
             kwargs["reduction_method"] = state["reduction"].name
         outputs = run.run(elements, len(elements), training,
-                          device_mapping=state["device_mapping"], **kwargs)
+                          device_mapping=state["device_mapping"], compute_loss=compute_loss,
+                          compute_metrics=compute_metrics, **kwargs)
         return outputs, (run.take_gradients() if training else None)
 
     def _pipeline_apply(self, grads_and_vars: list) -> None:
         """Apply one window's reduced gradients with the model's optimizer (call once per
         instance, after the replicas' windows)."""
         self.optimizer.apply_gradients(grads_and_vars)
+
+    # -- the Keras extension's fit, evaluate and predict --------------------------------------
+    def _pipeline_G(self) -> int:
+        """G of a pipelined ``fit`` (raises GK's ValueError when unset, reference §8 #14)."""
+        return self._check_pipelined_training(self._pipelining_state()["G"] or 1)
+
+    def _pipeline_reduction(self):
+        """The gradient accumulation reduction of the pipeline (SUM, MEAN, RUNNING_MEAN)."""
+        return self._pipelining_state()["reduction"]
+
+    @staticmethod
+    def _containers_fns(loss_container, metrics_container, model) -> tuple:
+        def compute_loss(x, y, y_pred, sample_weight):
+            return loss_container(y, y_pred, sample_weight,
+                                  regularization_losses=model.losses)
+
+        def compute_metrics(x, y, y_pred, sample_weight):
+            metrics_container.update_state(y, y_pred, sample_weight)
+        return compute_loss, compute_metrics
+
+    def _pipeline_train_window(self, elements: list, loss_container,
+                               metrics_container) -> list:
+        """A replica's training window of ``fit``: its G micro-batches ``(x, y,
+        sample_weight)`` through the pipeline, with the replica's own loss and metrics
+        containers; returns the gradients summed over every replica of the job (one fused
+        ``collectives.cross_replica_sum``), in ``trainable_variables`` order, for the
+        extension's once-per-instance apply."""
+        from collectives import cross_replica_sum
+
+        loss_fn, metrics_fn = self._containers_fns(loss_container, metrics_container, self)
+        _, pairs = self._pipeline_window(
+            elements, True, lambda grads: cross_replica_sum(grads, name="gradients"),
+            loss_fn, metrics_fn)
+        by_var = {v.ref(): g for g, v in pairs}
+        return [by_var[v.ref()] if v.ref() in by_var else tf.zeros_like(v)
+                for v in self.trainable_variables]
+
+    def _pipeline_test_window(self, elements: list, loss_container,
+                              metrics_container) -> None:
+        """A replica's ``evaluate`` execution: all its micro-batches through the inference
+        pipeline (G = spe, reference §5.3), updating its loss and metrics containers."""
+        loss_fn, metrics_fn = self._containers_fns(loss_container, metrics_container, self)
+        self._pipeline_window(elements, False, None, loss_fn, metrics_fn)
+
+    def _pipeline_predict_window(self, elements: list) -> list:
+        """A replica's ``predict`` execution: per micro-batch its predictions (numpy)."""
+        return [out[0] for out in self._pipeline_window([(e[0],) for e in elements],
+                                                        False)[0]]
