@@ -11,6 +11,7 @@ tf = pytest.importorskip("tensorflow")
 tf_keras = pytest.importorskip("tf_keras")
 
 import ipu_node  # noqa: E402
+from tests.hw_fixtures import isolated  # noqa: E402,F401
 from ipu_tensorflow.ipu import optimizers, utils  # noqa: E402
 
 GRADS = [np.array([0.1, -0.7, 0.3], np.float32), np.array([0.25, 0.5, -0.125], np.float32),
@@ -116,3 +117,46 @@ def test_utils_shares_ipu_node_objects_and_reset_ipu_seed_seeds_tensorflow():
     with pytest.raises(ValueError, match="IPU device"):
         utils.reset_ipu_seed(1, device="/device:CPU:0")
     assert utils.move_variable_initialization_to_cpu() is None
+
+
+class _Recording:
+    """An optimizer that writes the gradient it is given into a variable (to observe what a
+    wrapper hands on, inside a traced replica function)."""
+
+    def __init__(self, shape):
+        self.seen = tf.Variable(tf.zeros(shape))
+        self.calls = tf.Variable(0)
+
+    def apply_gradients(self, grads_and_vars, name=None):
+        (grad, _), = grads_and_vars
+        self.seen.assign(grad)
+        self.calls.assign_add(1)
+
+
+def test_cross_replica_optimizers_take_the_mean_over_the_replicas(isolated):
+    """Reference §9 #4: TF-IPU's code takes the cross-replica mean."""
+    from tensorflow.python import ipu
+
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.configure_ipu_system()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        w = tf.Variable([0.0, 0.0])
+        plain, accumulating = _Recording([2]), _Recording([2])
+        cross = optimizers.CrossReplicaOptimizer(plain)
+        ga = optimizers.CrossReplicaGradientAccumulationOptimizerV2(accumulating, 2)
+
+        @tf.function
+        def step(scale):
+            r = tf.cast(ipu.replication_ops.replication_index(), tf.float32)
+            grad = tf.stack([r + 1.0, 10.0 * r]) * scale
+            cross.apply_gradients([(grad, w)])
+            ga.apply_gradients([(grad, w)])
+        strategy.run(step, args=(tf.constant(1.0),))
+        np.testing.assert_array_equal(plain.seen.numpy(), [1.5, 5.0])
+        assert int(accumulating.calls.numpy()) == 0
+        strategy.run(step, args=(tf.constant(2.0),))
+        # replica r accumulates g_r(1) + g_r(2) = 3 g_r(1); the mean over r = 3 * [1.5, 5]
+        np.testing.assert_array_equal(accumulating.seen.numpy(), [4.5, 15.0])
+        assert int(accumulating.calls.numpy()) == 2   # once per replica

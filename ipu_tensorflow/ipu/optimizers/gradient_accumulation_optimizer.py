@@ -7,6 +7,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import tensorflow as tf
+from ipu_node.errors import NotInReplicaError
+from ipu_node.runtime.system import current_system
+
+from ipu_tensorflow import _bridge
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod,
                                            parse_accumulation_reduction)
 from ipu_tensorflow.ipu.optimizers.cross_replica_optimizer import cross_replica_mean_of
@@ -15,6 +19,21 @@ from ipu_tensorflow.ipu.optimizers.ipu_optimizer import IpuOptimizer
 __all__ = ["GradientAccumulationOptimizerV2", "GradientAccumulationOptimizer",
            "CrossReplicaGradientAccumulationOptimizerV2",
            "CrossReplicaGradientAccumulationOptimizer"]
+
+
+def _local_replicas() -> int:
+    """Local replicas of the configured system (1 without one)."""
+    system = current_system()
+    return system.num_local_replicas if system is not None else 1
+
+
+def _local_row(what: str) -> tf.Tensor:
+    """The calling replica's local index (traced: the replica function's index input;
+    outside any replica: 0), the row of its accumulators."""
+    try:
+        return _bridge.index_tensor(what)
+    except NotInReplicaError:
+        return tf.constant(0, tf.int32)
 
 
 class GradientAccumulationOptimizerV2(IpuOptimizer):
@@ -29,6 +48,10 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
     MEAN the sum times ``1/num_mini_batches``; RUNNING_MEAN ``acc * k/(k+1) + g/(k+1)`` for
     the k-th gradient (0-based) of the window. Works eagerly and in ``tf.function`` (the
     update under a ``tf.cond``; the wrapped optimizer's slots are made on the first call).
+    Each local replica has its own accumulators and call count (a row of
+    ``[R_local, *shape]`` variables picked by the replica's index), as each IPU replica
+    has its own; the wrapped optimizer then runs once per replica per window, as TF-IPU's
+    replicas each run it on their copy (ipupod's TF variables are one per instance).
     The offload and sharding arguments are recorded only.
 
     TF-IPU also checks at compile time that the enclosing loop's iteration count is a
@@ -60,23 +83,27 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
         self.offload_weight_update_variables = offload_weight_update_variables
         self.replicated_optimizer_state_sharding = replicated_optimizer_state_sharding
         self._dtype = dtype
-        self._accumulators: dict = {}   # variable ref -> accumulator Variable
-        self._calls: tf.Variable | None = None
+        self._accumulators: dict = {}   # variable ref -> accumulators [R_local, *shape]
+        self._calls: tf.Variable | None = None  # calls per local replica [R_local]
+        self._rows = 1
 
     def _accumulator(self, var: tf.Variable) -> tf.Variable:
+        """``var``'s accumulators, one row per local replica: ``[R_local, *var.shape]``."""
         acc = self._accumulators.get(var.ref())
         if acc is None:
             dtype = self._dtype(var) if callable(self._dtype) else self._dtype
             with tf.init_scope():
-                acc = tf.Variable(tf.zeros(var.shape, dtype or var.dtype), trainable=False,
+                acc = tf.Variable(tf.zeros([self._rows, *var.shape], dtype or var.dtype),
+                                  trainable=False,
                                   name=f"{var.name.split(':')[0]}/GradientAccumulation")
             self._accumulators[var.ref()] = acc
         return acc
 
     def _prepare(self, variables: list) -> None:
         if self._calls is None:
+            self._rows = _local_replicas()
             with tf.init_scope():
-                self._calls = tf.Variable(0, dtype=tf.int64, trainable=False,
+                self._calls = tf.Variable(tf.zeros([self._rows], tf.int64), trainable=False,
                                           name=f"{self._name}/calls")
         fresh = [v for v in variables if v.ref() not in self._accumulators]
         for var in fresh:
@@ -84,19 +111,19 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
         if fresh:
             self._prepare_inner(fresh)
 
-    def _accumulate(self, pairs: list, k: tf.Tensor) -> None:
+    def _accumulate(self, pairs: list, row: tf.Tensor, k: tf.Tensor) -> None:
         for grad, var in pairs:
             acc = self._accumulator(var)
             g = tf.cast(tf.convert_to_tensor(grad), acc.dtype)
             if self.reduction_method is GradientAccumulationReductionMethod.RUNNING_MEAN:
                 kf = tf.cast(k, acc.dtype)
-                acc.assign(acc * (kf / (kf + 1)) + g / (kf + 1))
+                acc[row].assign(acc[row] * (kf / (kf + 1)) + g / (kf + 1))
             else:
-                acc.assign_add(g)
+                acc[row].assign(acc[row] + g)
 
-    def _update(self, variables: list, global_step, name):
+    def _update(self, variables: list, row: tf.Tensor, global_step, name):
         accs = [self._accumulators[v.ref()] for v in variables]
-        grads = [tf.identity(a) for a in accs]
+        grads = [tf.identity(a[row]) for a in accs]
         if self.reduction_method is GradientAccumulationReductionMethod.MEAN:
             grads = [g * tf.cast(1.0 / self.num_mini_batches, g.dtype) for g in grads]
         if self._cross_replica:
@@ -105,19 +132,20 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
         with tf.control_dependencies(grads):
             self._apply_inner(list(zip(grads, variables)), global_step, name)
         for a in accs:
-            a.assign(tf.zeros_like(a))
+            a[row].assign(tf.zeros(a.shape[1:], a.dtype))
 
     def apply_gradients(self, grads_and_vars: Iterable, global_step=None,
                         name: str | None = None):
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         variables = [v for _, v in pairs]
         self._prepare(variables)
-        k = self._calls % self.num_mini_batches
-        self._accumulate(pairs, k)
-        self._calls.assign_add(1)
+        row = _local_row(self._name)
+        k = self._calls[row] % self.num_mini_batches
+        self._accumulate(pairs, row, k)
+        self._calls[row].assign(self._calls[row] + 1)
 
         def update():
-            self._update(variables, global_step, name)
+            self._update(variables, row, global_step, name)
             return tf.constant(True)
 
         return tf.cond(tf.equal(k, self.num_mini_batches - 1), update,
