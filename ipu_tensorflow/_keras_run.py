@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from collectives import all_gather, cross_replica_mean, cross_replica_sum
 
+from ipu_tensorflow import _keras_modelled
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR)
 
@@ -191,7 +192,9 @@ def _replica_fn(model, kind, r, element_spec):
         def fn(x, y, sw):
             return model(x, training=False)
     traced = tf.function(fn, autograph=True)
-    traced.get_concrete_function(*element_spec)
+    concrete = traced.get_concrete_function(*element_spec)
+    if kind == "train" and "train_flops" not in fns:
+        fns["train_flops"] = _keras_modelled.graph_flops(concrete)
     fns[(kind, r)] = traced
     return traced
 
@@ -334,6 +337,8 @@ def fit(model, a: dict):
                     "passed to the `compile()` method to improve performance.", model.name)
     train = [] if pipelined else [_replica_fn(model, "train", r, spec) for r in range(R)]
     apply = _apply_fn(model, strategy)
+    flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
+    params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     verbose = _verbosity(a["verbose"])
     callbacks = a["callbacks"]
     if not isinstance(callbacks, callbacks_module.CallbackList):
@@ -362,16 +367,16 @@ def fit(model, a: dict):
                 last = w == windows - 1
 
                 def window(r, w=w, last=last):
-                    if pipelined:
-                        reduced = model._pipeline_train_window(
-                            [batches[(w * G + g) * R + r] for g in range(G)],
-                            *_containers(model, r))
+                    mine = [batches[(w * G + g) * R + r] for g in range(G)]
+                    if pipelined:    # the pipeline runtime charges its passes itself
+                        reduced = model._pipeline_train_window(mine, *_containers(model, r))
                     else:
                         acc = _Accumulator(method, G)
-                        for g in range(G):
-                            xb, yb, swb = batches[(w * G + g) * R + r]
+                        for xb, yb, swb in mine:
                             acc.add(train[r](xb, yb, swb))
+                        _keras_modelled.charge_window(mine, flops)
                         reduced = cross_replica_sum(acc.result(), name="gradients")
+                    _keras_modelled.charge_update(params)
                     results = _reduced_logs(_metric_results(model, r),
                                             opts["metric_reduction"]) if last else None
                     return reduced, results

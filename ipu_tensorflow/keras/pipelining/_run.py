@@ -12,7 +12,7 @@ the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the m
 gradients in ascending order from zeros and applies them once per ``G`` micro-batches with
 the model's optimizer, so the weights equal the unpipelined model trained with the same
 gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's profiler on the
-traced stage (``ProfileOptionBuilder.float_operation``).
+traced stage (the front end's ``graph_flops``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ipu_node.optimizers import Optimizer
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
 
+from ipu_tensorflow._keras_modelled import graph_flops
 from ipu_tensorflow.keras.pipelining._cut import StageCut
 
 __all__ = ["PipelineRun", "MicroBatches"]
@@ -68,7 +69,8 @@ def _tensors(nest: Any) -> Any:
 
 
 def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
-    """FLOPs of stage ``s``'s layer calls, counted by TensorFlow's profiler on the stage
+    """FLOPs of stage ``s``'s layer calls: the front end's count of a traced graph
+    (:func:`ipu_tensorflow._keras_modelled.graph_flops`, TensorFlow's profiler) on the stage
     traced for these input shapes."""
     keys = sorted(live)
     specs = [tf.TensorSpec(live[k].shape, live[k].dtype) for k in keys]
@@ -76,10 +78,7 @@ def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
     def body(*tensors):
         out = cut.run_stage(s, dict(zip(keys, tensors)), training)
         return [out[k] for k in sorted(out) if k not in keys]
-    graph = tf.function(body).get_concrete_function(*specs).graph
-    opts = tf.compat.v1.profiler.ProfileOptionBuilder(
-        tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()).with_empty_output().build()
-    return float(tf.compat.v1.profiler.profile(graph, options=opts).total_float_ops)
+    return float(graph_flops(tf.function(body).get_concrete_function(*specs)))
 
 
 class _KerasWeightUpdate(Optimizer):
