@@ -327,7 +327,7 @@ def test_run_report_and_trace_of_a_replicated_pipeline(tmp_path):
 def test_the_poptorch_report_and_trace_of_free_devices(tmp_path, monkeypatch, capsys):
     import json
 
-    from poptorch import _report
+    from poptorch.modelling import _report
 
     x, y = data(4)
     model = training(annotate(Chain(2), [0, 1]), G=4)

@@ -8,7 +8,7 @@ schedule (every pass of a micro-batch before the next micro-batch's). Inference 
 device iterations through the forward stages.
 
 How the passes run: each micro-batch's forward pass runs in a greenlet of the replica's
-thread and stops where its next stage begins (:class:`~poptorch._stage_trace.StageTrace`
+thread and stops where its next stage begins (:class:`~poptorch.pipelining._stage_trace.StageTrace`
 calls back at the block that begins it, and steps out of the thread's torch function mode
 stack until it resumes); the forward pass ``F_s(m)`` lets micro-batch m's forward run through
 stage s, so the stages' operations run in exactly the schedule's order. The backward pass
@@ -35,10 +35,10 @@ from greenlet import greenlet
 
 from ipu_node.pipelining.schedules import PipelineSchedule, schedule_steps
 
-from poptorch._batching import MicroBatches, OutputCollector
+from poptorch.data._batching import MicroBatches, OutputCollector
 from poptorch._errors import createPoptorchError
-from poptorch._stage_trace import StagePlan, StageTrace, _Cancelled
-from poptorch._strategies import ExecutionStrategy
+from poptorch.pipelining._stage_trace import StagePlan, StageTrace, _Cancelled
+from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["PipelinedStages", "schedule_of"]
@@ -88,7 +88,7 @@ class _Forward:
 
 class PipelinedStages:
     """The stages of a model and how one replica runs them (the stage interface of
-    :mod:`poptorch._step`).
+    :mod:`poptorch.execution._step`).
 
     Args:
         plan: the compiled stages.

@@ -19,7 +19,8 @@ Two kinds of attachment:
 
 A replica of a model with blocks over several IPUs has ``ipus_per_replica`` IPUs in either
 kind. What a model keeps on each IPU of a replica is counted in its SRAM
-(``ipu_node.IPUMemory``, :mod:`poptorch._memory`); PopTorch's out-of-memory error when it does
+(``ipu_node.IPUMemory``, :mod:`poptorch.modelling._memory`); PopTorch's out-of-memory error when it
+does
 not fit. Each IPU has a modelled timeline: the configured system's
 (:func:`ipu_node.clock.timeline`) for a job device, its own (an ``ipu_node.clock.Timeline``)
 for a free one.

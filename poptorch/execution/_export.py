@@ -1,5 +1,5 @@
 """Precompilation: ``compileAndExport``, ``save``, ``loadExecutable`` and ``poptorch.load``
-(poptorch reference §5.2; a mixin of :class:`poptorch._executor.PoplarExecutor`).
+(poptorch reference §5.2; a mixin of :class:`poptorch.execution._executor.PoplarExecutor`).
 
 ipupod compiles nothing, so an export holds what a model needs to be made again: the
 PopTorch version, whether it trains, its options, the user's model (``export_model``), the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from poptorch._errors import createPoptorchError
-from poptorch._executor_weights import NO_EXECUTABLE_ERR
+from poptorch.execution._executor_weights import NO_EXECUTABLE_ERR
 from poptorch._version import __version__
 
 __all__ = ["ExecutorExport", "read_export", "EXPORT_KIND"]

@@ -1,5 +1,6 @@
 """What a ``PoplarExecutor`` reports about itself: timings, counters, names, random state,
-and its entry in the run report (a mixin of :class:`poptorch._executor.PoplarExecutor`)."""
+and its entry in the run report (a mixin of
+:class:`poptorch.execution._executor.PoplarExecutor`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import torch
 
 from ipu_node.pipelining.schedules import stash_depths
 
-from poptorch._device_optim import state_nbytes_per_param
+from poptorch.execution._device_optim import state_nbytes_per_param
 from poptorch._errors import createPoptorchError
-from poptorch._model_report import ModelReport, StageReport
-from poptorch._report import describe_options, remember
+from poptorch.modelling._model_report import ModelReport, StageReport
+from poptorch.modelling._report import describe_options, remember
 
 __all__ = ["ExecutorInfo"]
 
@@ -69,7 +70,7 @@ class ExecutorInfo:
     def modelReport(self) -> ModelReport:
         """ipupod's account of this model (an ipupod extension): its stages, memory per IPU,
         modelled step time and bubble, and the numbers a ``collectives.step_model.ModelCard``
-        needs (:class:`poptorch._model_report.ModelReport`).
+        needs (:class:`poptorch.modelling._model_report.ModelReport`).
 
         Raises:
             poptorch.Error: not compiled.

@@ -4,9 +4,10 @@
 (traced for its loss and random numbers, :mod:`poptorch._tracing`) then backward. A model cut
 into stages (``BeginBlock``/``Block``/``Stage``, ``PipelinedExecution``/``ShardedExecution``)
 runs its micro-batches through the pipeline schedule instead
-(:class:`poptorch._pipeline.PipelinedStages`, the same two methods); :func:`train_replica` and
+(:class:`poptorch.pipelining._pipeline.PipelinedStages`, the same two methods);
+:func:`train_replica` and
 :func:`infer_replica` do not change. The modelled time of each step is charged to the
-replica's IPUs (``TrainPlan.clock``, :mod:`poptorch._modelled`).
+replica's IPUs (``TrainPlan.clock``, :mod:`poptorch.modelling._modelled`).
 
 Per optimizer step of a training call (reference §5.4), on every replica: the G
 micro-batches' gradients accumulate (PyTorch's ``.grad`` accumulation in step order, or
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from poptorch import enums
-from poptorch._batching import MicroBatches, OutputCollector
+from poptorch.data._batching import MicroBatches, OutputCollector
 from poptorch._nest import flatten
 from poptorch._tracing import ReplicaRNG, Trace
 
@@ -130,7 +131,7 @@ class TrainPlan:
 
     Attributes:
         clock: charges each step's modelled time to a replica's IPUs
-            (:class:`poptorch._modelled.ModelledClock`), or None.
+            (:class:`poptorch.modelling._modelled.ModelledClock`), or None.
     """
 
     micro: MicroBatches

@@ -1,7 +1,7 @@
 """The poptorch part of a run report: every model of the process, its replicas and IPUs,
 the SRAM its tensors take, its options (split into those the emulation acts on and those it
 accepts without effect) and ipupod's account of it (``"model"``: its stages, memory per IPU
-and modelled step, :class:`poptorch._model_report.ModelReport`).
+and modelled step, :class:`poptorch.modelling._model_report.ModelReport`).
 
 Where reports go: ``IPUPOD_REPORT_DIR`` (``poprun --report-dir``), else the ``autoReport``
 directory of ``POPLAR_ENGINE_OPTIONS``, else that of a model's ``enableProfiling``. There the
@@ -76,7 +76,7 @@ def describe_options(options) -> dict[str, dict]:
     """``{"acted_on": {...}, "not_acted_on": {...}}``: the options that differ from a new
     ``Options()`` (plus the process id and count), split by whether the emulation acts on
     them."""
-    from poptorch._options import Options
+    from poptorch.options._options import Options
     current, default = _flat(options), _flat(Options())
     out: dict[str, dict] = {"acted_on": {}, "not_acted_on": {}}
     for key, value in current.items():
@@ -173,7 +173,7 @@ def trace(models: list | None = None) -> dict:
 
 def summary() -> str:
     """The modelled step of every model that ran, alive or gone
-    (:meth:`poptorch._model_report.ModelReport.table`)."""
+    (:meth:`poptorch.modelling._model_report.ModelReport.table`)."""
     tables = []
     for model, snapshot in _entries():
         if model is not None and model._profile is not None and model._modelled["calls"]:

@@ -2,16 +2,19 @@
 reference §5).
 
 The first call (or :meth:`~PoplarExecutor.compile`) checks the options and the input batch,
-makes the replica copies (:mod:`poptorch._replicas`), runs the model once on replica 0 with
+makes the replica copies (:mod:`poptorch.execution._replicas`), runs the model once on replica 0
+with
 its first micro-batch to find its blocks and stages and count it (the loss rules, the buffer
 rule, the stage rules; buffers and random state are put back:
-:mod:`poptorch._executor_stages`), attaches the replicas to emulated IPUs
-(:mod:`poptorch._device`), makes the optimizers (:mod:`poptorch._device_optim`), places the
+:mod:`poptorch.execution._executor_stages`), attaches the replicas to emulated IPUs
+(:mod:`poptorch.execution._device`), makes the optimizers
+(:mod:`poptorch.execution._device_optim`), places the
 model's memory on each IPU and lays out its modelled steps. Each call then runs
-``deviceIterations`` steps on every local replica (:mod:`poptorch._step`, through the
-pipeline schedule for a model of several stages: :mod:`poptorch._pipeline`), charges their
+``deviceIterations`` steps on every local replica (:mod:`poptorch.execution._step`, through the
+pipeline schedule for a model of several stages: :mod:`poptorch.pipelining._pipeline`), charges
+their
 modelled time to the IPUs' clocks and returns the outputs of the output mode
-(:mod:`poptorch._batching`).
+(:mod:`poptorch.data._batching`).
 """
 
 from __future__ import annotations
@@ -24,23 +27,23 @@ from typing import Any
 import torch
 
 from poptorch import enums
-from poptorch._batching import Layout, MicroBatches, OutputCollector, check_batch
-from poptorch._device import attach_free, attach_job, ipus_to_reserve
-from poptorch._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
-                                    needs_running_mean)
+from poptorch.data._batching import Layout, MicroBatches, OutputCollector, check_batch
+from poptorch.execution._device import attach_free, attach_job, ipus_to_reserve
+from poptorch.execution._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
+                                              needs_running_mean)
 from poptorch._errors import createPoptorchError
-from poptorch._executor_info import ExecutorInfo
-from poptorch._executor_stages import ExecutorStages
-from poptorch._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
-from poptorch._export import ExecutorExport
+from poptorch.execution._executor_info import ExecutorInfo
+from poptorch.execution._executor_stages import ExecutorStages
+from poptorch.execution._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
+from poptorch.execution._export import ExecutorExport
 from poptorch._logging import logger
-from poptorch._options import Options
-from poptorch._popart_options import validate as validate_popart
-from poptorch._replicas import Replicas
-from poptorch._report import register_model
-from poptorch._runner import JobRunner, LocalRunner
-from poptorch._signature import CompiledInputs
-from poptorch._step import Accumulation, TrainPlan, infer_replica, train_replica
+from poptorch.options._options import Options
+from poptorch.options._popart_options import validate as validate_popart
+from poptorch.execution._replicas import Replicas
+from poptorch.modelling._report import register_model
+from poptorch.execution._runner import JobRunner, LocalRunner
+from poptorch.execution._signature import CompiledInputs
+from poptorch.execution._step import Accumulation, TrainPlan, infer_replica, train_replica
 from poptorch._threads import threads_per_replica
 from poptorch._tracing import ReplicaRNG
 from poptorch._wrapped import unwrap
@@ -51,10 +54,10 @@ __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
 class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStages):
     """A PyTorch model running on emulated IPUs (make one with ``poptorch.trainingModel``
     or ``poptorch.inferenceModel``). Attributes not found here are the user model's.
-    Weight and optimizer methods: :class:`~poptorch._executor_weights.ExecutorWeights`;
-    reporting: :class:`~poptorch._executor_info.ExecutorInfo`; precompilation:
-    :class:`~poptorch._export.ExecutorExport`; stages, memory and modelled time:
-    :class:`~poptorch._executor_stages.ExecutorStages`."""
+    Weight and optimizer methods: :class:`~poptorch.execution._executor_weights.ExecutorWeights`;
+    reporting: :class:`~poptorch.execution._executor_info.ExecutorInfo`; precompilation:
+    :class:`~poptorch.execution._export.ExecutorExport`; stages, memory and modelled time:
+    :class:`~poptorch.execution._executor_stages.ExecutorStages`."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
                  optimizer: torch.optim.Optimizer | None = None,

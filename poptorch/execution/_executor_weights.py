@@ -1,5 +1,6 @@
 """Weights and optimizer of a ``PoplarExecutor``: PopTorch's copies between host and device
-and ``setOptimizer`` (a mixin of :class:`poptorch._executor.PoplarExecutor`; reference §5.5,
+and ``setOptimizer`` (a mixin of :class:`poptorch.execution._executor.PoplarExecutor`; reference
+§5.5,
 §6.3)."""
 
 from __future__ import annotations
@@ -7,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from poptorch import enums
-from poptorch._device_optim import check_constants, load_state, native_class, needs_running_mean
+from poptorch.execution._device_optim import (check_constants, load_state, native_class,
+                                              needs_running_mean)
 from poptorch._errors import createPoptorchError
 
 __all__ = ["ExecutorWeights", "NO_EXECUTABLE_ERR"]

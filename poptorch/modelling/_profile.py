@@ -2,7 +2,7 @@
 micro-batch (the input signature is fixed from then on: poptorch reference §3.2).
 
 :func:`profile_forward` runs replica 0's first micro-batch through a discovering
-:class:`~poptorch._stage_trace.StageTrace` and counts, per stage (segment):
+:class:`~poptorch.pipelining._stage_trace.StageTrace` and counts, per stage (segment):
 
 * FLOPs of the forward and (training) of each stage's backward pass, counted as PyTorch's
   ``torch.utils.flop_counter.FlopCounterMode`` counts them (its ``flop_registry`` and its rule
@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from poptorch._nest import flatten
-from poptorch._stage_trace import StagePlan, StageTrace
-from poptorch._strategies import ExecutionStrategy
+from poptorch.pipelining._stage_trace import StagePlan, StageTrace
+from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["StageCounts", "ModelProfile", "profile_forward", "FlopCount"]
@@ -264,8 +264,8 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
         ``(profile, output, trace)``: the trace knows the losses and random calls.
 
     Raises:
-        poptorch.Error, AssertionError: the block rules (:mod:`poptorch._strategies`,
-            :class:`~poptorch._stage_trace.StageTrace`); the loss rules in training.
+        poptorch.Error, AssertionError: the block rules (:mod:`poptorch.pipelining._strategies`,
+            :class:`~poptorch.pipelining._stage_trace.StageTrace`); the loss rules in training.
     """
     inputs = [t for t in flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     grads = {p: p.grad for p in module.parameters()}

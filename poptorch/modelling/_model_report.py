@@ -48,7 +48,7 @@ class ModelReport:
         micro_batch: items per micro-batch; ``gradient_accumulation``, ``device_iterations``,
             ``replicas`` (local), ``global_replicas``, ``ipus_per_replica``.
         recompute: whether backward passes recompute their stage's forward pass.
-        memory: IPU id -> bytes per kind (:meth:`poptorch._memory.MemoryPlan.breakdown`)
+        memory: IPU id -> bytes per kind (:meth:`poptorch.modelling._memory.MemoryPlan.breakdown`)
             plus ``capacity``; one replica's IPUs (every replica holds the same).
         planned_step_s: a step's pipeline (with host input) and weight update, as laid out
             at compile (no gradient reduction: the collectives charge it as they run).

@@ -1,11 +1,12 @@
 """A model's stages, memory and modelled time, as its compilation finds them (a mixin of
-:class:`poptorch._executor.PoplarExecutor`).
+:class:`poptorch.execution._executor.PoplarExecutor`).
 
 At compile: one forward (and, in training, backward) pass of replica 0's first micro-batch
-discovers the blocks and counts the model (:func:`poptorch._profile.profile_forward`); the
+discovers the blocks and counts the model (:func:`poptorch.modelling._profile.profile_forward`); the
 stage rules of poptorch reference §7.3-7.4 are checked; after attaching, the memory of each IPU
-is planned and placed (:mod:`poptorch._memory`, PopTorch's out-of-memory error when it does
-not fit) and the modelled steps are laid out (:mod:`poptorch._modelled`).
+is planned and placed (:mod:`poptorch.modelling._memory`, PopTorch's out-of-memory error when it
+does
+not fit) and the modelled steps are laid out (:mod:`poptorch.modelling._modelled`).
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from ipu_node import IPU
 from ipu_node.pipelining.schedules import stash_depths
 
 from poptorch import enums
-from poptorch._batching import MicroBatches
-from poptorch._device_optim import state_nbytes_per_param
+from poptorch.data._batching import MicroBatches
+from poptorch.execution._device_optim import state_nbytes_per_param
 from poptorch._errors import Error, createPoptorchError
-from poptorch._memory import Locations, plan_memory
-from poptorch._modelled import ModelledClock
+from poptorch.modelling._memory import Locations, plan_memory
+from poptorch.modelling._modelled import ModelledClock
 from poptorch._nest import flatten
-from poptorch._pipeline import PipelinedStages, schedule_of
-from poptorch._profile import profile_forward
-from poptorch._step import SingleStage
-from poptorch._strategies import PipelinedExecution
+from poptorch.pipelining._pipeline import PipelinedStages, schedule_of
+from poptorch.modelling._profile import profile_forward
+from poptorch.execution._step import SingleStage
+from poptorch.pipelining._strategies import PipelinedExecution
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["ExecutorStages", "RECOMPUTATION_OPTION"]

@@ -1,7 +1,8 @@
 """One forward pass of a model cut into stages (poptorch reference §7), seen op by op.
 
 :class:`StageTrace` extends :class:`poptorch._tracing.Trace` (losses, the replica's random
-numbers) with the blocks: it is the forward pass the annotations of :mod:`poptorch._blocks`
+numbers) with the blocks: it is the forward pass the annotations of
+:mod:`poptorch.pipelining._blocks`
 talk to. The forward is cut into *segments*, one per stage it runs in, in the order it runs
 them (a pipelined model's stage ids must grow along the forward; a sharded one may come back
 to an IPU, each visit its own segment).
@@ -17,7 +18,8 @@ Two modes:
 
 * **discovering** (``plan=None``, once at compile): blocks are resolved by the options'
   strategy and the segments recorded (:attr:`segments`); ``observer`` (the compile-time
-  :class:`poptorch._profile.Profiler`) sees every op, segment switch, checkpoint and memory
+  :class:`poptorch.modelling._profile.Profiler`) sees every op, segment switch, checkpoint and
+  memory
   note;
 * **running** (``plan`` given): the blocks are looked up in the compiled plan, the forward
   must take the same segments, and ``on_switch(segment)`` is called before each segment after
@@ -31,9 +33,9 @@ from typing import Any, Callable
 
 import torch
 
-from poptorch._blocks import set_current_forward
+from poptorch.pipelining._blocks import set_current_forward
 from poptorch._errors import createPoptorchError
-from poptorch._strategies import DEFAULT_STAGE, ExecutionStrategy
+from poptorch.pipelining._strategies import DEFAULT_STAGE, ExecutionStrategy
 from poptorch._tracing import ReplicaRNG, Trace
 
 __all__ = ["StageTrace", "StagePlan", "Segment", "Crossing"]
@@ -175,7 +177,7 @@ class StageTrace(Trace):
             super().resume()
         set_current_forward(self)
 
-    # -- blocks (poptorch._blocks) ---------------------------------------------------------
+    # -- blocks (poptorch.pipelining._blocks) ------------------------------------------------------
     def next_auto_id(self) -> str:
         value = self._auto
         self._auto += 1

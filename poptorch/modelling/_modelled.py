@@ -1,6 +1,6 @@
 """What the real IPUs would take for a model's steps: the modelled clock of each replica's
 IPUs (:mod:`ipu_node.clock`), laid out from the model's own counts
-(:mod:`poptorch._profile`) and the same BSP steps as the numpy pipeline
+(:mod:`poptorch.modelling._profile`) and the same BSP steps as the numpy pipeline
 (:func:`ipu_node.clock.bsp_step`).
 
 One training step (device iteration) of a replica, in modelled seconds:
@@ -8,7 +8,8 @@ One training step (device iteration) of a replica, in modelled seconds:
 1. **host input**: the step's input bytes (G micro-batches) from the host to the IPUs of the
    stages that read them (:func:`ipu_node.host_transfer_time_s`); every IPU waits for them
    (no overlapped I/O: PopTorch overlaps only with IO tiles and ``set_overlap_for_input``);
-2. **the pipeline**: the schedule's steps (:func:`poptorch._pipeline.schedule_of`); a pass
+2. **the pipeline**: the schedule's steps (:func:`poptorch.pipelining._pipeline.schedule_of`); a
+pass
    computes its stage's FLOPs at the chip's peak for the stage's dtype times
    ``compute_efficiency`` (:func:`ipu_node.clock.compute_efficiency`; the chip's figures in
    :mod:`ipu_node.chips`), a backward pass under recomputation also its forward FLOPs again;
@@ -84,7 +85,8 @@ class ModelledClock:
         timelines: per local replica, the timeline of each IPU index.
         system_model: the modelled POD (links, chip).
         training, recompute, G: as the model runs.
-        memory: the model's :class:`~poptorch._memory.MemoryPlan` (Streaming Memory bytes).
+        memory: the model's :class:`~poptorch.modelling._memory.MemoryPlan` (Streaming Memory
+        bytes).
         update_elements: IPU index -> trainable parameter elements (the weight update).
         output_bytes: bytes a training step returns to the host.
     """

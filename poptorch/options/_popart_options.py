@@ -18,7 +18,7 @@ from typing import Any
 
 from poptorch._errors import createPoptorchError
 from poptorch._logging import logger
-from poptorch._options_dict import FROZEN_MESSAGE
+from poptorch.options._options_dict import FROZEN_MESSAGE
 
 __all__ = ["PopartOptions", "validate", "KNOWN_POPART_OPTIONS"]
 

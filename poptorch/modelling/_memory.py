@@ -1,11 +1,11 @@
 """What a model keeps in each IPU's In-Processor-Memory, from the model itself (poptorch
-reference §2.4 ``TensorLocations``; the counts of :mod:`poptorch._profile`).
+reference §2.4 ``TensorLocations``; the counts of :mod:`poptorch.modelling._profile`).
 
 Per IPU of a replica, the tensors of the stages it runs:
 
 * **parameters** and **buffers** (each on the IPU of the stage that uses it first);
 * **optimizer state** (the optimizer's slots per trainable parameter,
-  :func:`poptorch._device_optim.state_nbytes_per_param`) and **gradient accumulators**
+  :func:`poptorch.execution._device_optim.state_nbytes_per_param`) and **gradient accumulators**
   (``gradientAccumulation > 1``, in the optimizer's ``accum_type``);
 * **activations**: in training, each stage keeps what one micro-batch's backward pass needs
   for as many micro-batches as the schedule has in flight there (its stash depth). Without
@@ -23,7 +23,7 @@ Per IPU of a replica, the tensors of the stages it runs:
 those tensors in Streaming Memory (tensors with fewer than ``minElementsForOffChip`` elements
 stay), ``useReplicatedTensorSharding(True)`` divides them over the job's replicas (those with
 at least ``minElementsForReplicatedTensorSharding`` elements). The transfers they cause are
-priced by :mod:`poptorch._modelled`.
+priced by :mod:`poptorch.modelling._modelled`.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[in
     """The memory of one replica of model ``name`` (module docstring).
 
     Args:
-        profile: the model's :class:`~poptorch._profile.ModelProfile`.
+        profile: the model's :class:`~poptorch.modelling._profile.ModelProfile`.
         stage_ipus: the replica IPU index of each stage.
         depths: each stage's stash depth (the schedule's; 1 when sharded, 0 in inference).
         params: parameter or buffer name -> tensor (replica 0's).

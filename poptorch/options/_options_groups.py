@@ -5,7 +5,7 @@
 What the emulation acts on: ``Training.gradientAccumulation``,
 ``accumulationAndReplicationReductionType``, the mean reduction strategy and the
 ``Distributed`` process id and count. The others are accepted, recorded in the run report
-(:func:`poptorch._report.describe_options`) and change nothing; each says so.
+(:func:`poptorch.modelling._report.describe_options`) and change nothing; each says so.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 
 from poptorch import enums
 from poptorch._logging import logger
-from poptorch._options_dict import OptionsDict
-from poptorch._popart_options import PopartOptions
+from poptorch.options._options_dict import OptionsDict
+from poptorch.options._popart_options import PopartOptions
 
 __all__ = ["TrainingOptions", "PrecisionOptions", "TensorLocationSettings",
            "TensorLocationOptions", "DistributedOptions", "JitOptions", "launcher_process"]
@@ -142,9 +142,9 @@ class PrecisionOptions(OptionsDict):
 
 class TensorLocationSettings(OptionsDict):
     """Where a class of tensors is stored (``poptorch.TensorLocationSettings()``): the memory
-    model (:mod:`poptorch._memory`) moves off-chip tensors to Streaming Memory and shards
+    model (:mod:`poptorch.modelling._memory`) moves off-chip tensors to Streaming Memory and shards
     replicated-tensor-sharded ones over the replicas; the modelled time pays the transfers
-    (:mod:`poptorch._modelled`). The numbers do not change."""
+    (:mod:`poptorch.modelling._modelled`). The numbers do not change."""
 
     def __init__(self) -> None:
         super().__init__()

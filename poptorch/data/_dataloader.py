@@ -16,10 +16,10 @@ import torch
 import torch.utils.data
 
 from poptorch import enums
-from poptorch._async import AsynchronousDataAccessor
+from poptorch.data._async import AsynchronousDataAccessor
 from poptorch._errors import createPoptorchError
 from poptorch._logging import logger
-from poptorch._options import Options
+from poptorch.options._options import Options
 
 __all__ = ["DataLoader", "SubDataset", "combined_batch_size"]
 

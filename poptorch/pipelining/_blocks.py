@@ -7,11 +7,11 @@ operations that follow belong to it until the next block begins (leaving a ``wit
 keeps them there: PopART places an operation without a block with its inputs'). Blocks
 without a ``user_id`` get automatic ids "0", "1", ... in the order they begin in each forward
 pass (``Block.useAutoId()`` starts again from "0"). The strategy of the options
-(:mod:`poptorch._strategies`) maps each block to a stage and an IPU.
+(:mod:`poptorch.pipelining._strategies`) maps each block to a stage and an IPU.
 
 Outside a PopTorch model's forward pass (plain CPU PyTorch) the annotations do nothing, as in
 PopTorch. Inside one, the forward pass running in this thread (a
-:class:`poptorch._stage_trace.StageTrace`) is told of each block.
+:class:`poptorch.pipelining._stage_trace.StageTrace`) is told of each block.
 """
 
 from __future__ import annotations
