@@ -243,11 +243,14 @@ def _estimate(system) -> dict | None:
     fields = {"replicas": system.num_replicas, "ipus_per_replica": system.ipus_per_replica,
               "instances": system.process_count, **(_state["config"] or {})}
     est = predict(card, StepConfig(system.model.name, **fields))
+    plain = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(card).items()}
+    plain["compute_ops"] = [ops.to_plain() for ops in card.compute_ops]
     return {"step_s": est.step_s, "samples_per_s": est.samples_per_s,
             "breakdown": dict(est.breakdown), "allreduce_method": est.allreduce_method,
-            "card": {k: (list(v) if isinstance(v, tuple) else v)
-                     for k, v in vars(card).items()},
-            "config": fields, "table": est.table()}
+            "compute_breakdown": dict(est.compute_breakdown),
+            "compute_categories": dict(est.compute_categories),
+            "top_ops": [list(t) for t in est.top_ops],
+            "card": plain, "config": fields, "table": est.table()}
 
 
 def trace_events(report: dict) -> list[dict]:
@@ -357,16 +360,43 @@ def summary(report: dict) -> str:
     lines.append(f"  busiest IPU: {busy * 1e3:.3f} modelled ms over {len(report['ipus'])} IPUs")
     est = report.get("step_estimate")
     if est:
+        per_op = bool(est.get("compute_breakdown"))
         lines.append(f"  step estimate: {est['step_s'] * 1e3:.3f} ms, "
                      f"{est['samples_per_s']:,.0f} samples/s (collectives.performance.step_model of the "
-                     "model card: no BSP sync or on-chip exchange, which the modelled clock "
-                     "above counts)")
+                     "model card" + ("" if per_op else ": no BSP sync or on-chip exchange, which "
+                                     "the modelled clock above counts") + ")")
+        if per_op:
+            lines.append("    compute by operation: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in est["compute_breakdown"].items()))
+            lines.append("    compute by unit: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in est["compute_categories"].items()))
+            lines.append("    top operations: " + "; ".join(
+                f"{n} ({k}, x{c}) {t * 1e3:.3f} ms" for n, k, c, t in est["top_ops"][:5]))
     for name, section in (report.get("sections") or {}).items():
         text = section.get("summary") if isinstance(section, dict) else None
         if text:
             lines.append(f"  {name}:")
             lines.extend("    " + line for line in text.splitlines())
+    lines += _stage_lines(report)
     return "\n".join(lines)
+
+
+def _stage_lines(report: dict) -> list[str]:
+    """Where each front-end model's stages spend their modelled compute (the sections'
+    ``model`` entries with stages priced per operation)."""
+    lines = []
+    for name, entries in (report.get("sections") or {}).items():
+        for entry in entries if isinstance(entries, list) else [entries]:
+            model = entry.get("model") if isinstance(entry, dict) else None
+            for stage in (model or {}).get("stages", []):
+                if stage.get("compute"):
+                    lines.append(f"  {name} '{model.get('name')}' stage {stage['stage']} "
+                                 "compute of a micro-batch: " + ", ".join(
+                                     f"{k} {v * 1e6:.1f} us" for k, v in stage["compute"]))
+                    lines.append("    top operations: " + "; ".join(
+                        f"{n} ({k}, x{c}) {t * 1e6:.1f} us"
+                        for n, k, c, t in stage["top_ops"][:5]))
+    return lines
 
 
 def write_report(directory: str, system, ledger) -> tuple[str, str]:
