@@ -48,8 +48,9 @@ ACTED_ON = frozenset({
 })
 
 _models: list[weakref.ref] = []
-#: the application calls recorded (record_call), in call order
-_calls: list[dict] = []
+#: the application calls recorded (record_call), in order of their first call: one entry,
+#: with its count, per call name, effect and arguments
+_calls: dict[str, dict] = {}
 _lock = threading.Lock()
 _state = {"registered": False}
 
@@ -122,15 +123,18 @@ def _entries() -> list[tuple[Any, Callable[[], dict] | None]]:
 def record_call(name: str, effect: str = "none", **arguments: Any) -> None:
     """Record an application call (``getAnchoredTensor``, ``setAutomaticLossScaling``,
     ``hvd.start_timeline``, ...) in the report's ``calls``: its name, arguments (plain
-    values) and what it does here (``effect``: "none" when it is accepted without effect)."""
+    values) and what it does here (``effect``: "none" when it is accepted without effect);
+    a call made again with the same arguments counts in its entry's ``"count"``."""
+    entry = {"call": name, "arguments": _plain(arguments), "effect": effect}
+    key = json.dumps(entry, sort_keys=True)
     with _lock:
-        _calls.append({"call": name, "arguments": _plain(arguments), "effect": effect})
+        _calls.setdefault(key, {**entry, "count": 0})["count"] += 1
 
 
 def recorded_calls() -> list[dict]:
     """The calls :func:`record_call` recorded so far (copies)."""
     with _lock:
-        return [dict(c) for c in _calls]
+        return [dict(c) for c in _calls.values()]
 
 
 def report() -> dict:
