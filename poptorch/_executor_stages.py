@@ -23,6 +23,7 @@ from poptorch._memory import Locations, plan_memory
 from poptorch._modelled import ModelledClock
 from poptorch._nest import flatten
 from poptorch._pipeline import PipelinedStages, schedule_of
+from poptorch._precision import partials_of, precision_mode
 from poptorch._profile import profile_forward
 from poptorch._step import SingleStage
 from poptorch._strategies import PipelinedExecution
@@ -44,6 +45,14 @@ class ExecutorStages:
             strategy = self._options._execution_strategy = PipelinedExecution()
         return strategy
 
+    def _precision(self, module, inputs=()):
+        """The float16-as-float32 mode of ``module`` (:mod:`poptorch._precision`): active when
+        its parameters, buffers or ``inputs`` hold float16; partials as
+        ``Precision.setPartialsType`` set them."""
+        tensors = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        return precision_mode(list(module.parameters()) + list(module.buffers()) + tensors,
+                              partials_of(self._options._Popart.options))
+
     @torch.no_grad()
     def _snapshot_buffers(self) -> list[torch.Tensor]:
         return [b.clone() for _, b in self._replicas.modules[0].named_buffers() if b is not None]
@@ -62,8 +71,9 @@ class ExecutorStages:
             first = next((t for t in flatten((args0, kwargs0))[0]
                           if isinstance(t, torch.Tensor) and t.dim()), None)
             self._micro_rows = first.shape[0] if first is not None else 1
-            profile, output, trace = profile_forward(module, args0, kwargs0, rng,
-                                                     self._strategy(), self._training)
+            with self._precision(module, (args0, kwargs0)):  # (outside the op ledger)
+                profile, output, trace = profile_forward(module, args0, kwargs0, rng,
+                                                         self._strategy(), self._training)
             loss_index = None
             if self._training:
                 loss = trace.final_loss()
