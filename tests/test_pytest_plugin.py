@@ -151,6 +151,7 @@ def test_an_instance_that_dies_without_a_word_is_named_by_its_exit_code(session,
 @pytest.mark.slow
 def test_an_instance_that_hangs_is_stopped_at_the_timeout_and_named(session, pytester):
     session.mpi = True
+    pytester.makeini("[pytest]\npoprun_timeout = 4\n")   # the default of every job
     pytester.makepyfile(test_hang="""
         import time
         import pytest
@@ -160,7 +161,7 @@ def test_an_instance_that_hangs_is_stopped_at_the_timeout_and_named(session, pyt
             while True:
                 time.sleep(0.1)
 
-        @pytest.mark.poprun(num_instances=2, transport="mpi", timeout=4)
+        @pytest.mark.poprun(num_instances=2, transport="mpi")
         def test_job():
             if popdist.getInstanceIndex() == 1:
                 wait_for_ever()
@@ -259,6 +260,21 @@ def test_a_bad_marker_fails_the_test_naming_it(pytester):
         "*test_bad.py::test_typo: @pytest.mark.poprun has no keyword num_replica; known: "
         "num_instances, num_replicas,*",
         "*--num-replicas (4) must be divisible by --num-instances (3)*"])
+
+
+def test_the_marker_s_timeout_wins_over_the_ini_option():
+    from types import SimpleNamespace
+    from poprun.pytest_plugin import _marker_options
+    item = SimpleNamespace(nodeid="t.py::t", config=SimpleNamespace(getini=lambda name: "4"))
+    assert _marker_options(item, pytest.mark.poprun(3).mark) == {"num_instances": 3,
+                                                                 "timeout": 4.0}
+    assert _marker_options(item, pytest.mark.poprun(timeout=9).mark) == {"timeout": 9}
+    with pytest.raises(ValueError, match="takes num_instances by position and the rest by "
+                                         "keyword"):
+        _marker_options(item, pytest.mark.poprun(2, 4).mark)
+    item.config.getini = lambda name: "soon"
+    with pytest.raises(ValueError, match="poprun_timeout = 'soon' is not a number of seconds"):
+        _marker_options(item, pytest.mark.poprun().mark)
 
 
 def _module_level(x):
