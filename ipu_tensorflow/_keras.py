@@ -32,6 +32,7 @@ import threading
 
 import tensorflow as tf
 
+from ipu_tensorflow.keras.pipelining.extension import PipeliningExtension
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR,
                                            parse_accumulation_reduction,
@@ -106,7 +107,7 @@ _NOT_OVERRIDABLE = ("train_step", "make_train_function", "make_test_function",
                     "make_predict_function")
 
 
-class KerasExtension:
+class KerasExtension(PipeliningExtension):
     """The IPU extension of a Keras model (its methods come first in the MRO)."""
 
     # -- options ------------------------------------------------------------------------------

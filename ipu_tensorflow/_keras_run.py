@@ -316,6 +316,10 @@ def fit(model, a: dict):
     from tf_keras.src import callbacks as callbacks_module
     opts = model._ipu_options()
     G, method = opts["G"], opts["ga_method"]
+    pipelined = model._is_pipelined()    # (pipelined models: ipu_tensorflow.keras.pipelining)
+    if pipelined:
+        model._ensure_pipeline_layout()
+        G, method = model._pipeline_G(), model._pipeline_reduction()
     spe0 = opts.get("spe", 1)
     if a["validation_split"]:
         raise ValueError("`validation_split` is not supported under an IPU strategy: pass "
@@ -331,7 +335,7 @@ def fit(model, a: dict):
         logger.info("The model `%s` has been configured with only 1 steps per execution. "
                     "Consider increasing the value for the `steps_per_execution` argument "
                     "passed to the `compile()` method to improve performance.", model.name)
-    train = [_replica_fn(model, "train", r, spec) for r in range(R)]
+    train = [] if pipelined else [_replica_fn(model, "train", r, spec) for r in range(R)]
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
@@ -363,12 +367,15 @@ def fit(model, a: dict):
                 last = w == windows - 1
 
                 def window(r, w=w, last=last):
-                    acc = _Accumulator(method, G)
                     mine = [batches[(w * G + g) * R + r] for g in range(G)]
-                    for xb, yb, swb in mine:
-                        acc.add(train[r](xb, yb, swb))
-                    _keras_modelled.charge_window(mine, flops)
-                    reduced = cross_replica_sum(acc.result(), name="gradients")
+                    if pipelined:    # the pipeline runtime charges its passes itself
+                        reduced = model._pipeline_train_window(mine, *_containers(model, r))
+                    else:
+                        acc = _Accumulator(method, G)
+                        for xb, yb, swb in mine:
+                            acc.add(train[r](xb, yb, swb))
+                        _keras_modelled.charge_window(mine, flops)
+                        reduced = cross_replica_sum(acc.result(), name="gradients")
                     _keras_modelled.charge_update(params)
                     results = _reduced_logs(_metric_results(model, r),
                                             opts["metric_reduction"]) if last else None
@@ -394,11 +401,14 @@ def fit(model, a: dict):
 def _evaluate_logs(model, x, y, sample_weight, batch_size, steps, callbacks,
                    verbose=0):
     opts = model._ipu_options()
+    pipelined = model._is_pipelined()
+    if pipelined:
+        model._ensure_pipeline_layout()
     strategy, dataset, num_batches, R, spec = _setup(model, x, y, sample_weight, batch_size,
                                                     False)
     per_replica, spe = plan_steps(num_batches, steps, opts.get("spe", 1), R,
                                   model_name=model.name)
-    test = [_replica_fn(model, "test", r, spec) for r in range(R)]
+    test = [] if pipelined else [_replica_fn(model, "test", r, spec) for r in range(R)]
     _reset_metrics(model, R)
     if callbacks is not None:
         callbacks.set_params(dict(callbacks.params, steps=per_replica))
@@ -412,7 +422,10 @@ def _evaluate_logs(model, x, y, sample_weight, batch_size, steps, callbacks,
         batches = _execution_batches(iterator, spe * R)
 
         def run(r):
-            for s in range(spe):
+            if pipelined:
+                model._pipeline_test_window([batches[s * R + r] for s in range(spe)],
+                                            *_containers(model, r))
+            for s in range(0 if pipelined else spe):
                 test[r](*batches[s * R + r])
             return _reduced_logs(_metric_results(model, r), opts["metric_reduction"])
         logs = _host_logs(strategy.run_replicas(run), opts["metric_reduction"])
@@ -442,17 +455,23 @@ def evaluate(model, a: dict):
 
 def predict(model, a: dict):
     """See :meth:`ipu_tensorflow._keras.KerasExtension.predict`."""
+    pipelined = model._is_pipelined()
+    if pipelined:
+        model._ensure_pipeline_layout()
     strategy, dataset, num_batches, R, spec = _setup(model, a["x"], None, None,
                                                     a["batch_size"], False)
     per_replica, spe = plan_steps(num_batches, a["steps"], model._ipu_options().get("spe", 1),
                                   R, model_name=model.name)
-    fns = [_replica_fn(model, "predict", r, spec) for r in range(R)]
+    fns = [] if pipelined else [_replica_fn(model, "predict", r, spec) for r in range(R)]
     iterator = iter(dataset)
     outputs = []
     for _ in range(per_replica // spe):
         batches = _execution_batches(iterator, spe * R)
 
         def run(r):
+            if pipelined:
+                return model._pipeline_predict_window([batches[s * R + r]
+                                                       for s in range(spe)])
             return [tf.nest.map_structure(np.asarray, fns[r](*batches[s * R + r]))
                     for s in range(spe)]
         per = strategy.run_replicas(run)

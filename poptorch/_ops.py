@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from poptorch import enums
-from poptorch._blocks import current_forward
+from poptorch.pipelining._blocks import current_forward
 from poptorch._tracing import record_identity_loss
 
 __all__ = ["identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
@@ -74,7 +74,8 @@ def recomputationCheckpoint(*tensors: torch.Tensor):
     """Keep ``tensors`` for the backward pass instead of recomputing them (when the model
     recomputes: a pipeline over several IPUs, or PopART's ``autoRecomputation``); returns
     the tensors (one tensor alone). The memory model stashes them and recomputes the rest
-    of their stage piece by piece (:mod:`poptorch._memory`). A tuple or list argument counts
+    of their stage piece by piece (:mod:`poptorch.modelling._memory`). A tuple or list argument
+    counts
     as its tensors."""
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         tensors = tuple(tensors[0])

@@ -274,6 +274,29 @@ def test_an_instance_that_ends_before_it_started_mpi_is_named_within_seconds():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("instances", [2, 3])
+def test_a_caught_error_of_an_ended_instance_ends_the_job_saying_why(instances):
+    # the survivors catch the error naming the ended instance and end their program: their
+    # end of program does not wait for it (the collective timeout, 60 s, is far beyond the
+    # job's hard limit), and every instance's exit status says the job failed
+    job = poprun(["-n", str(instances), PYTHON, "-m", "tests.programs.mpi_ended", "caught"],
+                 timeout_s=25, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    last = instances - 1
+    assert job.returncode != 0, out
+    assert "waiting" not in out and "CollectiveTimeoutError" not in out, out
+    # the first instance to exit with its reason ends the job (poprun stops the others, which
+    # may not have printed theirs yet): the ended one's mismatch or a survivor's end
+    ended = rf"instance {last} \(replica {last}\) ended its program after 1 collectives"
+    reasons = [rf"\[1,{last}\]<stderr>:replicas disagree on cross_replica_sum #1 "
+               rf"\('second'\).*{ended}"]
+    reasons += [rf"\[1,{i}\]<stderr>:end of program #2 on instance {i} \(replica {i}\): "
+                rf"{ended}, while this instance called 2: the job failed" for i in range(last)]
+    assert any(re.search(r, out) for r in reasons), out
+    assert re.search(r"poprun: instance \d failed \(exit code 1\)", out), out
+
+
+@pytest.mark.slow
 def test_instances_that_end_one_after_another_end_the_job_without_an_error():
     # the notices of the instances that ended first are the normal end of the job
     job = poprun(["-n", "3", PYTHON, "-m", "tests.programs.mpi_ended", "staggered"],

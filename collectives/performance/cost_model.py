@@ -87,17 +87,23 @@ steps of ``S/m``), each step :data:`HOST_NETWORK_LATENCY_S` plus bytes over
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from ipu_node.hardware.links import GW_LINK_LATENCY_S
 from ipu_node.hardware.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.hardware.systems import SystemModel
+from ipu_node.env import partition_ipus
 from ipu_node.runtime.config import SelectionOrder
 
 from collectives.records import CallRecord
 from collectives.gcl_options import METHODS
-from collectives.performance._flow_layouts import FlowLayouts
+from collectives.performance.link_flows import (StepProfile, mirrored_ring, route_table,
+                                                step_profile)
 from collectives.performance.pricing import Pricer as _Pricer
+from collectives.performance.pricing import folded_order, split_groups
 
 if TYPE_CHECKING:
     from ipu_node.runtime.system import IPUSystem
@@ -118,6 +124,13 @@ ALL_REDUCE_OPS = frozenset({"cross_replica_sum", "cross_replica_mean", "cross_re
 KNOWN_OPS = ALL_REDUCE_OPS | {"reduce_scatter", "all_gather", "all_to_all", "broadcast",
                               "host broadcast", "host reduce"}
 
+# Step profiles depend on the system model and the IPU groups only, so every cost model of
+# a process shares them (systems are built once per process, ipu_node.systems).
+_PROFILES: dict[tuple, StepProfile] = {}
+_PROFILES_LOCK = threading.Lock()
+_MAX_PROFILES = 4096
+
+
 def _op_kind(op: str) -> str:
     if op in ALL_REDUCE_OPS:
         return "all_reduce"
@@ -127,7 +140,7 @@ def _op_kind(op: str) -> str:
     return op
 
 
-class HardwareCostModel(FlowLayouts):
+class HardwareCostModel:
     """``model(record) -> modelled seconds`` of a collective call on a modelled POD.
 
     See the module docstring for the formulas. Step profiles are cached per groups and
@@ -153,7 +166,9 @@ class HardwareCostModel(FlowLayouts):
         for ipus in replica_ipus:
             for ipu in ipus:
                 model.ipu(ipu)
-        super().__init__(model)
+        self.model = model
+        self._splits: dict[tuple, object] = {}
+        self._lock = threading.Lock()
         self.replica_ipus = tuple(tuple(ipus) for ipus in replica_ipus)
         self.num_instances = num_instances
 
@@ -186,7 +201,8 @@ class HardwareCostModel(FlowLayouts):
     @classmethod
     def for_layout(cls, model: SystemModel, num_instances: int, num_local_replicas: int,
                    ipus_per_replica: int = 1,
-                   order: SelectionOrder = SelectionOrder.AUTO) -> "HardwareCostModel":
+                   order: SelectionOrder = SelectionOrder.AUTO,
+                   within: Sequence[int] | None = None) -> "HardwareCostModel":
         """The model of a job of ``num_instances`` instances of ``num_local_replicas``
         replicas each, laid out as the runtime lays them out
         (:func:`ipu_node.selection.assign_instance_ipus`, then
@@ -194,12 +210,15 @@ class HardwareCostModel(FlowLayouts):
         the AUTO order that is :meth:`for_replicas` of the job's total replicas, whatever the
         number of instances (the devices of the instances join into the job's device,
         :mod:`ipu_node.device_ids`): the hardware does not know how it is emulated.
+        ``within``: the job's partition (poprun's, ``IPUPOD_PARTITION_IPUS``; one of several
+        IPU-Link domains under ``--num-ilds`` puts the job's replicas in each, joined by
+        GW-Links), as the runtime takes it; None: the whole system.
 
         Raises:
             ValueError, NotEnoughIPUsError: as ``assign_instance_ipus``.
         """
         per_instance = assign_instance_ipus(model, num_instances, num_local_replicas,
-                                            ipus_per_replica)
+                                            ipus_per_replica, within=within)
         return cls(model, [replica for ipus in per_instance
                            for replica in layout_replicas(model, ipus, ipus_per_replica, order)],
                    num_instances)
@@ -216,7 +235,7 @@ class HardwareCostModel(FlowLayouts):
             ipus = [ipu.id for ipu in system.devices[0].ipus]
             return cls(system.model, [ipus[r * k:(r + 1) * k] for r in range(len(ipus) // k)])
         return cls.for_layout(system.model, system.process_count, system.num_local_replicas, k,
-                              system.config.selection_order)
+                              system.config.selection_order, within=partition_ipus())
 
     # -- the cost model ---------------------------------------------------------------
 
@@ -293,6 +312,108 @@ class HardwareCostModel(FlowLayouts):
             t = self._price(kind, own, ipu_nbytes[j], method, None, contend=all_groups)[0]
             worst = max(worst, t)
         return worst
+
+    # -- rings, chains, flows and step profiles ---------------------------------------
+
+    def profile(self, groups: tuple[tuple[int, ...], ...], pattern: tuple,
+                contend: tuple[tuple[int, ...], ...] | None = None) -> StepProfile:
+        """The :class:`~collectives.performance.link_flows.StepProfile` of ``pattern``
+        (``("pairs",)``, ``("root",)``, ``("line",)``, ``("chain", streams)`` or
+        ``("ring", rings)``) run by every IPU group of ``groups`` at once; with ``contend``
+        the flows of those IPU groups load the links too (the profile keeps the flows of
+        ``groups``' slowest). Cached per process."""
+        key = (self.model, groups, pattern, contend)
+        profile = _PROFILES.get(key)
+        if profile is None:
+            extra = tuple(g for g in (contend or ()) if g not in groups)
+            profile = step_profile(self.model, self._flows(groups, pattern),
+                                   self._flows(extra, pattern) if extra else ())
+            with _PROFILES_LOCK:
+                if len(_PROFILES) >= _MAX_PROFILES:
+                    _PROFILES.clear()
+                _PROFILES[key] = profile
+        return profile
+
+    def split(self, groups: tuple[tuple[int, ...], ...], level: str):
+        """:func:`collectives.performance.pricing.split_groups` of ``groups`` by ``level``, cached."""
+        return self._memo((groups, level), lambda: split_groups(self.model, groups, level))
+
+    def gcl_ring(self, ipus) -> list[int]:
+        """Ring A over ``ipus`` (a group's IPUs in replica order), as GCL lays it out
+        (poplibs ``RingTopology``): the members in order ("Flat", closing over the torus'
+        loopback cables) or interleaved (:func:`folded_order`: the even places going out, the
+        odd ones coming back, the peripheral ring of a ladder), whichever has the fewer
+        IPU-Link hops on its longest step (ties: in order), cached."""
+        return self._memo((tuple(ipus), "gcl ring"),
+                          lambda: self._shorter_order(list(ipus), closed=True))
+
+    def chain_order(self, ipus) -> list[int]:
+        """The members of a chain over ``ipus`` (a group's IPUs in replica order): in order or
+        :func:`folded_order` (the ladder's periphery, open between the first two members),
+        whichever has the fewer IPU-Link hops on its longest step, without the closing step
+        a ring has (ties: in order), cached."""
+        return self._memo((tuple(ipus), "chain"),
+                          lambda: self._shorter_order(list(ipus), closed=False))
+
+    def _memo(self, key, make):
+        """``make()``, kept under ``key`` in this model's cache of splits and orders (pure
+        functions of the key; a race makes it twice, harmlessly)."""
+        try:
+            return self._splits[key]
+        except KeyError:  # (None is a value: a level that does not split the groups)
+            found = make()
+            with self._lock:
+                self._splits[key] = found
+            return found
+
+    def _shorter_order(self, ipus: list[int], *, closed: bool) -> list[int]:
+        folded = folded_order(ipus)
+        table = route_table(self.model)
+
+        def longest(order):  # IPU-Link hops of the longest step (another domain: 1000)
+            here = np.asarray(order)
+            there = np.roll(here, -1) if closed else here[1:]
+            here = here[:len(there)]
+            hops = np.where(table.domain[here] == table.domain[there],
+                            table.num_links[here, there], 1_000)
+            return int(hops.max(initial=0))
+
+        return folded if len(ipus) > 3 and longest(folded) < longest(ipus) else ipus
+
+    def _flows(self, groups: tuple[tuple[int, ...], ...], pattern: tuple) -> np.ndarray:
+        """``int [F, 2]``: the ``(src, dst)`` flows of one step of ``pattern`` run by every
+        group of ``groups`` (a multiset: their order does not matter to a step)."""
+        by_size: dict[int, list[tuple[int, ...]]] = {}
+        for g in groups:
+            by_size.setdefault(len(g), []).append(g)
+        return np.concatenate([self._flows_of(same, pattern) for same in by_size.values()])
+
+    def _flows_of(self, groups: list[tuple[int, ...]], pattern: tuple) -> np.ndarray:
+        # the flows of groups of one size, [G, n] at once
+        a = np.asarray(groups, dtype=np.int64)
+        g, n = a.shape
+        if pattern[0] == "pairs":
+            keep = ~np.eye(n, dtype=bool)
+            src = np.broadcast_to(a[:, :, None], (g, n, n))[:, keep]
+            dst = np.broadcast_to(a[:, None, :], (g, n, n))[:, keep]
+            return np.stack([src.ravel(), dst.ravel()], axis=1)
+        if pattern[0] == "root":
+            return np.stack([np.repeat(a[:, 0], n - 1), a[:, 1:].ravel()], axis=1)
+        if pattern[0] == "line":  # each way: a fragment being reduced, one being broadcast
+            out = np.stack([a[:, :-1].ravel(), a[:, 1:].ravel()], axis=1)
+            return np.concatenate([out, out, out[:, ::-1], out[:, ::-1]])
+        if pattern[0] == "chain":  # pattern[1] streams each way between chain neighbours
+            order = np.asarray([self.chain_order(ipus) for ipus in groups], dtype=np.int64)
+            out = np.stack([order[:, :-1].ravel(), order[:, 1:].ravel()], axis=1)
+            return np.concatenate([out, out[:, ::-1]] * pattern[1])
+        rings = [np.asarray([self.gcl_ring(ipus) for ipus in groups], dtype=np.int64)]
+        if any(ring == 1 for ring, _ in pattern[1]):
+            rings.append(np.asarray([self._memo((ipus, "ring B"),
+                                                lambda: mirrored_ring(self.model, ipus))
+                                     for ipus in groups], dtype=np.int64))
+        return np.concatenate([np.stack([rings[ring].ravel(),
+                                         np.roll(rings[ring], -d, axis=1).ravel()], axis=1)
+                               for ring, d in pattern[1]])
 
     # -- internals ------------------------------------------------------------------
 

@@ -35,10 +35,30 @@ def _check_nbytes(nbytes: int) -> None:
         raise ValueError(f"nbytes must be a number >= 0, got {nbytes!r}")
 
 
+@functools.lru_cache(maxsize=64)
+def _neighbours(model: SystemModel, ipu_links_only: bool) -> dict[Node, tuple]:
+    """For every node, ``(time of a reference message, sort key, next node, link)`` of each of
+    its links in ``links_at`` order (the search's inner loop, computed once per system)."""
+    out: dict[Node, tuple] = {}
+    for link in model.links:
+        if ipu_links_only and link.kind is not LinkKind.IPU_LINK:
+            continue
+        for node in (link.a, link.b):
+            out.setdefault(node, None)
+    for node in out:
+        out[node] = tuple((link.time_s(ROUTE_REFERENCE_BYTES), node_sort_key(link.other(node)),
+                           link.other(node), link) for link in model.links_at(node)
+                          if not ipu_links_only or link.kind is LinkKind.IPU_LINK)
+    return out
+
+
 def _search(model: SystemModel, src: int, ipu_links_only: bool,
-            dst: int | None = None) -> dict[Node, Link]:
+            dst: int | None = None, order: list | None = None) -> dict[Node, Link]:
     """Dijkstra from ``src`` (stopping at ``dst`` if given): the last link of the best
-    route to every node reached."""
+    route to every node reached (appended to ``order`` as each node's route is final)."""
+    neighbours = _neighbours(model, ipu_links_only)
+    no_transit = model.no_transit
+    inf = float("inf")
     best: dict[Node, float] = {src: 0.0}
     back: dict[Node, Link] = {}
     heap = [(0.0, node_sort_key(src), src)]
@@ -46,17 +66,18 @@ def _search(model: SystemModel, src: int, ipu_links_only: bool,
         cost, _, node = heapq.heappop(heap)
         if node == dst:
             break
-        if cost > best[node] or (node != src and node in model.no_transit):
+        if cost > best[node]:
             continue
-        for link in model.links_at(node):
-            if ipu_links_only and link.kind is not LinkKind.IPU_LINK:
-                continue
-            nxt = link.other(node)
-            new = cost + link.time_s(ROUTE_REFERENCE_BYTES)
-            if new < best.get(nxt, float("inf")) - 1e-15:
+        if order is not None:
+            order.append(node)
+        if node != src and node in no_transit:
+            continue
+        for time_s, key, nxt, link in neighbours.get(node, ()):
+            new = cost + time_s
+            if new < best.get(nxt, inf) - 1e-15:
                 best[nxt] = new
                 back[nxt] = link
-                heapq.heappush(heap, (new, node_sort_key(nxt), nxt))
+                heapq.heappush(heap, (new, key, nxt))
     return back
 
 
@@ -77,13 +98,36 @@ def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
     return _path(model, _search(model, src, same_domain, dst), src, dst)
 
 
+@functools.lru_cache(maxsize=64)
+def _link_numbers(model: SystemModel) -> dict[int, int]:
+    """``id(link) -> k`` for ``model.links[k]`` (the numbering of :func:`routes_from_indexed`)."""
+    return {id(link): k for k, link in enumerate(model.links)}
+
+
 @functools.lru_cache(maxsize=2048)  # every IPU of the largest POD (256) of several models
-def _routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
-    # A full search reaches every node by the same links as one stopped at that node.
-    inside, anywhere = _search(model, src, True), _search(model, src, False)
-    return {ipu.id: () if ipu.id == src else _path(
-                model, inside if ipu.domain == model.domain_of(src) else anywhere, src, ipu.id)
-            for ipu in model.ipus}
+def _routes_from(model: SystemModel, src: int) -> list[tuple]:
+    # A full search reaches every node by the same links as one stopped at that node, and
+    # the route to a node is the route to the node before it plus one link (a tree): each
+    # node's route, its directed link numbers and its latency are its parent's plus one.
+    own = model.domain_of(src)
+    numbers = _link_numbers(model)
+    routes: dict[Node, tuple] = {}
+    for inside in (True, False) if len(model.domains) > 1 else (True,):
+        order: list[Node] = []
+        back = _search(model, src, inside, order=order)
+        known: dict[Node, tuple] = {src: ((), (), 0)}
+        for node in order[1:]:  # a node's parent is final before it
+            link = back[node]
+            parent = link.other(node)
+            links, ids, latency = known[parent]
+            known[node] = (links + (link,), ids + (2 * numbers[id(link)] + (parent != link.a),),
+                           latency + link.latency_s)
+        for ipu in model.ipus:
+            if (ipu.domain == own) is inside:
+                if ipu.id not in known:
+                    raise ValueError(f"{model.name}: no route from IPU {src} to IPU {ipu.id}")
+                routes[ipu.id] = known[ipu.id]
+    return [routes[ipu.id] for ipu in model.ipus]
 
 
 def routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
@@ -94,7 +138,20 @@ def routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:
         UnknownIPUError: ``src`` is not an IPU of ``model``.
     """
     model.ipu(src)
-    return _routes_from(model, src)
+    return {dst: links for dst, (links, _, _) in enumerate(_routes_from(model, src))}
+
+
+def routes_from_indexed(model: SystemModel, src: int) -> list[tuple[tuple[int, ...], float]]:
+    """:func:`routes_from` as numbers, by destination id: ``(directed links, latency_s)``,
+    where directed link ``2k`` crosses ``model.links[k]`` from its end ``a`` to ``b`` and
+    ``2k + 1`` from ``b`` to ``a``, and ``latency_s`` is the sum of the route's link
+    latencies in route order (0 to ``src`` itself). For pricing many flows at once.
+
+    Raises:
+        UnknownIPUError: ``src`` is not an IPU of ``model``.
+    """
+    model.ipu(src)
+    return [(ids, latency) for _, ids, latency in _routes_from(model, src)]
 
 
 def route(model: SystemModel, src: int, dst: int) -> list[Link]:
