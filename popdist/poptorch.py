@@ -12,7 +12,7 @@ popdist`` does not).
 from __future__ import annotations
 
 import poptorch
-from poptorch._options_groups import DistributedOptions
+from poptorch.options._options_groups import DistributedOptions
 
 from poprun import popdist as _popdist
 

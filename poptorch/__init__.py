@@ -33,20 +33,21 @@ Only this package imports torch (``import ipu_node``, ``collectives``, ``poprun`
 """
 
 from poptorch import enums, optim
-from poptorch._async import AsynchronousDataAccessor
-from poptorch._blocks import BeginBlock, Block, BlockFunction, removeBlocks
-from poptorch._dataloader import DataLoader
+from poptorch.data._async import AsynchronousDataAccessor
+from poptorch.pipelining._blocks import BeginBlock, Block, BlockFunction, removeBlocks
+from poptorch.data._dataloader import DataLoader
 from poptorch._errors import (ConfigFileError, Error, RecoverableError, UnrecoverableError,
                               createPoptorchError)
-from poptorch._executor import NO_EXECUTABLE_ERR, PoplarExecutor
+from poptorch.execution._executor import NO_EXECUTABLE_ERR, PoplarExecutor
 from poptorch._logging import logger, setLogLevel
-from poptorch._model_report import ModelReport
+from poptorch.modelling._model_report import ModelReport
 from poptorch._ops import (MultiConv, for_loop, identity_loss, ipu_print_tensor,
                            ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, nop,
-                           recomputationCheckpoint, serializedMatMul, set_available_memory)
-from poptorch._options import Options
-from poptorch._options_groups import TensorLocationSettings
-from poptorch._strategies import PipelinedExecution, ShardedExecution, Stage
+                           recomputationCheckpoint, serializedMatMul, set_available_memory,
+                           set_overlap_for_input, set_overlap_for_output)
+from poptorch.options._options import Options
+from poptorch.options._options_groups import TensorLocationSettings
+from poptorch.pipelining._strategies import PipelinedExecution, ShardedExecution, Stage
 from poptorch._version import __version__
 from poptorch._wrap import inferenceModel, load, trainingModel
 from poptorch.enums import (AutoStage, CommGroupType, ConnectionType, DataLoaderMode, Liveness,
@@ -62,7 +63,8 @@ __all__ = [
     "Options", "TensorLocationSettings", "DataLoader", "AsynchronousDataAccessor",
     "trainingModel", "inferenceModel", "PoplarExecutor", "NO_EXECUTABLE_ERR", "load",
     "identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
-    "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
+    "set_available_memory", "serializedMatMul", "set_overlap_for_input",
+    "set_overlap_for_output", "for_loop", "isRunningOnIpu",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "setLogLevel", "logger",
     "Error", "RecoverableError", "UnrecoverableError", "ConfigFileError",
     "createPoptorchError", "enums", "optim",

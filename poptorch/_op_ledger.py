@@ -1,6 +1,6 @@
 """Every ATen operation of a pass as the per-operation compute model needs it (issue 30).
 
-:class:`OpLedger` is a dispatch mode entered *outside* :class:`poptorch._profile.FlopCount`:
+:class:`OpLedger` is a dispatch mode entered *outside* :class:`poptorch.modelling._profile.FlopCount`:
 the counter decomposes the operations its registry does not know and runs the rest, so what
 reaches the ledger are the *leaf* operations that run (its FLOPs counted by the same
 ``flop_registry``); it writes each as a
@@ -9,8 +9,8 @@ reaches the ledger are the *leaf* operations that run (its FLOPs counted by the 
 their backward (input and weight gradients) as implicit matrix products, and every other
 operation by the bytes it reads and writes, sorted into element-wise, normalisation,
 reduction and data movement; views cost nothing. The profiler of
-:mod:`poptorch._profile` takes the records of each stage's forward and backward pass
-(:meth:`OpLedger.since`); :mod:`poptorch._modelled` prices them on the system's chip.
+:mod:`poptorch.modelling._profile` takes the records of each stage's forward and backward pass
+(:meth:`OpLedger.since`); :mod:`poptorch.modelling._modelled` prices them on the system's chip.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from typing import Callable
 
 import torch
 
-from poptorch._executor import PoplarExecutor
-from poptorch._export import read_export
-from poptorch._options import Options
+from poptorch.execution._executor import PoplarExecutor
+from poptorch.execution._export import read_export
+from poptorch.options._options import Options
 from poptorch._wrapped import is_wrapped, mark_wrapped
 
 __all__ = ["trainingModel", "inferenceModel", "load"]

@@ -6,7 +6,7 @@ the default given; arguments passed explicitly are *variable* (``setOptimizer`` 
 them after compiling), the others constant (``variable_attrs.markAsVariable`` /
 ``markAsConstant`` change that). On the CPU outside a model, ``step()`` is PyTorch's (LAMB:
 the reference implementation below); inside a ``trainingModel`` the emulated device applies
-the semantics of the extras (:mod:`poptorch._device_optim`).
+the semantics of the extras (:mod:`poptorch.execution._device_optim`).
 """
 
 from __future__ import annotations

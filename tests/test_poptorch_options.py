@@ -132,7 +132,7 @@ def test_popart_options_are_validated_lazily():  # §11.14
     model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
     with pytest.raises(poptorch.Error, match="Unknown bool option asdfasdf"):
         model(torch.zeros(1, 2))
-    from poptorch._popart_options import validate
+    from poptorch.options._popart_options import validate
     with pytest.raises(poptorch.Error, match="Unknown uint64 option enableStableNorm"):
         validate({"enableStableNorm": 1})
     with pytest.raises(poptorch.Error, match="Unknown value type"):
@@ -169,7 +169,7 @@ def test_enum_values():  # §2.6
 
 
 def test_the_report_splits_acted_on_from_recorded_options():
-    from poptorch._report import describe_options
+    from poptorch.modelling._report import describe_options
     opts = poptorch.Options().deviceIterations(2).enableSyntheticData(True)
     opts.Precision.enableStochasticRounding(True)
     described = describe_options(opts)
@@ -204,7 +204,7 @@ def test_set_log_level():
 
 
 def test_the_run_report_lists_models_and_is_written_at_exit(tmp_path, monkeypatch):
-    from poptorch import _report
+    from poptorch.modelling import _report
     opts = poptorch.Options().enableStableNorm(True)
     model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
     model(torch.zeros(1, 2))
@@ -213,7 +213,7 @@ def test_the_run_report_lists_models_and_is_written_at_exit(tmp_path, monkeypatc
     assert entry and entry[-1]["attached"] and entry[-1]["sram_bytes"]
     monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path / "out"))
     _report._write_at_exit()
-    written = json.loads((tmp_path / "out" / "poptorch-0.json").read_text())
+    written = json.loads((tmp_path / "out" / "report-0.json").read_text())
     assert any(m["options"]["not_acted_on"].get("_Popart.enableStableNorm")
-               for m in written["models"])
+               for m in written["sections"]["poptorch"]["models"])
     model.destroy()

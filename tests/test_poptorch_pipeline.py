@@ -190,7 +190,7 @@ def test_an_error_in_a_later_stage_cancels_the_paused_forward_passes():
     """Micro-batch 1 fails in the last stage while micro-batches 2 and 3 are paused in
     earlier ones: the call raises the model's error, the paused passes are unwound (their
     blocks no longer current in this thread), and the next call runs every micro-batch."""
-    from poptorch._blocks import current_forward
+    from poptorch.pipelining._blocks import current_forward
     G, N = 6, 3
     x, y = data(G * 2)
     net = annotate(Chain(N), [0, 1, 2])

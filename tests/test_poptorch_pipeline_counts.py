@@ -327,18 +327,19 @@ def test_run_report_and_trace_of_a_replicated_pipeline(tmp_path):
 def test_the_poptorch_report_and_trace_of_free_devices(tmp_path, monkeypatch, capsys):
     import json
 
-    from poptorch import _report
+    from poptorch.modelling import _report
 
     x, y = data(4)
     model = training(annotate(Chain(2), [0, 1]), G=4)
     model(x, y)
     monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path))
     _report._write_at_exit()
-    written = json.loads((tmp_path / "poptorch-0.json").read_text())
-    mine = [m for m in written["models"] if m["alive"] and m["model"]["steps"]
+    written = json.loads((tmp_path / "report-0.json").read_text())
+    assert written["ipus"][str(model._device.replica_ipus[0][1])]["compute_s"] > 0
+    mine = [m for m in written["sections"]["poptorch"]["models"] if m["alive"] and m["model"]["steps"]
             and m["ipus"] == [list(model._device.replica_ipus[0])]]
     assert mine and mine[0]["model"]["schedule"] == "PipelinedExecution"
-    trace = json.loads((tmp_path / "poptorch-trace-0.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "trace-0.json").read_text())["traceEvents"]
     ipu = model._device.replica_ipus[0][1]
     assert any(e["ph"] == "X" and e["tid"] == ipu + 1 and e["name"] == "B1" for e in trace)
     assert "poptorch model 'training': PipelinedExecution" in capsys.readouterr().out

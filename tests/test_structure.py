@@ -7,14 +7,18 @@ import sys
 
 import pytest
 
-from tests.import_graph import REPO, find_cycle, import_graph
+from tests.import_graph import ALIASES, REPO, find_cycle, import_graph
 
-PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch")
+PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch",
+            "ipu_tensorflow")
 # DESIGN.md: poprun -> launch -> protos, poprun -> ipu_node, collectives -> ipu_node,
 # collectives -> protos, launch -> protos; popdist (Graphcore's name for the PopDist API) is a
 # thin layer over poprun.popdist (and popdist.poptorch over poptorch), and nothing of ipupod
-# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun.
+# imports it; the front end poptorch sits on top: poptorch -> collectives, ipu_node, poprun;
+# and the TF front end the same way: ipu_tensorflow -> collectives, ipu_node, poprun (it
+# serves horovod.tensorflow over collectives.horovod, not over poptorch).
 ALLOWED = {
+    "ipu_tensorflow": {"collectives", "ipu_node", "poprun"},
     "popdist": {"poprun", "poptorch"},
     "poptorch": {"collectives", "ipu_node", "poprun"},
     "poprun": {"launch", "protos", "ipu_node"},
@@ -70,6 +74,62 @@ def test_only_poptorch_imports_torch():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+#: the packages of ipupod that import TensorFlow (the TF front end alone; tests aside)
+TF_PACKAGES = ("ipu_tensorflow",)
+
+
+@pytest.mark.slow
+def test_only_the_tf_front_end_imports_tensorflow():
+    """``import ipu_node, collectives, poprun, popdist, poptorch`` (and the finder of the
+    served names, which every process of the environment imports) load no TensorFlow."""
+    code = ("import sys, ipupod_aliases, ipu_node, collectives, collectives.strategies, "
+            "collectives.horovod, poprun, launch, popdist, popdist.tensorflow, "
+            "ipu_tensorflow;"
+            "import importlib.util as u; "
+            "has_torch = u.find_spec('torch') is not None; "
+            "has_torch and __import__('poptorch'); "
+            "bad = [m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_only_the_tf_front_end_and_tests_import_tensorflow_in_source():
+    heavy = ("tensorflow", "tf_keras", "keras", "horovod")
+    wrong = []
+    for package in PACKAGES:
+        if package in TF_PACKAGES:
+            continue
+        for path in (REPO / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                         and node.level == 0 else [])
+                wrong += [f"{path.relative_to(REPO)}: {n}" for n in names
+                          if n.split(".")[0] in heavy]
+    assert not wrong, wrong
+
+
+def test_the_served_names_table_names_ipupod_modules():
+    """Every served name maps to an ipupod module that exists as a file (or None: an empty
+    parent package), and the finder module imports only the standard library."""
+    import ipupod_aliases
+
+    for served, home in ipupod_aliases.SERVED.items():
+        if home is None:
+            continue
+        path = REPO / home.replace(".", "/")
+        assert (path / "__init__.py").exists() or path.with_suffix(".py").exists(), served
+    tree = ast.parse((REPO / "ipupod_aliases.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert imported <= {"importlib", "os", "sys", "types", "__future__"}, imported
+
+
 def _public(module_name: str, name: str) -> bool:
     """Whether ``name`` is a public name of ``module_name`` (in its ``__all__``, or a public
     submodule of a package)."""
@@ -77,8 +137,10 @@ def _public(module_name: str, name: str) -> bool:
     module = importlib.import_module(module_name)
     if name in getattr(module, "__all__", ()):
         return True
-    return (REPO / module_name.replace(".", "/") / f"{name}.py").exists() and \
-        not name.startswith("_")
+    package = module_name.split(".")
+    folders = [REPO.joinpath(*package), REPO.joinpath(package[0], ALIASES, *package[1:])]
+    return any((f / f"{name}.py").exists() or (f / name / "__init__.py").exists()
+               for f in folders) and not name.startswith("_")
 
 
 def test_poptorch_uses_only_public_names_of_the_packages_below():
@@ -101,7 +163,8 @@ def test_poptorch_uses_only_public_names_of_the_packages_below():
                     if any(p.startswith("_") for p in node.module.split(".")) or \
                             not _public(node.module, a.name):
                         wrong.append(f"{path.name}: from {node.module} import {a.name}")
-                    elif (REPO / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                    elif _public(node.module, a.name) and a.name not in getattr(
+                            __import__(node.module, fromlist=["_"]), "__all__", ()):
                         aliases[a.asname or a.name] = f"{node.module}.{a.name}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
@@ -230,6 +293,64 @@ def test_the_collectives_paths_programs_import_are_pinned():
                     continue
                 unpinned.add(f"{name} ({path.relative_to(REPO)})")
     assert not unpinned, sorted(unpinned)
+
+
+#: the transports by backend: a folder each, holding the transport, its communicator, its
+#: agreement and its requests (beside the interface, ``base``, and the registry)
+TRANSPORT_FOLDERS = {
+    "local": {"transport"},
+    "mpi": {"transport", "communicator", "agreement", "index", "requests"},
+    "grpc": {"transport", "communicator", "coordinator", "mailbox", "peer", "sender", "wire",
+             "rings", "shm"},
+}
+
+
+def test_the_transports_are_a_folder_per_backend():
+    folder = REPO / "collectives" / "transports"
+    top = {p.stem for p in folder.glob("*.py")}
+    assert top == {"__init__", "base", "registry"}, top
+    for backend, modules in TRANSPORT_FOLDERS.items():
+        found = {p.stem for p in (folder / backend).glob("*.py")} - {"__init__"}
+        found |= {p.name for p in (folder / backend).iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists()}
+        assert found == modules, (backend, found)
+    assert {p.name for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"} == \
+        set(TRANSPORT_FOLDERS)
+
+
+@pytest.mark.parametrize("package, pinned", [
+    ("collectives", lambda: {**COLLECTIVES_PUBLIC_MODULES, "collectives.horovod": 1,
+                             "collectives.ipu": 1, "collectives.ipu.horovod": 1}),
+    ("ipu_node", lambda: IPU_NODE_PUBLIC_MODULES)])
+def test_the_aliases_of_a_package_are_in_one_folder(package, pinned):
+    """Every module of the package's aliases folder is a pinned public path, every pinned
+    path that only re-exports lives there, and no other module of the package is an alias
+    (a module whose code is imports alone)."""
+    folder = REPO / package / ALIASES
+    names = set()
+    for path in folder.rglob("*.py"):
+        parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+        if parts:
+            names.add(".".join([package, *parts]))
+    assert names and names <= set(pinned()), sorted(names - set(pinned()))
+    elsewhere = []
+    for path in (REPO / package).rglob("*.py"):
+        if ALIASES in path.parts or path.name == "__init__.py":
+            continue
+        body = [n for n in ast.parse(path.read_text()).body
+                if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        if body and all(isinstance(n, (ast.Import, ast.ImportFrom)) or (
+                isinstance(n, ast.Assign) and [t.id for t in n.targets
+                                               if isinstance(t, ast.Name)] == ["__all__"])
+                for n in body):
+            elsewhere.append(str(path.relative_to(REPO)))
+    assert not elsewhere, elsewhere
+
+
+def test_horovod_lives_in_one_folder():
+    horovod = {p.parent.relative_to(REPO) for p in (REPO / "collectives").rglob("*.py")
+               if ALIASES not in p.parts and "horovod" in p.relative_to(REPO).parts}
+    assert horovod == {REPO.joinpath("collectives", "framework", "horovod").relative_to(REPO)}
 
 
 def test_no_import_hook_serves_collectives_paths():

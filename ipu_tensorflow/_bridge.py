@@ -1,0 +1,104 @@
+"""The bridge between TF ops and ipupod's replicas: a TF op that calls an ipupod collective
+must know which replica it runs for, and TensorFlow runs a ``numpy_function`` on threads of
+its own (its inter-op pool), not in the replica's thread.
+
+A replica function runs inside :func:`replica_function`'s wrapper: a ``tf.function`` whose
+first argument is the local replica index as an int32 scalar tensor. While it is traced, that
+tensor is this thread's *index tensor* (:func:`index_tensor`); every bridged op
+(:func:`call`) passes it to its ``numpy_function``, which enters that replica's context
+(``ipu_node.runtime.replica.entered_replica_context``) on TF's thread and calls the
+collective there. One trace serves every local replica. Outside a trace (eager code in a
+replica thread) the index is the thread's own replica's.
+
+Used by ``cross_replica_ops``, ``all_to_all_op``, ``reduce_scatter_op``, ``replication_ops``
+and the Horovod modules on TF tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+from ipu_node import current_replica_context, get_system, require_replica_context
+from ipu_node.runtime.replica import entered_replica_context
+
+__all__ = ["index_tensor", "replica_function", "call", "local_index_scope"]
+
+_tracing = threading.local()
+
+
+@contextlib.contextmanager
+def local_index_scope(index: tf.Tensor):
+    """Make ``index`` (the traced local replica index) this thread's index tensor."""
+    previous = getattr(_tracing, "index", None)
+    _tracing.index = index
+    try:
+        yield
+    finally:
+        _tracing.index = previous
+
+
+def index_tensor(what: str) -> tf.Tensor:
+    """The local replica index of the replica this op runs for (int32 scalar).
+
+    Raises:
+        NotInReplicaError: outside a replica function (names ``what``).
+    """
+    traced = getattr(_tracing, "index", None)
+    if traced is not None and not tf.executing_eagerly():
+        return traced
+    return tf.constant(require_replica_context(what).local_index, tf.int32)
+
+
+def replica_function(fn: Callable[..., Any],
+                     context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., Any]:
+    """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
+    collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
+    when ``fn`` is a ``tf.function``, else a Python function running ``fn`` eagerly; either
+    way inside ``context()`` (e.g. the strategy's TF replica context, entered in the trace's
+    graph)."""
+    python_fn = getattr(fn, "python_function", None)
+    if python_fn is None:
+        def eager(local_index, *args, **kwargs):
+            with context():
+                return fn(*args, **kwargs)
+        return eager
+
+    def traced(local_index, *args, **kwargs):
+        with local_index_scope(local_index), context():
+            return python_fn(*args, **kwargs)
+    return tf.function(traced, autograph=getattr(fn, "_autograph", True))
+
+
+def _context_of(local_index: int):
+    mine = current_replica_context()
+    if mine is not None and mine.local_index == local_index:
+        return contextlib.nullcontext(mine)
+    return entered_replica_context(get_system().replica_context(int(local_index)))
+
+
+def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
+         out_shapes: Sequence[tf.TensorShape], what: str) -> list[tf.Tensor]:
+    """``fn(*arrays)`` (numpy in, numpy out, a list of one array per output) as one TF op,
+    run in the context of the replica the op runs for.
+
+    Raises:
+        NotInReplicaError: outside a replica function (names ``what``).
+    """
+    index = index_tensor(what)
+
+    def in_replica(local_index, *arrays):
+        with _context_of(int(local_index)):
+            out = fn(*arrays)
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(out, out_dtypes)]
+
+    results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),
+                                stateful=True, name=what.replace(" ", "_"))
+    if not isinstance(results, (list, tuple)):   # (eager: one output comes back bare)
+        results = [results]
+    for tensor, shape in zip(results, out_shapes):
+        tensor.set_shape(shape)
+    return list(results)

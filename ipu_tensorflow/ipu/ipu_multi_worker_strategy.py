@@ -1,0 +1,47 @@
+"""``tensorflow.python.ipu.ipu_multi_worker_strategy``: ``IPUMultiWorkerStrategyV1`` (TFI
+``ipu/ipu_multi_worker_strategy.py``, reference tf-keras-ipu.md §3.3): the workers of a
+TF_CONFIG cluster, over ipupod's gRPC transport (not TF's collective ops)."""
+
+from __future__ import annotations
+
+import logging
+
+from collectives import strategies as _np
+
+from ipu_tensorflow._strategy import IPUStrategyBase, TF1RunV2
+
+__all__ = ["IPUMultiWorkerStrategyV1", "IPUMultiWorkerStrategy"]
+
+logger = logging.getLogger("tensorflow")
+
+
+class IPUMultiWorkerStrategyV1(TF1RunV2, IPUStrategyBase):
+    """Synchronous training on the workers of a TF_CONFIG cluster. ``num_replicas_in_sync``
+    is the number of workers (reference §3.3, **Inference**), so Keras divides the loss by it
+    and the gradients average over the workers. No Keras extension (TF-IPU's does not mix
+    one in).
+
+    Args:
+        cluster_resolver: a ``TFConfigClusterResolver`` (``poprun.cluster_resolver``'s or
+            TF's: ``cluster_spec()``, ``task_type``, ``task_id``).
+        ipu_device: only ``"/device:IPU:0"``.
+        variables_on_host: see ``collectives.strategies.IPUStrategyBase``.
+    """
+
+    _replicas_in_sync_all = True
+
+    def __init__(self, cluster_resolver, ipu_device="/device:IPU:0", variables_on_host=False):
+        logger.warning("IPUMultiWorkerStrategy is deprecated: Use PopDistStrategy instead.")
+        super().__init__(_np.IPUMultiWorkerStrategy(cluster_resolver, ipu_device,
+                                                    variables_on_host),
+                         enable_keras_extensions=False)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """The number of workers (one device per worker, TFI ``:300-303``)."""
+        from ipu_node.runtime.system import current_system
+        system = current_system()
+        return system.process_count if system is not None else 1
+
+
+IPUMultiWorkerStrategy = IPUMultiWorkerStrategyV1

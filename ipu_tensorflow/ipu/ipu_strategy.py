@@ -1,0 +1,59 @@
+"""``tensorflow.python.ipu.ipu_strategy``: ``IPUStrategyV1`` / ``IPUStrategy`` (TFI
+``ipu/ipu_strategy.py``; reference tf-keras-ipu.md §3.1) over this instance's replicas."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from collectives import strategies as _np
+
+from ipu_tensorflow._strategy import IPUStrategyBase
+
+__all__ = ["IPUStrategyV1", "IPUStrategy", "IPUExtendedV1"]
+
+
+class IPUStrategyV1(IPUStrategyBase):
+    """TF-IPU's strategy for one instance's replicas: TF sees one replica
+    (``num_replicas_in_sync == 1``), so Keras does not divide the loss and the gradients are
+    SUMMED over the replicas (reference §3.1).
+
+    Args:
+        ipu_device: only ``"/device:IPU:0"``.
+        cpu_device: the host device (accepted as TF-IPU's).
+        enable_dataset_iterators: accepted (ipupod's Keras splits the batches itself).
+        enable_keras_extensions: Keras models constructed in scope get the IPU extension.
+
+    Raises:
+        ValueError: another ``ipu_device``; the configured system is one instance of a
+            multi-instance job (use ``PopDistStrategy``).
+    """
+
+    def __init__(self, ipu_device="/device:IPU:0", cpu_device="/device:CPU:0",
+                 enable_dataset_iterators=True, enable_keras_extensions=True):
+        super().__init__(_np.IPUStrategy(ipu_device), enable_keras_extensions)
+        self._cpu_device = cpu_device
+
+    @property
+    def supports_loss_scaling(self) -> bool:
+        return True
+
+    def _check_run(self, fn, args, kwargs) -> None:
+        """TF-IPU's checks (TFI ``ipu_strategy.py:246-270``).
+
+        Raises:
+            ValueError: ``fn`` is not a ``tf.function`` in eager mode.
+            TypeError: a float64 input ("Unsupported data type for input: float64").
+        """
+        if tf.executing_eagerly() and getattr(fn, "python_function", None) is None and \
+                not isinstance(fn, tf.types.experimental.ConcreteFunction):
+            raise ValueError(
+                "IPUStrategyV1.run(fn, ...) does not support eager execution. Either convert "
+                "`fn` into a tf.function or consider calling strategy.run inside a "
+                "tf.function.")
+        for value in tf.nest.flatten((args, kwargs)):
+            if getattr(value, "dtype", None) in (tf.float64, "float64"):
+                raise TypeError("Unsupported data type for input: float64")
+
+
+IPUStrategy = IPUStrategyV1
+#: TF-IPU's extended class name (its methods are the strategy's here)
+IPUExtendedV1 = IPUStrategyV1

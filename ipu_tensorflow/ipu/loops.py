@@ -1,0 +1,6 @@
+"""``tensorflow.python.ipu.loops``: ipu_node's implementation (the execution model on numpy
+values, reference execution-model.md). Not yet on TF tensors and ``tf.data``
+(tf-keras-ipu.md §6): a TF program gets ipu_node's objects under TF-IPU's name."""
+
+from ipu_node.loops import *  # noqa: F401,F403
+from ipu_node.loops import __all__  # noqa: F401

@@ -1,0 +1,203 @@
+"""What a model keeps in each IPU's In-Processor-Memory, from the model itself (poptorch
+reference §2.4 ``TensorLocations``; the counts of :mod:`poptorch.modelling._profile`).
+
+Per IPU of a replica, the tensors of the stages it runs:
+
+* **parameters** and **buffers** (each on the IPU of the stage that uses it first);
+* **optimizer state** (the optimizer's slots per trainable parameter,
+  :func:`poptorch.execution._device_optim.state_nbytes_per_param`) and **gradient accumulators**
+  (``gradientAccumulation > 1``, in the optimizer's ``accum_type``);
+* **activations**: in training, each stage keeps what one micro-batch's backward pass needs
+  for as many micro-batches as the schedule has in flight there (its stash depth). Without
+  recomputation that is the tensors autograd saves; with recomputation (PopTorch turns it on
+  for a pipeline over more than one IPU, PopART's ``RecomputationType::Pipeline``; or
+  ``_Popart.set("autoRecomputation", n)``) the stash holds the stage's inputs and its
+  ``recomputationCheckpoint`` tensors, and one micro-batch's saved tensors between two
+  checkpoints are rebuilt before its backward pass (the working set). The last stage runs
+  forward and backward in one step and keeps its saved tensors. In inference: the largest
+  operation's operands and result;
+* **code and exchange buffers**: :data:`CODE_AND_EXCHANGE_FRACTION` of the IPU's memory
+  (ipupod assumption, below).
+
+``TensorLocations`` move what they name: a location with ``useOnChipStorage(False)`` puts
+those tensors in Streaming Memory (tensors with fewer than ``minElementsForOffChip`` elements
+stay), ``useReplicatedTensorSharding(True)`` divides them over the job's replicas (those with
+at least ``minElementsForReplicatedTensorSharding`` elements). The transfers they cause are
+priced by :mod:`poptorch.modelling._modelled`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["CODE_AND_EXCHANGE_FRACTION", "MemoryEntry", "MemoryPlan", "Locations",
+           "plan_memory", "KINDS"]
+
+#: Share of each used IPU's memory taken by the compiled program's code, vertex state and
+#: exchange buffers. ipupod assumption: no seed or anchor gives a figure; Poplar's memory
+#: reports of models like BERT and ResNet show these at roughly 10-30% of tile memory, and a
+#: round 10% keeps small models' figures close to their tensors while marking the cost.
+CODE_AND_EXCHANGE_FRACTION = 0.10
+
+#: The kinds of entry, in report order.
+KINDS = ("parameters", "buffers", "optimizer_state", "accumulators", "activations",
+         "code_and_exchange")
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    """One tensor (or group) of a model on an IPU: ``name``, ``nbytes``, ``kind`` (one of
+    :data:`KINDS`), ``streaming`` (in Streaming Memory instead of the IPU)."""
+
+    name: str
+    nbytes: int
+    kind: str
+    streaming: bool = False
+
+
+@dataclass
+class MemoryPlan:
+    """Per replica IPU index, the entries of the model there.
+
+    Attributes:
+        entries: IPU index -> entries (on chip and in Streaming Memory).
+        recompute: whether training recomputes the stages' forward passes.
+        assumptions: the assumptions the figures rest on (text).
+    """
+
+    entries: dict[int, list[MemoryEntry]] = field(default_factory=dict)
+    recompute: bool = False
+    assumptions: tuple[str, ...] = ()
+
+    def on_chip(self, ipu: int) -> list[MemoryEntry]:
+        return [e for e in self.entries.get(ipu, []) if not e.streaming]
+
+    def total(self, ipu: int) -> int:
+        """Bytes in IPU ``ipu``'s memory."""
+        return sum(e.nbytes for e in self.on_chip(ipu))
+
+    def breakdown(self, ipu: int) -> dict[str, int]:
+        """Bytes per kind on IPU ``ipu`` (and ``streaming_memory``: bytes moved there)."""
+        out = dict.fromkeys(KINDS, 0)
+        streaming = 0
+        for e in self.entries.get(ipu, []):
+            if e.streaming:
+                streaming += e.nbytes
+            else:
+                out[e.kind] += e.nbytes
+        out["total"] = sum(out[k] for k in KINDS)
+        out["streaming_memory"] = streaming
+        return out
+
+
+class Locations:
+    """``opts.TensorLocations`` as the memory and time models read it."""
+
+    def __init__(self, values: dict, global_replicas: int):
+        self._values = values
+        self.replicas = global_replicas
+
+    def _get(self, what: str) -> dict:
+        return self._values.get(f"location_{what}", {}) or {}
+
+    def off_chip(self, what: str, numel: int) -> bool:
+        """Whether a ``what`` tensor (activation, weight, optimizer, accumulator) of
+        ``numel`` elements lives in Streaming Memory."""
+        loc = self._get(what)
+        return loc.get("onChip", 1) == 0 and numel >= loc.get("minElementsForOffChip", 0)
+
+    def shards(self, what: str, numel: int) -> int:
+        """Over how many replicas a ``what`` tensor is sharded (1: not sharded)."""
+        loc = self._get(what)
+        if loc.get("useReplicatedTensorSharding", 0) and self.replicas > 1 and \
+                numel >= loc.get("minElementsForReplicatedTensorSharding", 0):
+            return self.replicas
+        return 1
+
+    def describe(self) -> dict:
+        return {k: dict(v) for k, v in self._values.items() if k.startswith("location_")}
+
+
+def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[int],
+                training: bool, recompute: bool, params: dict, slots: dict[str, float],
+                accumulator_size: int, G: int, locations: Locations,
+                capacity: dict[int, int]) -> MemoryPlan:
+    """The memory of one replica of model ``name`` (module docstring).
+
+    Args:
+        profile: the model's :class:`~poptorch.modelling._profile.ModelProfile`.
+        stage_ipus: the replica IPU index of each stage.
+        depths: each stage's stash depth (the schedule's; 1 when sharded, 0 in inference).
+        params: parameter or buffer name -> tensor (replica 0's).
+        slots: optimizer state bytes per element, by slot name (training).
+        accumulator_size: bytes per element of a gradient accumulator.
+        capacity: IPU index -> bytes of its memory.
+    """
+    plan = MemoryPlan({i: [] for i in sorted(set(stage_ipus))}, recompute and training)
+    seen: set[str] = set()
+    for s, (stage, ipu) in enumerate(zip(profile.stages, stage_ipus)):
+        out = plan.entries[ipu]
+        for pname in stage.params:
+            if pname in seen:
+                continue
+            seen.add(pname)
+            t = params[pname]
+            if not isinstance(t, torch.nn.Parameter):
+                out.append(MemoryEntry(f"{name}/buffer/{pname}", t.nbytes, "buffers"))
+                continue
+            numel = t.numel()
+            w_off = locations.off_chip("weight", numel)
+            w_shards = locations.shards("weight", numel)
+            out.append(MemoryEntry(f"{name}/param/{pname}", -(-t.nbytes // w_shards),
+                                   "parameters", w_off))
+            if not (training and t.requires_grad):
+                continue
+            o_off = locations.off_chip("optimizer", numel)
+            o_shards = locations.shards("optimizer", numel)
+            for slot, size in slots.items():
+                out.append(MemoryEntry(f"{name}/optimizer/{slot}/{pname}",
+                                       -(-int(numel * size) // o_shards), "optimizer_state",
+                                       o_off))
+            if G > 1:
+                out.append(MemoryEntry(f"{name}/accumulator/{pname}", numel * accumulator_size,
+                                       "accumulators",
+                                       locations.off_chip("accumulator", numel)))
+        out.extend(_activations(name, s, stage, depths[s], training, recompute,
+                                s == len(profile.stages) - 1, locations))
+    for ipu, out in plan.entries.items():
+        out.append(MemoryEntry(f"{name}/code+exchange (ipupod assumption)",
+                               int(capacity[ipu] * CODE_AND_EXCHANGE_FRACTION),
+                               "code_and_exchange"))
+    plan.assumptions = (
+        f"code, vertex state and exchange buffers: {CODE_AND_EXCHANGE_FRACTION:.0%} of each "
+        "IPU's memory (ipupod assumption)",
+        ("activations of training: " + (
+            "stage inputs and checkpoints x stash depth, plus one micro-batch's saved "
+            "tensors between checkpoints (recomputation)" if plan.recompute else
+            "the tensors autograd saves x stash depth")) if training else
+        "activations of inference: the largest operation's operands and result per stage",
+    )
+    return plan
+
+
+def _activations(name: str, s: int, stage, depth: int, training: bool, recompute: bool,
+                 last: bool, locations: Locations) -> list[MemoryEntry]:
+    """The activation entries of stage ``s``."""
+    prefix = f"{name}/activations/stage{s}"
+    if not training:
+        return [MemoryEntry(f"{prefix}/working", stage.peak_op_bytes, "activations")]
+    if recompute and not last:
+        stash = stage.input_bytes + stage.checkpoint_bytes
+        working = stage.piece_saved_bytes
+    else:
+        stash, working = stage.saved_bytes, 0
+    # the stash moves as one tensor group (its elements counted at 4 bytes)
+    off = locations.off_chip("activation", max(1, stash // 4)) and not last
+    out = [MemoryEntry(f"{prefix}/stash x{depth}", depth * stash, "activations", off)]
+    if off:  # the micro-batch in use comes back on chip
+        out.append(MemoryEntry(f"{prefix}/stash in use", stash, "activations"))
+    if working:
+        out.append(MemoryEntry(f"{prefix}/recomputed", working, "activations"))
+    return out

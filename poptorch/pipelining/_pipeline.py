@@ -1,0 +1,197 @@
+"""A model cut into stages, run pass by pass in its schedule's order (poptorch reference
+§7.2; the schedules are ipu_node's, :mod:`ipu_node.pipelining.schedules`).
+
+``PipelinedExecution`` is PopART's pipeline: Grouped with the last forward stage and the first
+backward stage fused (``2N - 1`` training stages; stage s's forward of micro-batch m at step
+``m + s``, its backward at ``m + 2N - 2 - s``); ``ShardedExecution`` is the Sequential
+schedule (every pass of a micro-batch before the next micro-batch's). Inference streams the
+device iterations through the forward stages.
+
+How the passes run: each micro-batch's forward pass runs in a greenlet of the replica's
+thread and stops where its next stage begins (:class:`~poptorch.pipelining._stage_trace.StageTrace`
+calls back at the block that begins it, and steps out of the thread's torch function mode
+stack until it resumes); the forward pass ``F_s(m)`` lets micro-batch m's forward run through
+stage s, so the stages' operations run in exactly the schedule's order. The backward pass
+``B_s(m)`` is ``torch.autograd.backward`` of stage s's part of micro-batch m's graph (the
+stages' graphs are cut at detached boundary tensors). Each parameter's gradients therefore
+accumulate in ascending micro-batch order, as in the unsplit model: the weights are the same,
+bit for bit (a parameter used by two stages gets its contributions in the schedule's order
+instead).
+
+Everything of a replica runs in its one thread: a greenlet (gevent's, a C extension) switches
+without the operating system, where a worker thread per paused forward pass costs two thread
+wake-ups per stage and micro-batch, and every pass computes in the thread's own OpenMP team.
+The grad mode, the torch function mode stack and the current forward are the thread's, so a
+pausing forward pass steps out of them and back in. The replica's random numbers are drawn in
+the schedule's order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from greenlet import greenlet
+
+from ipu_node.pipelining.schedules import PipelineSchedule, schedule_steps
+
+from poptorch.data._batching import MicroBatches, OutputCollector
+from poptorch._errors import createPoptorchError
+from poptorch.pipelining._stage_trace import StagePlan, StageTrace, _Cancelled
+from poptorch.pipelining._strategies import ExecutionStrategy
+from poptorch._tracing import ReplicaRNG
+
+__all__ = ["PipelinedStages", "schedule_of"]
+
+
+def schedule_of(plan: StagePlan, micro_batches: int, training: bool) -> list:
+    """The passes of every step of one pipeline run of ``micro_batches``
+    (:func:`ipu_node.pipelining.schedules.schedule_steps`)."""
+    schedule = PipelineSchedule.Sequential if plan.sharded else PipelineSchedule.Grouped
+    return schedule_steps(schedule, plan.num_stages, micro_batches, training, fused_last=True)
+
+
+class _Forward:
+    """One micro-batch's forward pass in a greenlet, paused between stages."""
+
+    def __init__(self, m: int, args: tuple, kwargs: dict, run: Callable[["_Forward"], None]):
+        self.m, self.args, self.kwargs = m, args, kwargs
+        self.reached = 0  # the stage it waits to run
+        self.output: Any = None
+        self.loss: torch.Tensor | None = None
+        self.trace: StageTrace | None = None
+        self._greenlet = greenlet(lambda: run(self))
+
+    @property
+    def done(self) -> bool:
+        """Whether the forward pass has run to its end (or was cancelled)."""
+        return self._greenlet.dead
+
+    def switch(self, segment: int) -> None:
+        """In the forward pass, where stage ``segment`` begins: wait for its pass."""
+        self.reached = segment
+        self.trace.suspend()
+        try:
+            self._greenlet.parent.switch()
+        finally:  # resumed (or cancelled: the exception unwinds from here)
+            self.trace.resume()
+
+    def run_until_paused(self) -> None:
+        """In the scheduler: let the forward run through its current stage (its errors are
+        raised here)."""
+        self._greenlet.switch()
+
+    def cancel(self) -> None:
+        if self._greenlet:  # (true while started and not finished)
+            self._greenlet.throw(_Cancelled())
+
+
+class PipelinedStages:
+    """The stages of a model and how one replica runs them (the stage interface of
+    :mod:`poptorch.execution._step`).
+
+    Args:
+        plan: the compiled stages.
+        strategy: the options' execution strategy.
+        stage_params: per local replica, per stage, the parameters whose gradients it
+            accumulates (the running mean and float16 accumulators treat them after its
+            backward passes).
+        traced: intercept every op in inference (random numbers); training always does.
+    """
+
+    def __init__(self, plan: StagePlan, strategy: ExecutionStrategy, stage_params: list,
+                 traced: bool):
+        self.plan, self.strategy = plan, strategy
+        self.stage_params = stage_params
+        self.traced = traced
+        self._steps: dict[tuple[int, bool], list] = {}
+
+    def steps(self, micro_batches: int, training: bool) -> list:
+        key = (micro_batches, training)
+        if key not in self._steps:
+            self._steps[key] = schedule_of(self.plan, micro_batches, training)
+        return self._steps[key]
+
+    # -- a micro-batch's forward pass ------------------------------------------------------
+    def _forward_body(self, fwd: _Forward, module: torch.nn.Module, rng: ReplicaRNG | None,
+                      training: bool) -> None:
+        """The greenlet's body (its errors reach the scheduler's switch)."""
+        try:
+            trace = StageTrace(rng, self.strategy, self.plan, boundaries=training,
+                               on_switch=fwd.switch, intercept=training or self.traced)
+            fwd.trace = trace
+            with trace:
+                fwd.output = module(*fwd.args, **fwd.kwargs)
+            if training:
+                fwd.loss = trace.final_loss()
+        except _Cancelled:
+            pass
+
+    # -- the scheduler -----------------------------------------------------------------------
+    def _run(self, module: torch.nn.Module, rng: ReplicaRNG | None, count: int,
+             inputs: Callable[[int], tuple[tuple, dict]], training: bool,
+             on_output: Callable[[int, Any], None], on_backward=None) -> None:
+        forwards: dict[int, _Forward] = {}
+        last = self.plan.num_stages - 1
+        grad_mode = torch.is_grad_enabled()
+        torch.set_grad_enabled(training)  # the forward passes' (the thread's, shared)
+
+        def body(fwd: _Forward) -> None:
+            self._forward_body(fwd, module, rng, training)
+        try:
+            for step in self.steps(count, training):
+                for p in step:
+                    if p.kind == "F":
+                        fwd = forwards.get(p.micro_batch)
+                        if fwd is None:
+                            args, kwargs = inputs(p.micro_batch)
+                            fwd = forwards[p.micro_batch] = _Forward(p.micro_batch, args,
+                                                                     kwargs, body)
+                        if not fwd.done and fwd.reached == p.stage:
+                            fwd.run_until_paused()
+                        if p.stage == last:
+                            if not fwd.done:
+                                raise createPoptorchError(
+                                    "the forward pass ran past its last stage")  # guarded
+                            on_output(p.micro_batch, fwd.output)
+                            if not training:
+                                del forwards[p.micro_batch]
+                    else:
+                        fwd = forwards[p.micro_batch]
+                        on_backward(fwd, p.stage)
+                        if p.stage == 0:
+                            del forwards[p.micro_batch]
+        except BaseException:
+            for fwd in forwards.values():
+                fwd.cancel()
+            raise
+        finally:
+            torch.set_grad_enabled(grad_mode)
+
+    def train_step(self, module: torch.nn.Module, plan, d: int, r: int,
+                   rng: ReplicaRNG | None, params: list) -> None:
+        """Device iteration ``d``'s G micro-batches on local replica ``r``, pass by pass."""
+        accumulation, micro = plan.accumulation, plan.micro
+
+        def on_output(m: int, output: Any) -> None:
+            if plan.collector.wants(d, m):
+                plan.collector.add(d, m, r, output)
+
+        def on_backward(fwd: _Forward, stage: int) -> None:
+            mine = self.stage_params[r][stage] if accumulation.active else ()
+            before = accumulation.begin(mine, fwd.m) if mine else None
+            fwd.trace.backward(stage, fwd.loss, plan.loss_scaling)
+            if mine:
+                accumulation.end(mine, fwd.m, before)
+
+        self._run(module, rng, micro.layout.G, lambda m: micro.get(d, m, r), True, on_output,
+                  on_backward)
+
+    def infer_call(self, module: torch.nn.Module, micro: MicroBatches,
+                   collector: OutputCollector, r: int, rng: ReplicaRNG | None) -> None:
+        """An inference call's ``di`` micro-batches streamed through the stages."""
+        def on_output(d: int, output: Any) -> None:
+            if collector.wants(d, 0):
+                collector.add(d, 0, r, output)
+
+        self._run(module, rng, micro.layout.di, lambda d: micro.get(d, 0, r), False, on_output)

@@ -1,0 +1,331 @@
+"""One forward pass of a model cut into stages (poptorch reference §7), seen op by op.
+
+:class:`StageTrace` extends :class:`poptorch._tracing.Trace` (losses, the replica's random
+numbers) with the blocks: it is the forward pass the annotations of
+:mod:`poptorch.pipelining._blocks`
+talk to. The forward is cut into *segments*, one per stage it runs in, in the order it runs
+them (a pipelined model's stage ids must grow along the forward; a sharded one may come back
+to an IPU, each visit its own segment).
+
+With ``boundaries`` (training), a tensor made in one segment and used by a later one reaches
+it as a detached copy (``detach().requires_grad_()``, one per tensor and segment): each
+segment's operations form an autograd graph of their own, and :meth:`backward` runs one
+segment's backward pass from the gradients its copies received (plus the loss, in its
+segment). The forward values are those of the unsplit model; the gradients of each segment's
+parameters are computed by the same operations from the same values.
+
+Two modes:
+
+* **discovering** (``plan=None``, once at compile): blocks are resolved by the options'
+  strategy and the segments recorded (:attr:`segments`); ``observer`` (the compile-time
+  :class:`poptorch.modelling._profile.Profiler`) sees every op, segment switch, checkpoint and
+  memory
+  note;
+* **running** (``plan`` given): the blocks are looked up in the compiled plan, the forward
+  must take the same segments, and ``on_switch(segment)`` is called before each segment after
+  the first (a pipeline's scheduler pauses the forward there until that stage's pass).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from poptorch.pipelining._blocks import set_current_forward
+from poptorch._errors import createPoptorchError
+from poptorch.pipelining._strategies import DEFAULT_STAGE, ExecutionStrategy
+from poptorch._tracing import ReplicaRNG, Trace
+
+__all__ = ["StageTrace", "StagePlan", "Segment", "Crossing"]
+
+
+class Segment:
+    """One stage of the forward pass: its stage id, the replica's IPU index, its blocks."""
+
+    __slots__ = ("stage_id", "ipu", "blocks")
+
+    def __init__(self, stage_id: int, ipu: int, blocks: tuple[str, ...] = ()):
+        self.stage_id, self.ipu, self.blocks = stage_id, ipu, tuple(blocks)
+
+    def __repr__(self) -> str:
+        return f"Segment(stage {self.stage_id}, IPU {self.ipu}, blocks {list(self.blocks)})"
+
+
+class StagePlan:
+    """The stages of a model as compiled: its segments in forward order, the stage id of
+    each block, whether sharded (read-only once made).
+
+    Attributes:
+        segments: the stages, in the order the forward runs them.
+        block_stage: block user id -> stage id.
+        sharded: ``ShardedExecution`` (stages one after another), else a pipeline.
+    """
+
+    def __init__(self, segments: list[Segment], block_stage: dict[str, int], sharded: bool):
+        self.segments = tuple(segments)
+        self.block_stage = dict(block_stage)
+        self.sharded = sharded
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.segments)
+
+    @property
+    def ipus(self) -> tuple[int, ...]:
+        """The replica IPU index of each stage."""
+        return tuple(s.ipu for s in self.segments)
+
+    @property
+    def ipus_used(self) -> int:
+        """IPUs a replica needs: the highest IPU index plus one (poptorch reference §5.6)."""
+        return max(self.ipus) + 1
+
+
+class Crossing:
+    """A tensor of segment ``src`` used by segment ``dst``, and its copy there."""
+
+    __slots__ = ("src", "dst", "tensor", "copy")
+
+    def __init__(self, src: int, dst: int, tensor: torch.Tensor, copy: torch.Tensor):
+        self.src, self.dst, self.tensor, self.copy = src, dst, tensor, copy
+
+
+class _Producers:
+    """The segment that made each tensor of a forward pass, by identity, without keeping the
+    tensors alive (a dead tensor's id may come back on a new one: its entry is then stale).
+
+    ``torch.utils.weak.WeakIdKeyDictionary`` does the same but builds a weak reference object
+    in Python for every lookup, and every op's tensor arguments are looked up."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, t: torch.Tensor) -> int | None:
+        entry = self._by_id.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def __setitem__(self, t: torch.Tensor, segment: int) -> None:
+        self._by_id[id(t)] = (weakref.ref(t), segment)
+
+
+class _Cancelled(BaseException):
+    """Unwinds a paused forward pass whose step failed elsewhere."""
+
+
+class StageTrace(Trace):
+    """The forward pass of one micro-batch (module docstring).
+
+    Args:
+        rng: the replica's random state (None: PyTorch's default generator).
+        strategy: the options' execution strategy (used while discovering).
+        plan: the compiled stages (None: discover them).
+        boundaries: detach the tensors that cross segments (training).
+        on_switch: called with the new segment index before each segment after the first
+            (running only).
+        observer: sees the ops, switches and notes (discovering only).
+        intercept: see every op (a ``TorchFunctionMode``): needed to cut boundaries, to find
+            the loss, to route random numbers, to discover; without it only the blocks are
+            followed (cheaper).
+    """
+
+    def __init__(self, rng: ReplicaRNG | None, strategy: ExecutionStrategy,
+                 plan: StagePlan | None = None, *, boundaries: bool = False,
+                 on_switch: Callable[[int], None] | None = None, observer=None,
+                 intercept: bool = True):
+        super().__init__(rng)
+        self.intercept = intercept or boundaries or plan is None
+        self.strategy, self.plan = strategy, plan
+        self.on_switch, self.observer = on_switch, observer
+        self.segment = 0
+        self._stage_id = DEFAULT_STAGE
+        self._auto = 0
+        self._producers = _Producers() if boundaries else None
+        self._copies: dict[tuple[int, int], torch.Tensor] = {}
+        self.crossings: list[Crossing] = []
+        if plan is None:
+            self.segments = [Segment(DEFAULT_STAGE, strategy.default_ipu())]
+            self._ops_in_first = 0
+        else:
+            self.segments = list(plan.segments)
+            self._stage_id = plan.segments[0].stage_id
+
+    # -- the forward pass in this thread -------------------------------------------------
+    def __enter__(self):
+        self._previous_forward = set_current_forward(self)
+        return super().__enter__() if self.intercept else self
+
+    def __exit__(self, *exc):
+        set_current_forward(self._previous_forward)
+        return super().__exit__(*exc) if self.intercept else None
+
+    def suspend(self) -> None:
+        """Pause: other code runs in this thread until :meth:`resume` (the pipeline's
+        scheduler, other micro-batches' forward passes)."""
+        set_current_forward(self._previous_forward)
+        if self.intercept:
+            super().suspend()
+
+    def resume(self) -> None:
+        if self.intercept:
+            super().resume()
+        set_current_forward(self)
+
+    # -- blocks (poptorch.pipelining._blocks) ------------------------------------------------------
+    def next_auto_id(self) -> str:
+        value = self._auto
+        self._auto += 1
+        return str(value)
+
+    def reset_auto_id(self) -> None:
+        self._auto = 0
+
+    def begin_block(self, user_id: str, ipu_id: int | None) -> None:
+        """Block ``user_id`` begins: a new segment when its stage differs.
+
+        Raises:
+            poptorch.Error: a pipelined model's stage going back; running: a block or a
+                stage the compiled forward did not take.
+            AssertionError: the strategy's errors (unknown block, no IPU for SameAsIpu).
+        """
+        if self.plan is None:
+            stage_id, ipu = self.strategy.resolve(user_id, ipu_id)
+        else:
+            stage_id = self.plan.block_stage.get(user_id)
+            if stage_id is None:
+                raise createPoptorchError(
+                    f"Block '{user_id}' did not run when the model was compiled (blocks: "
+                    f"{sorted(self.plan.block_stage)}): the forward pass must take the same "
+                    "blocks on every call")
+            ipu = None
+        if stage_id == self._stage_id:
+            if self.plan is None and user_id not in self.segments[self.segment].blocks:
+                seg = self.segments[self.segment]
+                self.segments[self.segment] = Segment(seg.stage_id, seg.ipu,
+                                                      seg.blocks + (user_id,))
+            return
+        sharded = self.strategy.sharded if self.plan is None else self.plan.sharded
+        if stage_id < self._stage_id and not sharded:
+            raise createPoptorchError(
+                f"Block '{user_id}' is in pipeline stage {stage_id}, after stage "
+                f"{self._stage_id} in the forward pass: the stages of a "
+                "poptorch.PipelinedExecution must follow one another along the model (with "
+                "poptorch.AutoStage.SameAsIpu a block may not go back to an earlier IPU; "
+                "poptorch.ShardedExecution allows it)")
+        self._switch(stage_id, ipu, user_id)
+
+    def _switch(self, stage_id: int, ipu: int | None, user_id: str) -> None:
+        previous = self.segment
+        if self.plan is None:
+            if previous == 0 and self._ops_in_first == 0 and len(self.segments) == 1:
+                self.segments[0] = Segment(stage_id, ipu, (user_id,))  # no op before it
+            else:
+                self.segments.append(Segment(stage_id, ipu, (user_id,)))
+                self.segment += 1
+            self._stage_id = stage_id
+            if self.observer is not None and self.segment != previous:
+                self.observer.switch(self.segment)
+            return
+        nxt = self.segment + 1
+        if nxt >= len(self.segments) or self.segments[nxt].stage_id != stage_id:
+            raise createPoptorchError(
+                f"Block '{user_id}' begins stage {stage_id} where the compiled forward pass "
+                f"ran {self.segments[nxt].stage_id if nxt < len(self.segments) else 'no'} "
+                "stage: the forward pass must take the same stages on every call")
+        self.segment, self._stage_id = nxt, stage_id
+        if self.on_switch is not None:
+            self.on_switch(nxt)
+
+    # -- notes from poptorch's operations ------------------------------------------------
+    def checkpoint(self, tensors: tuple) -> None:
+        """``recomputationCheckpoint`` of ``tensors`` in the current segment."""
+        if self.observer is not None:
+            self.observer.checkpoint(self.segment, tensors)
+
+    def note(self, kind: str, value: Any) -> None:
+        """A recorded-only annotation (``set_available_memory``, ``MultiConv``)."""
+        if self.observer is not None:
+            self.observer.note(self.segment, kind, value)
+
+    # -- every op ------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        producers = self._producers
+        if producers is not None and len(producers):
+            args = self._cross_all(args)
+            if kwargs:
+                kwargs = dict(zip(kwargs, self._cross_all(tuple(kwargs.values()))))
+        discovering = self.plan is None and getattr(func, "__name__", "") != "__get__"
+        if discovering:  # (a tensor's attribute read is no operation of a stage)
+            if self.segment == 0:
+                self._ops_in_first += 1
+            if self.observer is not None:
+                self.observer.op(self.segment, args, kwargs)
+        out = super().__torch_function__(func, types, args, kwargs)
+        if producers is not None:
+            if isinstance(out, torch.Tensor):
+                producers[out] = self.segment
+            elif isinstance(out, (tuple, list)):
+                for o in out:
+                    if isinstance(o, torch.Tensor):
+                        producers[o] = self.segment
+        if discovering and self.observer is not None:
+            self.observer.result(self.segment, out)
+        return out
+
+    def _cross_all(self, values: tuple) -> tuple:
+        changed, out = False, []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                c = self._cross(v)
+            elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+                c = type(v)(self._cross(x) if isinstance(x, torch.Tensor) else x for x in v)
+                c = v if all(a is b for a, b in zip(c, v)) else c
+            else:
+                c = v
+            changed |= c is not v
+            out.append(c)
+        return tuple(out) if changed else values
+
+    def _cross(self, t: torch.Tensor) -> torch.Tensor:
+        src = self._producers.get(t)
+        if src is None or src == self.segment:
+            return t
+        key = (id(t), self.segment)
+        copy = self._copies.get(key)
+        if copy is None:
+            copy = t.detach()
+            if t.requires_grad:
+                copy.requires_grad_()
+            self._copies[key] = copy
+            self._producers[copy] = self.segment
+            self.crossings.append(Crossing(src, self.segment, t, copy))
+        return copy
+
+    # -- backward ------------------------------------------------------------------------
+    def producer(self, t: torch.Tensor) -> int | None:
+        """The segment that made ``t`` (None: not made in this forward pass)."""
+        return self._producers.get(t) if self._producers is not None else None
+
+    def backward(self, segment: int, loss: torch.Tensor | None, loss_scaling: float) -> None:
+        """Segment ``segment``'s backward pass: from ``loss`` (when made there, scaled) and
+        from the gradients its tensors' copies in later segments received. Gradients
+        accumulate into the parameters' ``.grad`` and the copies' (for earlier segments)."""
+        roots, grads = [], []
+        if loss is not None and self.producer(loss) == segment:
+            if loss_scaling != 1.0:
+                loss = loss * loss_scaling
+            roots.append(loss)
+            grads.append(None if loss.dim() == 0 else torch.ones_like(loss))
+        for c in self.crossings:
+            if c.src == segment and c.copy.grad is not None:
+                roots.append(c.tensor)
+                grads.append(c.copy.grad)
+        if roots:
+            torch.autograd.backward(roots, grads)
