@@ -7,7 +7,7 @@ the prediction beside the published throughput.
 
 Each model is built here in plain PyTorch (:mod:`standard_models`), in float16 as published
 (``model.half()``: ipupod computes each float16 operation in float32 and rounds it,
-:mod:`poptorch._precision`), wrapped in ``poptorch.trainingModel`` and compiled: one
+:mod:`poptorch.execution._precision`), wrapped in ``poptorch.trainingModel`` and compiled: one
 micro-batch's forward and backward run on the CPU, and ipupod records every operation of
 each pipeline stage (ResNet-50 at micro-batch 8, :data:`COUNT_AT`; its published 20 does
 not fit one IPU in ipupod's memory plan; the work is scaled to the published micro-batch,

@@ -109,7 +109,7 @@ def test_profile_prices_adds_and_round_trips():
 
 def test_the_ledger_records_pytorch_operations():
     torch = pytest.importorskip("torch")
-    from poptorch._op_ledger import OpLedger
+    from poptorch.modelling._op_ledger import OpLedger
     from poptorch.modelling._profile import FlopCount
 
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)
