@@ -21,8 +21,9 @@ replica function raised), with their tracebacks and output, and the others' stat
 :data:`poprun.testing.DEFAULT_TIMEOUT_S`) is the job's hard timeout: the instances that have
 not finished dump their stacks and are stopped, and the test fails naming them.
 
-Tests without the marker run as they always do: this module imports nothing but ``os`` and
-pytest until a marked test runs (no MPI, gRPC, numpy or torch at import).
+Tests without the marker run as they always do: this module imports nothing but ``os``,
+pytest and the names of :mod:`launch.env` until a marked test runs (no MPI, gRPC, numpy or
+torch at import).
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ import os
 
 import pytest
 
+from launch import env as envnames
+
 __all__ = ["MARKER"]
 
 MARKER = "poprun"
 #: the marker's keywords (the first may also be given by position: num_instances)
 _KEYWORDS = ("num_instances", "num_replicas", "ipus_per_replica", "transport", "system",
              "timeout")
-#: set in an instance while it runs its test (see poprun._job_instance.IN_JOB_VAR)
-_IN_JOB_VAR = "IPUPOD_PYTEST_JOB"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -131,7 +132,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A marked test, in the parent: its reports come from the job, not from running it
     here (no fixture is set up in the parent)."""
     marker = item.get_closest_marker(MARKER)
-    if marker is None or os.environ.get(_IN_JOB_VAR) or not isinstance(item, pytest.Function):
+    if marker is None or os.environ.get(envnames.PYTEST_JOB) \
+            or not isinstance(item, pytest.Function):
         return None
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
