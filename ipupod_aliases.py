@@ -1,6 +1,7 @@
 """The framework module names ipupod serves when the real package is not installed: TF-IPU's
 ``tensorflow.python.ipu``, Graphcore Keras' ``tensorflow.keras.ipu``,
-``ipu_tensorflow_addons`` and Horovod's framework modules, each an alias of an ipupod module.
+``ipu_tensorflow_addons`` and Horovod's framework modules (``horovod.tensorflow``,
+``horovod.torch``), each an alias of an ipupod module.
 
 One table, :data:`SERVED`, names them all. :func:`install` (run at start-up by the
 ``ipupod_aliases.pth`` file that ipupod's wheel and editable install put in site-packages)
@@ -39,6 +40,7 @@ SERVED: dict[str, str | None] = {
     "ipu_tensorflow_addons": "ipu_tensorflow.addons",
     "horovod": None,
     "horovod.tensorflow": "ipu_tensorflow.horovod",
+    "horovod.torch": "poptorch._horovod_torch",
 }
 
 _LEGACY_KERAS = "TF_USE_LEGACY_KERAS"

@@ -97,6 +97,8 @@ def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequen
 
     results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),
                                 stateful=True, name=what.replace(" ", "_"))
+    if not isinstance(results, (list, tuple)):   # (eager: one output comes back bare)
+        results = [results]
     for tensor, shape in zip(results, out_shapes):
         tensor.set_shape(shape)
     return list(results)

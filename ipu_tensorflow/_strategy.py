@@ -88,10 +88,9 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
     @contextlib.contextmanager
     def scope(self):
         """TF's scope, plus: variables made here take instance 0's initial value, and Keras
-        models constructed here get the IPU extension."""
-        from ipu_tensorflow import _keras
-        with super().scope(), tf.variable_creator_scope(self._create_variable), \
-                _keras.extensions_scope(self if self._enable_keras_extensions else None):
+        models constructed here get the IPU extension (the class swap that
+        ``tensorflow.python.ipu`` installs looks for ``_enable_keras_extensions``)."""
+        with super().scope(), tf.variable_creator_scope(self._create_variable):
             yield self
 
     def _create_variable(self, next_creator, **kwargs):

@@ -306,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_reserved(plan: LaunchPlan, model: SystemModel, *, offline: bool = False,
                  print_topology: bool = False, named_partition: bool = False,
-                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+                 num_ilds: int | None = None, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None) -> int:
     """Reserve the job's IPUs on ``model`` (unless ``offline``: ``--offline-mode``), run
     ``plan`` (:func:`run_plan`), and release them, the job's own lock files included
-    (unless ``named_partition``: a ``--vipu-partition`` outlives its job).
+    (unless ``named_partition``: a ``--vipu-partition`` outlives its job); ``num_ilds``
+    (``--num-ilds``) spreads the partition evenly over that many IPU-Link domains.
 
     Returns:
         0 when every instance succeeded.
@@ -323,7 +325,7 @@ def run_reserved(plan: LaunchPlan, model: SystemModel, *, offline: bool = False,
             print(_topology(model, plan), flush=True)
         return run_plan(plan, stdout, stderr)
     partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
-                                  job=plan.job_id)
+                                  job=plan.job_id, num_ilds=num_ilds)
     with partition:
         plan = replace(plan, partition_ipus=partition.ipus)
         logger.info("partition of IPUs %s reserved for job %s", partition.ipus, plan.job_id)
@@ -341,7 +343,8 @@ def _reserve_and_run(plan: LaunchPlan, model: SystemModel, args: argparse.Namesp
     try:
         return run_reserved(plan, model, offline=bool(args.offline_mode),
                             print_topology=bool(args.print_topology),
-                            named_partition=bool(args.vipu_partition))
+                            named_partition=bool(args.vipu_partition),
+                            num_ilds=args.num_ilds)
     except IPUError as exc:  # busy, or an unusable lock directory
         return _fail(str(exc), 1)
     except JobInterruptedError as exc:   # 130 for SIGINT, 143 for SIGTERM

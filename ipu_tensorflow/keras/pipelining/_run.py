@@ -1,0 +1,267 @@
+"""One execution of a pipelined Keras model in the calling replica, through ipu_node's
+pipeline runtime (:func:`ipu_node.pipelining_ops.pipeline`: the schedules, the gradient
+accumulation and the modelled clock the numpy and PopTorch pipelines use).
+
+Each stage of the :class:`~ipu_tensorflow.keras.pipelining._cut.StageCut` becomes an
+``ipu_node`` ``Stage``: its forward runs the stage's layer calls under a
+``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs
+and the stash); its backward is ``tape.gradient`` of the stage's outputs with the gradients
+the next stage sent back, keyed by an ``ipu_node.Variable`` that stands for each
+``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last stage computes
+the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the micro-batch
+gradients in ascending order from zeros and applies them once per ``G`` micro-batches with
+the model's optimizer, so the weights equal the unpipelined model trained with the same
+gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's profiler on the
+traced stage (the front end's ``graph_flops``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+from ipu_node import Variable, current_replica_context
+from ipu_node.optimizers import Optimizer
+from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
+                                     last_report, pipeline)
+
+from ipu_tensorflow._keras_modelled import graph_flops
+from ipu_tensorflow.keras.pipelining._cut import StageCut
+
+__all__ = ["PipelineRun", "MicroBatches"]
+
+_Y, _SW = "__ipupod_y__", "__ipupod_sample_weight__"
+
+
+class MicroBatches:
+    """The infeed of one execution: the replica's micro-batches ``(x, y, sample_weight)``
+    (numpy nests), dequeued in order."""
+
+    def __init__(self, elements: list):
+        self._elements = list(elements)
+        self._next = 0
+
+    def _dequeue(self):
+        element = self._elements[self._next]
+        self._next += 1
+        return element
+
+
+class _Outfeed:
+    """Collects what the last stage outfeeds (the loss, then the other outputs)."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def enqueue(self, value):
+        self.items.append(value)
+
+
+def _numpy(nest: Any) -> Any:
+    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, nest)
+
+
+def _tensors(nest: Any) -> Any:
+    return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
+
+
+def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
+    """FLOPs of stage ``s``'s layer calls: the front end's count of a traced graph
+    (:func:`ipu_tensorflow._keras_modelled.graph_flops`, TensorFlow's profiler) on the stage
+    traced for these input shapes."""
+    keys = sorted(live)
+    specs = [tf.TensorSpec(live[k].shape, live[k].dtype) for k in keys]
+
+    def body(*tensors):
+        out = cut.run_stage(s, dict(zip(keys, tensors)), training)
+        return [out[k] for k in sorted(out) if k not in keys]
+    return float(graph_flops(tf.function(body).get_concrete_function(*specs)))
+
+
+class _KerasWeightUpdate(Optimizer):
+    """The optimizer the runtime applies once per ``G`` micro-batches: hands the
+    accumulated gradients to :meth:`PipelineRun.apply_gradients`."""
+
+    def __init__(self, run: "PipelineRun"):
+        super().__init__("KerasPipelineWeightUpdate")
+        self._run = run
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
+        self._run.apply_gradients(grads_and_vars)
+
+
+class PipelineRun:
+    """The stages of one pipelined model for one replica, reusable across executions.
+
+    Args:
+        cut: the model cut into stages.
+        reduce_gradients: ``fn(list of numpy arrays) -> list`` applied to a replica's
+            accumulated gradients in the weight update (the strategy's cross-replica sum,
+            ONE fused ``collectives.cross_replica_sum``); None: as they are.
+    """
+
+    def __init__(self, cut: StageCut, reduce_gradients: Callable | None = None):
+        self.cut = cut
+        self.model = cut.model
+        self.reduce_gradients = reduce_gradients
+        self._proxies: dict = {}   # tf variable ref -> ipu_node.Variable
+        self._tf_of: dict = {}     # ipu_node.Variable -> tf variable
+        self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
+        self._update = _KerasWeightUpdate(self)
+        self._reduced: dict = {}   # local replica index -> its reduced gradients
+        self._local = threading.local()  # the running replica's loss and metrics functions
+
+    # -- the stages -----------------------------------------------------------------------
+    def _proxy(self, var: tf.Variable) -> Variable:
+        """The calling replica's ``ipu_node.Variable`` for ``var`` (its bytes accounted
+        on the IPU of the stage that uses it)."""
+        key = (current_replica_context().local_index, var.ref())
+        proxy = self._proxies.get(key)
+        if proxy is None:
+            proxy = Variable(np.zeros(var.shape, var.dtype.as_numpy_dtype),
+                             var.name.split(":")[0])
+            self._proxies[key] = proxy
+            self._tf_of[proxy] = var
+        return proxy
+
+    def _live_of(self, s: int, args: tuple, kwargs: dict) -> tuple[dict, Any, Any]:
+        """The stage's input tensors by id, and the labels and sample weights it carries."""
+        if s == 0:
+            x, y, sw = (tuple(args) + (None, None))[:3]
+            flat = tf.nest.flatten(x)
+            live = {i: tf.convert_to_tensor(v) for i, v in zip(self.cut.input_ids, flat)}
+            return live, y, sw
+        y, sw = kwargs.pop(_Y, None), kwargs.pop(_SW, None)
+        return {k: tf.convert_to_tensor(v) for k, v in kwargs.items()}, y, sw
+
+    def _count(self, s: int, live: dict, training: bool) -> float:
+        key = (s, training)
+        if key not in self._flops:
+            self._flops[key] = _flops_of(self.cut, s, dict(live), training)
+        return self._flops[key]
+
+    def _stage(self, s: int, training: bool) -> Stage | Callable:
+        cut, last = self.cut, s == self.cut.num_stages - 1
+
+        def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None):
+            live, y, sw = self._live_of(s, args, dict(kwargs))
+            inputs = dict(live)
+            if tape is not None:
+                tape.watch([t for t in inputs.values() if t.dtype.is_floating])
+            live = cut.run_stage(s, live, training)
+            if last:
+                y_pred = cut.model_outputs(live)
+                if y is None:             # predict
+                    return inputs, (_numpy(y_pred),), None
+                y, sw = _tensors(y), _tensors(sw)
+                loss = self._local.compute_loss(None, y, y_pred, sw)
+                return inputs, (loss.numpy(), y, _numpy(y_pred), sw), [loss]
+            passed = {k: live[k] for k in cut.passed_after[s]}
+            out = {k: v.numpy() for k, v in passed.items()}
+            out[_Y], out[_SW] = y, sw
+            return inputs, out, passed
+
+        def flops(*args, **kwargs):
+            """The stage's FLOPs for these inputs (counted once per stage and mode)."""
+            return self._count(s, self._live_of(s, args, dict(kwargs))[0], training)
+
+        if not training:
+            def infer(*args, **kwargs):
+                outputs = run(args, kwargs, None)[1]
+                if last and len(outputs) > 1:   # evaluate: the metrics of this micro-batch
+                    self._metrics(*outputs)
+                return outputs
+            infer.flops = flops   # (the runtime reads a stage's ``flops``)
+            return infer
+
+        variables = cut.stage_variables(s)
+
+        def forward(*args, **kwargs):
+            with tf.GradientTape() as tape:
+                inputs, outputs, targets = run(args, kwargs, tape)
+            return outputs, (tape, inputs, targets)
+
+        def backward(saved, output_grads):
+            tape, inputs, targets = saved
+            if last:
+                pairs = [(targets[0], tf.convert_to_tensor(output_grads[0]))]
+            else:
+                pairs = [(t, tf.convert_to_tensor(output_grads[k]))
+                         for k, t in targets.items()
+                         if isinstance(output_grads, dict) and output_grads.get(k) is not None]
+            floats = [k for k, t in inputs.items() if t.dtype.is_floating]
+            if not pairs:
+                return {}, {}
+            grads = tape.gradient([t for t, _ in pairs], variables + [inputs[k] for k in floats],
+                                  output_gradients=[g for _, g in pairs])
+            var_grads = {self._proxy(v): (None if g is None else g.numpy())
+                         for v, g in zip(variables, grads[:len(variables)])}
+            in_grads = {k: g.numpy() for k, g in zip(floats, grads[len(variables):])
+                        if g is not None}
+            return var_grads, in_grads
+
+        return Stage(forward, backward, flops=flops)
+
+    def _metrics(self, loss, y, y_pred, sw) -> None:
+        self._local.compute_metrics(None, _tensors(y), _tensors(y_pred), _tensors(sw))
+
+    # -- the weight update ----------------------------------------------------------------
+    def apply_gradients(self, grads_and_vars) -> None:
+        """The runtime's weight update in this replica: the accumulated gradients (numpy,
+        in the runtime's order), reduced across replicas by ``reduce_gradients`` (one fused
+        collective, charged to the IPUs' timelines in the update phase), kept for
+        :meth:`take_gradients`; the model's optimizer applies them once per instance."""
+        pairs = [(g, self._tf_of[v]) for g, v in grads_and_vars]
+        grads = [g for g, _ in pairs]
+        if self.reduce_gradients is not None:
+            grads = list(self.reduce_gradients(grads))
+        self._reduced[current_replica_context().local_index] = [
+            (tf.convert_to_tensor(g), v) for g, (_, v) in zip(grads, pairs)]
+
+    def take_gradients(self) -> list:
+        """The calling replica's reduced gradients of its last training run,
+        ``[(tf.Tensor, tf.Variable)]`` (empty before any)."""
+        return self._reduced.pop(current_replica_context().local_index, [])
+
+    # -- one execution --------------------------------------------------------------------
+    def run(self, elements: list, gradient_accumulation_count: int, training: bool,
+            repeat_count: int = 1, device_mapping=None,
+            pipeline_schedule: PipelineSchedule | None = None, compute_loss=None,
+            compute_metrics=None, **pipelining_kwargs) -> list:
+        """Run ``repeat_count`` pipeline executions of ``gradient_accumulation_count``
+        micro-batches from ``elements`` (``(x, y, sample_weight)`` each; ``(x,)`` to
+        predict) in this replica. Returns per micro-batch what the last stage outfed:
+        training and evaluate ``(loss, y, y_pred, sample_weight)``, predict ``(y_pred,)``.
+
+        ``compute_loss(x, y, y_pred, sample_weight)`` and ``compute_metrics(...)`` default to
+        the model's (``train_step``'s); a caller running several replicas passes each
+        replica's own loss and metrics containers.
+
+        Raises:
+            NotInReplicaError: outside a replica function.
+            FailedPreconditionError, ValueError: the pipeline's rules (G against the
+                schedule's overlap length, device_mapping, ...; reference §5.3).
+        """
+        outfeed = _Outfeed()
+        self._local.compute_loss = compute_loss or self.model.compute_loss
+        self._local.compute_metrics = compute_metrics or self.model.compute_metrics
+        stages = [self._stage(s, training) for s in range(self.cut.num_stages)]
+
+        def optimizer_function(loss, *rest):
+            self._metrics(loss, *rest)
+            return OptimizerFunctionOutput(self._update, loss)
+        pipeline(stages, gradient_accumulation_count, repeat_count=repeat_count,
+                 infeed_queue=MicroBatches(elements), outfeed_queue=outfeed,
+                 optimizer_function=optimizer_function if training else None,
+                 device_mapping=device_mapping, pipeline_schedule=pipeline_schedule,
+                 **pipelining_kwargs)
+        return outfeed.items
+
+    @staticmethod
+    def last_report():
+        """The runtime's report of this replica's last run (modelled steps, busy time,
+        bubble fraction, stash depth per stage)."""
+        return last_report() if current_replica_context() is not None else None
