@@ -195,7 +195,8 @@ def _pytest(spec: dict, jobdir: str, index: int) -> dict:
     # the parent names the plugins it loaded from installed distributions (-p): no scan of
     # every installed distribution for entry points (poprun.pytest_plugin._plugin_args)
     recorder = _Recorder(os.environ.get(_NO_AUTOLOAD))
-    os.environ[_NO_AUTOLOAD] = "1"
+    if not spec.get("autoload", False):
+        os.environ[_NO_AUTOLOAD] = "1"
     basetemp = os.path.join(jobdir, f"tmp.{index}")   # tmp_path: removed with the job
     code = pytest.main([*spec["pytest_args"], "--basetemp", basetemp], plugins=[recorder])
     return recorder.outcome(int(code))
