@@ -51,8 +51,9 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
             (:mod:`ipu_tensorflow._keras`).
     """
 
-    #: whether ``num_replicas_in_sync`` counts every replica of the job (PopDist), or 1
-    _replicas_in_sync_all = False
+    #: what ``num_replicas_in_sync`` counts: "one" (TF sees one replica), "replicas" (every
+    #: replica of the job, PopDist) or "processes" (the job's instances: one device each)
+    _replicas_in_sync = "one"
     #: the class name TF-IPU's messages use
     _tf_ipu_name = "IPUStrategyV1"
 
@@ -66,12 +67,15 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
 
     @property
     def num_replicas_in_sync(self) -> int:
-        """1 (IPUStrategy: TF sees one replica; Poplar replicates) or every replica of the
-        job (PopDistStrategy)."""
-        if not self._replicas_in_sync_all:
+        """1 (IPUStrategy: TF sees one replica; Poplar replicates), every replica of the job
+        (PopDistStrategy) or the job's instances (the multi-worker and Horovod strategies)."""
+        if self._replicas_in_sync == "one":
             return 1
         system = current_system()
-        return system.num_replicas if system is not None else self._numpy.num_replicas_in_sync
+        if system is None:
+            return 1
+        return system.num_replicas if self._replicas_in_sync == "replicas" else \
+            system.process_count
 
     @property
     def num_local_replicas(self) -> int:
