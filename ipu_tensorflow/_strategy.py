@@ -135,9 +135,16 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
         if replica_fn is None:
             replica_fn = self._replica_fns[key] = _bridge.replica_function(
                 fn, lambda: tf.distribute.ReplicaContext(self, replica_id_in_sync_group=0))
-        results = self.run_replicas(lambda r: replica_fn(tf.constant(r, tf.int32), *args,
-                                                          **kwargs))
-        return results[-1]
+        def in_replica(r):
+            _bridge.take_error(r)
+            try:
+                return replica_fn(tf.constant(r, tf.int32), *args, **kwargs)
+            except tf.errors.OpError:
+                original = _bridge.take_error(r)   # (a collective's own error, unwrapped)
+                if original is None:
+                    raise
+                raise original from None
+        return self.run_replicas(in_replica)[-1]
 
     def run_replicas(self, fn: Callable[[int], Any]) -> list:
         """``fn(local_replica_index)`` on every local replica, each in its replica thread with
