@@ -9,9 +9,9 @@ marker, :mod:`poprun.pytest_plugin`). Its outcome goes to ``JOBDIR/outcome.<i>.j
 or ``timed out``; a failed instance then records its error for the launcher and exits 1,
 so that the launcher stops the job.
 
-A watchdog ends the instance at the job's deadline: it records ``timed out``, writes the
-stacks of every thread to stderr (``faulthandler``) and leaves with
-:data:`TIMEOUT_EXIT_CODE`; should the interpreter be stuck holding the GIL, faulthandler's
+A watchdog ends the instance at the job's deadline: it records ``timed out`` (unless the
+instance had written its outcome and waits in its end), writes the stacks of every thread to
+stderr (``faulthandler``) and leaves with :data:`TIMEOUT_EXIT_CODE`; should the interpreter be stuck holding the GIL, faulthandler's
 own C watchdog dumps the stacks and exits :data:`GIL_GRACE_S` later.
 """
 
@@ -63,6 +63,7 @@ class _Watchdog:
     def __init__(self, jobdir: str, index: int, deadline: float, timeout_s: float):
         self.jobdir, self.index, self.timeout_s = jobdir, index, timeout_s
         self.done = threading.Lock()   # held by whoever writes the outcome first
+        self.finished = False          # the instance wrote its own outcome
         remaining = max(0.0, deadline - time.time())
         faulthandler.dump_traceback_later(remaining + GIL_GRACE_S, exit=True,
                                           file=sys.__stderr__)
@@ -71,15 +72,19 @@ class _Watchdog:
         self.timer.start()
 
     def _fire(self) -> None:
-        if not self.done.acquire(blocking=False):
+        if self.done.acquire(blocking=False):
+            message = (f"instance {self.index} had not finished when the job's timeout of "
+                       f"{self.timeout_s:g} s ran out")
+            write_json(outcome_path(self.jobdir, self.index),
+                       {"instance": self.index, "state": "timed out", "error": message})
+            error_file = os.environ.get(envnames.ERROR_FILE)
+            if error_file:   # the launcher learns it at once and stops the others
+                write_error_file(error_file, self.index, TIMEOUT_EXIT_CODE, message)
+        elif self.finished:   # its outcome is written, but the process has not ended
+            message = (f"instance {self.index} finished its part but had not ended when the "
+                       f"job's timeout of {self.timeout_s:g} s ran out")
+        else:
             return   # the instance is writing its outcome
-        message = (f"instance {self.index} had not finished when the job's timeout of "
-                   f"{self.timeout_s:g} s ran out")
-        write_json(outcome_path(self.jobdir, self.index),
-                   {"instance": self.index, "state": "timed out", "error": message})
-        error_file = os.environ.get(envnames.ERROR_FILE)
-        if error_file:   # the launcher learns it at once and stops the others
-            write_error_file(error_file, self.index, TIMEOUT_EXIT_CODE, message)
         stream = sys.__stderr__
         stream.write(f"ipupod: {message}; the stacks of its threads:\n")
         stream.flush()
@@ -88,12 +93,13 @@ class _Watchdog:
         os._exit(TIMEOUT_EXIT_CODE)
 
     def finish(self, outcome: dict) -> bool:
-        """Write ``outcome`` unless the deadline came first; whether it was written."""
+        """Write ``outcome`` unless the deadline came first; whether it was written. The
+        watchdog stays armed: an instance that then does not end (waiting for the others in
+        the launcher's end of an MPI job) is stopped at the deadline all the same."""
         if not self.done.acquire(blocking=False):
             return False
-        self.timer.cancel()
-        faulthandler.cancel_dump_traceback_later()
         write_json(outcome_path(self.jobdir, self.index), outcome)
+        self.finished = True
         return True
 
 

@@ -109,17 +109,19 @@ def _run_in_job(item: pytest.Item, marker: pytest.Mark) -> None:
     args = testing.pytest_args(item.nodeid, str(config.rootpath),
                                str(config.inipath) if config.inipath else None,
                                str(config.getoption("importmode")), _plugin_args(config))
+    from ipu_node.errors import IPUError
+    from launch.errors import LaunchError
     try:
         result = testing.start_job("pytest", {"pytest_args": args}, **options)
-    except (ValueError, TypeError) as exc:
-        pytest.fail(f"@pytest.mark.poprun: {exc}", pytrace=False)
+    except (ValueError, TypeError, IPUError, LaunchError) as exc:   # nothing ran
+        pytest.fail(f"@pytest.mark.poprun: the job did not start: {exc}", pytrace=False)
     for o in result.outcomes:
         for name in ("stdout", "stderr"):
             text = getattr(o, name)
             if text:
                 item.add_report_section("call", f"instance {o.instance} {name}", text + "\n")
-    if not result.passed:
-        pytest.fail(result.report(), pytrace=False)
+    if not result.passed:   # (the output: in the report sections above)
+        pytest.fail(result.report(with_output=False), pytrace=False)
     if all(o.state == "skipped" for o in result.outcomes):
         pytest.skip(f"skipped in every instance: {result.outcomes[0].error}")
 

@@ -43,7 +43,8 @@ _DATA_MOVEMENT = frozenset({
     "nll_loss2d_backward", "_unsafe_index", "select_backward", "slice_backward",
     "new_zeros", "flip", "roll"})
 _FREE = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
-                   "lift_fresh", "detach", "alias", "_local_scalar_dense", "is_same_size"})
+                   "lift_fresh", "detach", "alias", "_local_scalar_dense", "is_same_size",
+                   "_unsafe_view"})
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 
 

@@ -131,3 +131,115 @@ def test_a_dropped_async_loader_goes_with_no_garbage_collection():
     finally:
         gc.enable()
     assert not [t for t in threading.enumerate() if t is worker]
+
+
+def _train_two(order: list[int], detach_between: bool) -> list:
+    nets = [bn_resnet(seed=s) for s in (0, 1)]
+    models = [poptorch.trainingModel(WithLoss(n), poptorch.Options().replicationFactor(2),
+                                     torch.optim.SGD(n.parameters(), lr=0.1)) for n in nets]
+    x, y = _images(8)
+    previous = None
+    for i in order:
+        if detach_between and previous not in (None, i):
+            models[previous].detachFromDevice()
+        if models[i].isCompiled() and not models[i].isAttachedToDevice():
+            models[i].attachToDevice()
+        models[i](x, y)
+        previous = i
+    out = [[p.detach().clone() for p in n.state_dict().values()] for n in nets]
+    for m in models:
+        m.destroy()
+    return out
+
+
+def test_two_replicated_training_models_attached_in_one_process():
+    """Graphcore's applications keep more than one replicated training model attached in a
+    process; they share the job's IPU system and give the bits each gives alone."""
+    import ipu_node
+
+    together = _train_two([0, 1, 0, 1], detach_between=False)
+    alone = _train_two([0, 0, 1, 1], detach_between=True)
+    for a, b in zip(together, alone):
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    first, second = (poptorch.trainingModel(WithLoss(bn_resnet()),
+                                            poptorch.Options().replicationFactor(2))
+                     for _ in range(2))
+    x, y = _images(8)
+    first(x, y)
+    second(x, y)
+    system = ipu_node.get_system()
+    first.detachFromDevice()
+    assert system.ipus_attached and second.isAttachedToDevice()
+    second(x, y)
+    other = poptorch.trainingModel(WithLoss(bn_resnet()), poptorch.Options().replicationFactor(4))
+    try:
+        other(*_images(16))
+    except poptorch.Error as exc:
+        assert "another layout" in exc.message
+    else:
+        raise AssertionError("a model of another layout replaced the attached one's system")
+    second.detachFromDevice()
+    assert not system.ipus_attached
+    other(*_images(16))
+    for m in (first, second, other):
+        m.destroy()
+    ipu_node.reset_ipu_configuration()
+
+
+def test_the_calls_the_applications_make_act_or_are_recorded():
+    """What Graphcore's applications also call: each acts as PopTorch's does, or is accepted
+    and recorded in the run report."""
+    import popdist
+    from poptorch.modelling import _report
+
+    class Serialised(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = bn_resnet()
+            self.proj = torch.nn.Parameter(torch.eye(3))
+
+        def forward(self, x, y):
+            x = poptorch.set_overlap_for_input(x, poptorch.OverlapMode.OverlapAccumulationLoop)
+            out = poptorch.serializedMatMul(self.net(x), self.proj,
+                                            poptorch.MatMulSerializationMode.OutputChannels, 2)
+            out = poptorch.set_overlap_for_output(out, poptorch.OverlapMode.NoOverlap)
+            return out, torch.nn.functional.cross_entropy(out, y)
+
+    opts = poptorch.Options().broadcastBuffers(True)
+    opts.Training.setAutomaticLossScaling(True)
+    opts._Popart.setPatterns({"TiedGather": True}, 0)
+    opts.anchorTensor("grad_proj", "Gradient___proj")
+    opts.anchorTensor("proj", "UpdatedVar___proj")
+    opts.anchorTensor("stats", "net.1.running_mean")
+    opts.anchorTensor("popart", "Dropout:0")
+    model = poptorch.trainingModel(Serialised(), opts)
+    x, y = _images(4)
+    with torch.no_grad():
+        expected = torch.matmul(model.net(x), model.proj)
+    out, _ = model(x, y)
+    assert out.shape == expected.shape
+    assert torch.equal(model.getAnchoredTensor("proj"), model.proj)
+    assert torch.equal(model.getAnchoredTensor("stats"), model.net[1].running_mean)
+    assert model.getAnchoredTensor("grad_proj").shape == (3, 3)
+    assert model.getAnchoredTensor("grad_proj").abs().sum() > 0
+    for name, text in (("popart", "anchors only the model's parameters"),
+                       ("nothing", "has not been anchored")):
+        try:
+            model.getAnchoredTensor(name)
+        except poptorch.Error as exc:
+            assert text in exc.message
+        else:
+            raise AssertionError(name)
+    entry = [m for m in _report.report()["models"] if m.get("alive") and
+             m["options"]["not_acted_on"].get("_Popart.patterns")][-1]
+    assert entry["options"]["not_acted_on"]["_Popart.automaticLossScalingSettings.enabled"]
+    notes = dict(entry["model"]["stages"][0]["notes"])
+    assert {"serialized_matmul", "overlap_for_input", "overlap_for_output"} <= set(notes)
+    assert "getAnchoredTensor" in [c["call"] for c in _report.report()["calls"]]
+    assert popdist.execute_on_instances({0}, lambda: "written") == "written"
+    assert popdist.execute_on_instances({1}, lambda: "written") is None
+    poptorch.removeBlocks(model.net)
+    offline = poptorch.trainingModel(Serialised(), poptorch.Options().useOfflineIpuTarget(2))
+    offline.compile(x, y)
+    assert offline.isCompiled() and not offline.isAttachedToDevice()
+    model.destroy()

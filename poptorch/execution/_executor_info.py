@@ -15,7 +15,7 @@ from ipu_node.pipelining.schedules import stash_depths
 from poptorch.execution._device_optim import state_nbytes_per_param
 from poptorch._errors import createPoptorchError
 from poptorch.modelling._model_report import ModelReport, StageReport
-from poptorch.modelling._report import describe_options, remember
+from poptorch.modelling._report import describe_options, record_call, remember
 
 __all__ = ["ExecutorInfo"]
 
@@ -122,10 +122,43 @@ class ExecutorInfo:
         return [name for name, _ in self._user_model.named_parameters()] + \
             [name for name, _ in self._user_model.named_buffers()]
 
-    def getAnchoredTensor(self, short_name: str):
-        """Raises: the emulation has no PopART graph to anchor tensors of."""
-        raise createPoptorchError(f"Anchored tensor {short_name!r}: ipupod runs the model "
-                                  "eagerly and has no PopART tensors to anchor")
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """The tensor anchored as ``short_name`` by ``Options.anchorTensor(short_name,
+        long_name)``, after the last call, of replica 0 (a copy). ipupod has no PopART
+        graph; the long names it knows are those of the model's parameters and buffers
+        (:meth:`getTensorNames`): ``"<name>"`` and PopART's ``"UpdatedVar___<name>"`` give
+        its value, ``"Gradient___<name>"`` the gradient reduced over the replicas in the
+        last step (training). ``output_mode`` has no effect (the value of the last step).
+        The call is recorded in the run report.
+
+        Raises:
+            poptorch.Error: not anchored; a long name that is none of these; a gradient of
+                an inference model or before the first training call.
+        """
+        anchored = self._options.anchored_tensors
+        if short_name not in anchored:
+            raise createPoptorchError(f"Tensor {short_name!r} has not been anchored: use "
+                                      "poptorch.Options().anchorTensor(short_name, long_name)")
+        long_name = anchored[short_name][0]
+        record_call("getAnchoredTensor", "the value of a parameter, buffer or gradient",
+                    short_name=short_name, long_name=long_name)
+        module = self._replicas.modules[0] if self._replicas is not None else self._model
+        gradient = long_name.startswith("Gradient___")
+        name = long_name.split("___", 1)[1] if long_name.startswith(
+            ("Gradient___", "UpdatedVar___")) else long_name
+        tensors = dict(module.named_parameters())
+        if not gradient:
+            tensors.update((n, b) for n, b in module.named_buffers() if b is not None)
+        if name not in tensors:
+            raise createPoptorchError(
+                f"Anchored tensor {short_name!r} ({long_name!r}): ipupod runs the model "
+                "eagerly and anchors only the model's parameters and buffers by name "
+                "(getTensorNames()), 'UpdatedVar___<name>' and 'Gradient___<name>'")
+        tensor = tensors[name].grad if gradient else tensors[name]
+        if tensor is None:
+            raise createPoptorchError(f"Anchored tensor {short_name!r} ({long_name!r}): no "
+                                      "gradient yet (a training model after its first call)")
+        return tensor.detach().clone()
 
     @property
     def rng_state(self) -> list:

@@ -30,10 +30,9 @@ from typing import Any, Callable
 
 from poptorch import enums
 
-__all__ = ["ACTED_ON", "describe_options", "register_model", "report", "REPORT_DIR_ENV",
+__all__ = ["ACTED_ON", "describe_options", "register_model", "report",
            "report_directory", "summary", "record_call", "recorded_calls"]
 
-REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
 
 #: option keys the emulation acts on (any other key that differs from its default is
 #: accepted without effect)
@@ -49,8 +48,9 @@ ACTED_ON = frozenset({
 })
 
 _models: list[weakref.ref] = []
-#: the application calls recorded (record_call), in call order
-_calls: list[dict] = []
+#: the application calls recorded (record_call), in order of their first call: one entry,
+#: with its count, per call name, effect and arguments
+_calls: dict[str, dict] = {}
 _lock = threading.Lock()
 _state = {"registered": False}
 
@@ -123,15 +123,18 @@ def _entries() -> list[tuple[Any, Callable[[], dict] | None]]:
 def record_call(name: str, effect: str = "none", **arguments: Any) -> None:
     """Record an application call (``getAnchoredTensor``, ``setAutomaticLossScaling``,
     ``hvd.start_timeline``, ...) in the report's ``calls``: its name, arguments (plain
-    values) and what it does here (``effect``: "none" when it is accepted without effect)."""
+    values) and what it does here (``effect``: "none" when it is accepted without effect);
+    a call made again with the same arguments counts in its entry's ``"count"``."""
+    entry = {"call": name, "arguments": _plain(arguments), "effect": effect}
+    key = json.dumps(entry, sort_keys=True)
     with _lock:
-        _calls.append({"call": name, "arguments": _plain(arguments), "effect": effect})
+        _calls.setdefault(key, {**entry, "count": 0})["count"] += 1
 
 
 def recorded_calls() -> list[dict]:
     """The calls :func:`record_call` recorded so far (copies)."""
     with _lock:
-        return [dict(c) for c in _calls]
+        return [dict(c) for c in _calls.values()]
 
 
 def report() -> dict:
@@ -164,21 +167,16 @@ def _live_models() -> list:
 
 
 def report_directory() -> str | None:
-    """Where the poptorch report goes (module docstring), or None.
+    """Where the poptorch report goes (module docstring;
+    :func:`ipu_node.flags.report_directory` over the live models' ``engineOptions``), or
+    None.
 
     Raises:
         ipu_node.IPUConfigError: ``POPLAR_ENGINE_OPTIONS`` is malformed.
     """
-    from ipu_node.flags import auto_report_directory
-    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
-    if directory:
-        return directory
-    for model in _live_models():
-        engine = model._options._Popart.options.get("engineOptions") or {}
-        if "true" in (str(engine.get("autoReport.all")).lower(),
-                      str(engine.get("autoReport.outputExecutionProfile")).lower()):
-            return engine.get("autoReport.directory") or "."
-    return None
+    from ipu_node.flags import report_directory as directory_of
+    return directory_of(*(model._options._Popart.options.get("engineOptions") or {}
+                          for model in _live_models()))
 
 
 def summary() -> str:

@@ -1,4 +1,4 @@
-"""The hand-over of a same-host ring (``shm_channel.py``) from its sender to its receiver.
+"""The hand-over of a same-host ring (``channel.py``) from its sender to its receiver.
 
 The memfd and the ring's two eventfds (records written, records released)
 travel over a Unix socket (``SCM_RIGHTS``), never as a ``/proc/<pid>/fd/<fd>`` path that a
@@ -11,13 +11,13 @@ verified, not assumed: equal host ids are the precondition, and the receiver the
 16-byte nonce from the offer, on the socket and at the start of the memory it maps; the
 sender uses the ring only once the receiver has written its "attached" mark into that same
 memory. Anything short of that (another host or container, a wrong token or user) leaves the
-pair on pure gRPC. The sender's fan-out memfd (``shm_fanout.py``), when it has one, travels
+pair on pure gRPC. The sender's fan-out memfd (``fanout.py``), when it has one, travels
 as a fourth fd on the same hand-over.
 
 This module holds the socket's two ends: :class:`HandoverSocket` (the sender's, which hands
 the fds to the first peer that proves itself) and :func:`receive_fds` (the receiver's);
 checking the nonce in the mapped memory and the attached mark is the ring's
-(``shm_channel.py``).
+(``channel.py``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The gRPC transport's communicator: the exchange every operation is made of.
 
 A :class:`GrpcCommunicator` numbers its exchanges; exchange ``seq`` posts a buffer for each
-tensor it expects (the transport's :class:`~collectives.transports.grpc_mailbox.Mailbox`),
+tensor it expects (the transport's :class:`~collectives.transports.grpc.mailbox.Mailbox`),
 sends its tensors (the transport's :meth:`Sender.send_all
-<collectives.transports.grpc_sender.Sender.send_all>`: ring records to same-host peers,
+<collectives.transports.grpc.sender.Sender.send_all>`: ring records to same-host peers,
 stream chunks to the others) and waits, in one poll, until every expected tensor arrived
 (reading the shared-memory rings itself). The agreement is dissemination rounds of such
 exchanges (:meth:`GrpcCommunicator.agree`). Every operation completes before it returns

@@ -1,7 +1,7 @@
 """The two ends of the gRPC transport's ``Peer.Exchange`` stream.
 
 :class:`PeerService` serves the streams of the other instances: token check, ring offers
-(mapped and handed to the caller's :class:`~collectives.transports.grpc_rings.RingInbox`),
+(mapped and handed to the caller's :class:`~collectives.transports.grpc.rings.RingInbox`),
 tensors as runs of chunks assembled into the buffers the calls posted. :class:`Outbox` is
 this instance's one long-lived stream to a peer. Nothing is pickled; a malformed message is
 refused with INVALID_ARGUMENT.
@@ -15,9 +15,9 @@ from typing import Callable
 
 import grpc
 
-from collectives.transports.grpc_mailbox import Mailbox
-from collectives.transports.grpc_wire import Assembly, WireError, decode_chunk, encode_offer
-from collectives.transports.shm_channel import RingReader, RingWriter
+from collectives.transports.grpc.mailbox import Mailbox
+from collectives.transports.grpc.wire import Assembly, WireError, decode_chunk, encode_offer
+from collectives.transports.grpc.shm.channel import RingReader, RingWriter
 from protos import TOKEN_METADATA_KEY
 from protos import peer_pb2 as ppb
 

@@ -2,7 +2,7 @@
 
 Tensors arrive from two places: the gRPC server's threads (peers on other hosts, and a
 same-host peer until its shared-memory ring is mapped) and the caller's own thread reading
-the shared-memory rings (``grpc_rings.py``). Both file them here; the waiting call takes
+the shared-memory rings (``rings.py``). Both file them here; the waiting call takes
 them. Bounds keep a peer from parking unbounded memory or replaying finished calls.
 """
 
@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from collectives.transports.grpc_wire import MAX_TENSOR_BYTES, WireError
+from collectives.transports.grpc.wire import MAX_TENSOR_BYTES, WireError
 
 __all__ = ["AHEAD_PER_MEMBER", "AHEAD_SLACK", "MAX_BUFFERED_BYTES_PER_PEER", "Mailbox"]
 

@@ -1,10 +1,10 @@
 """A small all-to-all in the agreement of the MPI transport: Bruck's index algorithm over
-the rounds, tags and blocks of :class:`~collectives.transports.mpi_agreement.Rounds`, so
+the rounds, tags and blocks of :class:`~collectives.transports.mpi.agreement.Rounds`, so
 that a small ``reduce_scatter`` or ``all_to_all`` sends each member only its piece
 (:meth:`IndexRounds.agree`).
 
 Every member has one piece for every member. In the all-gather of
-:class:`~collectives.transports.mpi_agreement.Rounds` every member's whole payload reaches
+:class:`~collectives.transports.mpi.agreement.Rounds` every member's whole payload reaches
 every member: ``P - 1`` payloads received, a payload ``P`` pieces. Bruck's index algorithm
 (Bruck et al., "Efficient algorithms for all-to-all communications in multiport
 message-passing systems", IEEE TPDS 8(11), 1997) moves each piece only towards its
@@ -41,8 +41,8 @@ from collectives.errors import TransportError
 from collectives.transports.base import (AGREE_HEADER_BYTES, CARRIED_MAX_BYTES,
                                          agree_block_bytes, index_rounds, index_sent_bytes,
                                          takes_index)
-from collectives.transports.mpi_agreement import Rounds
-from collectives.transports.mpi_rounds import TAG_ROUND, read_blocks
+from collectives.transports.mpi.agreement import Rounds
+from collectives.transports.mpi.agreement import TAG_ROUND, read_blocks
 from collectives.waiting import Patience
 
 __all__ = ["EAGER_LIMIT_BYTES", "IndexRounds"]
@@ -157,7 +157,7 @@ class IndexRounds:
 
         Raises:
             CollectiveTimeoutError, PeerLostError: as
-                :meth:`~collectives.transports.mpi_agreement.Rounds.agree_gather`.
+                :meth:`~collectives.transports.mpi.agreement.Rounds.agree_gather`.
             TransportError: a message whose blocks do not parse, or one whose fingerprints
                 all agree but whose pieces are not there (not an ipupod peer).
         """

@@ -1,12 +1,12 @@
 """The caller's side of the gRPC transport's shared-memory rings: read them, and wait.
 
 Same-host peers write every tensor into a ring of theirs that this instance mapped
-(``shm_channel.py``). :class:`RingInbox` reads those rings in the calling thread itself: a
+(``shm/channel.py``). :class:`RingInbox` reads those rings in the calling thread itself: a
 waiting call sleeps in one ``poll`` on the rings' eventfds, the eventfds of the rings it
 writes (room freed) and a wake eventfd of its own (a tensor arrived over gRPC, a stream
 ended, the job failed), then copies the records that arrived into the buffers the call
-posted (:meth:`~collectives.transports.grpc_mailbox.Mailbox.claim`) or into buffers of
-their own, filed in the :class:`~collectives.transports.grpc_mailbox.Mailbox`. No gRPC
+posted (:meth:`~collectives.transports.grpc.mailbox.Mailbox.claim`) or into buffers of
+their own, filed in the :class:`~collectives.transports.grpc.mailbox.Mailbox`. No gRPC
 thread touches a ring's data, so a small message costs one eventfd write and one wake-up.
 """
 
@@ -19,11 +19,11 @@ import threading
 import numpy as np
 
 from collectives.errors import TransportError
-from collectives.transports.grpc_mailbox import Mailbox
-from collectives.transports.grpc_wire import WireError
-from collectives.transports.shm_channel import RingReader
-from collectives.transports.shm_fanout import FanoutReader
-from collectives.transports.shm_records import Record
+from collectives.transports.grpc.mailbox import Mailbox
+from collectives.transports.grpc.wire import WireError
+from collectives.transports.grpc.shm.channel import RingReader
+from collectives.transports.grpc.shm.fanout import FanoutReader
+from collectives.transports.grpc.shm.records import Record
 
 __all__ = ["EARLY_BYTES", "RingInbox"]
 
@@ -72,7 +72,7 @@ class RingInbox:
 
     def add(self, ring: RingReader) -> None:
         """A ring a server thread mapped, and the sender's fan-out ring when one came with
-        it (``shm_fanout.py``); read from the next :meth:`drain` on (any thread)."""
+        it (``shm/fanout.py``); read from the next :meth:`drain` on (any thread)."""
         taken = ring.take_fanout()
         fanout = None if taken is None else FanoutReader.make(taken, self.process_index)
         with self._lock:

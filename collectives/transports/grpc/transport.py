@@ -5,15 +5,15 @@ raw bytes each) and registers its address with the job's coordinator (``coordina
 hosted by poprun or by TF_CONFIG's worker 0), which answers with the peer table. Each
 instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no call setup,
 no thread start per exchange); tensors follow one another on it, each a run of chunks
-(the sending side: ``grpc_sender.py``, which the transport holds as :attr:`sender`). The
+(the sending side: ``sender.py``, which the transport holds as :attr:`sender`). The
 receiver assembles a tensor straight into the buffer the matching call posted (or a buffer of
 its own if it arrives first) and files it under (communicator, call number, source)
-(``grpc_peer.py``, ``grpc_mailbox.py``, ``grpc_communicator.py``). Between peers on the
+(``peer.py``, ``mailbox.py``, ``communicator.py``). Between peers on the
 same host every tensor goes through a shared-memory ring instead, written by the sending
 call and read by the receiving call in its own thread, the stream carrying only the ring's
-offer (``shm_channel.py``, ``grpc_rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off). When
+offer (``shm/channel.py``, ``rings.py``; ``IPUPOD_GRPC_SHM=0`` turns it off). When
 every instance of the job shares the host, a broadcast over all of them is written once,
-into the root's fan-out ring that every receiver reads (``shm_fanout.py``).
+into the root's fan-out ring that every receiver reads (``shm/fanout.py``).
 
 A heartbeat thread tells the coordinator every :data:`HEARTBEAT_INTERVAL_S` that this
 instance is alive and learns whether the job was aborted (an instance died, hung, or failed);
@@ -36,13 +36,13 @@ import grpc
 from collectives.errors import PeerLostError, TransportClosedError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
-from collectives.transports.grpc_communicator import GrpcCommunicator
-from collectives.transports.grpc_coordinator import CoordinatorClient, CoordinatorError
-from collectives.transports.grpc_mailbox import Mailbox
-from collectives.transports.grpc_peer import PeerService
-from collectives.transports.grpc_rings import RingInbox
-from collectives.transports.grpc_sender import Sender
-from collectives.transports.shm_channel import host_id as this_host_id
+from collectives.transports.grpc.communicator import GrpcCommunicator
+from collectives.transports.grpc.coordinator import CoordinatorClient, CoordinatorError
+from collectives.transports.grpc.mailbox import Mailbox
+from collectives.transports.grpc.peer import PeerService
+from collectives.transports.grpc.rings import RingInbox
+from collectives.transports.grpc.sender import Sender
+from collectives.transports.grpc.shm.channel import host_id as this_host_id
 from collectives.waiting import Patience
 from protos import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, ServingExecutor, server_options
 from protos.guard import TokenInterceptor
@@ -104,7 +104,7 @@ class GrpcTransport(Transport):
         except BaseException:
             self._shutdown()
             raise
-        #: the sending side: streams, rings and the fan-out ring (``grpc_sender.py``)
+        #: the sending side: streams, rings and the fan-out ring (``sender.py``)
         self.sender = Sender(process_index, process_count, self.peer_addresses,
                              host_id=self.host_id, peer_host_ids=self.peer_host_ids,
                              shm=self.options.grpc_shm, metadata=self._metadata,

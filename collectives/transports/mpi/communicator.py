@@ -1,10 +1,10 @@
-"""The communicator of the MPI transport (:mod:`collectives.transports.mpi`): one per set
+"""The communicator of the MPI transport (:mod:`collectives.transports.mpi.transport`): one per set
 of instances, over an mpi4py communicator made at its first call. Its agreement is
-:class:`~collectives.transports.mpi_agreement.Rounds` (payloads gathered) or
-:class:`~collectives.transports.mpi_index.IndexRounds` (each member's piece); its data
+:class:`~collectives.transports.mpi.agreement.Rounds` (payloads gathered) or
+:class:`~collectives.transports.mpi.index.IndexRounds` (each member's piece); its data
 operations move raw bytes with nonblocking mpi4py calls (``Isend``/``Irecv``,
 ``Iallgatherv``, ``Ibcast``) and return their handles
-(:mod:`collectives.transports.mpi_work`), polled with :class:`~collectives.waiting.Patience`
+(:mod:`collectives.transports.mpi.requests`), polled with :class:`~collectives.waiting.Patience`
 through the transport's waits (which look for the notices of peers that gave up); on three
 or more members a large point-to-point operation may be posted before its call's agreement
 (``posted=``).
@@ -21,12 +21,12 @@ from mpi4py import MPI  # (this module is imported only when the MPI transport i
 from collectives.options import fits_cores
 from collectives.transports.base import (NAMED_GATHER_MAX_BYTES, Capabilities, Carry,
                                          Communicator, Done, Work)
-from collectives.transports.mpi_agreement import Rounds
-from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds
-from collectives.transports.mpi_posted import POSTED_MIN_MEMBERS, posted_tag
-from collectives.transports.mpi_work import Collective, Messages, counted_pieces, displacements
-from collectives.transports.mpi_agreement import NOTICE_EVERY as _NOTICE_EVERY
-from collectives.transports.mpi_agreement import cancel as _cancel
+from collectives.transports.mpi.agreement import Rounds
+from collectives.transports.mpi.index import EAGER_LIMIT_BYTES, IndexRounds
+from collectives.transports.mpi.requests import NOTICE_EVERY as _NOTICE_EVERY
+from collectives.transports.mpi.requests import (POSTED_MIN_MEMBERS, Collective, Messages,
+                                                 counted_pieces, displacements, posted_tag)
+from collectives.transports.mpi.requests import cancel as _cancel
 from collectives.waiting import Patience
 
 __all__ = ["COPY_FIRST_MIN_BYTES", "DATA_SPIN_S", "FLAT_BROADCAST_MAX_MEMBERS",
@@ -93,7 +93,7 @@ class MPICommunicator(Communicator):
         members: instance indices, increasing.
         make: returns the mpi4py ``Comm`` when called with the first call's patience (it may
             wait, with that patience, for the members to arrive); called once.
-        posts: the transport's tags reach :func:`~collectives.transports.mpi_posted.posted_tag`'s
+        posts: the transport's tags reach :func:`~collectives.transports.mpi.requests.posted_tag`'s
             (then a communicator of ``POSTED_MIN_MEMBERS`` or more posts large calls before
             their agreement).
     """
@@ -122,7 +122,7 @@ class MPICommunicator(Communicator):
             patience.waiting_for(())
         return comm
 
-    # -- for the handles (mpi_work) -------------------------------------------------------
+    # -- for the handles (requests) -------------------------------------------------------
 
     def complete(self, requests: list, patience: Patience, spin: bool = True) -> None:
         """Wait for the data ``requests``: first poll without yielding for up to
@@ -184,17 +184,17 @@ class MPICommunicator(Communicator):
 
     def send_buffer(self, carry: Carry) -> np.ndarray:
         """The agreement's own send buffer: a payload written there is sent from there, not
-        copied (:meth:`~collectives.transports.mpi_agreement.Rounds.send_area`,
-        :meth:`~collectives.transports.mpi_index.IndexRounds.send_buffer`)."""
+        copied (:meth:`~collectives.transports.mpi.agreement.Rounds.send_area`,
+        :meth:`~collectives.transports.mpi.index.IndexRounds.send_buffer`)."""
         if carry.piece:
             return self._index.send_buffer(carry.piece)
         return self._agreement.send_area(carry.sizes[self.rank])
 
     def agree(self, fingerprint: int, patience: Patience, carry: Carry | None = None) -> Work:
         """Bruck's all-gather of ``[fingerprint, length | payload]`` blocks, ``ceil(log2 P)``
-        rounds (:class:`~collectives.transports.mpi_agreement.Rounds`, which reuses the
+        rounds (:class:`~collectives.transports.mpi.agreement.Rounds`, which reuses the
         layout of the payload sizes it met), or, ``indexed``, Bruck's index algorithm in
-        the same rounds (:class:`~collectives.transports.mpi_index.IndexRounds`). Completes
+        the same rounds (:class:`~collectives.transports.mpi.index.IndexRounds`). Completes
         before it returns (the rounds depend on each other)."""
         comm = self._comm or self.ready(patience)
         if carry is None:
@@ -208,7 +208,7 @@ class MPICommunicator(Communicator):
     def take_listener(self):
         """At exit: free the agreements' persistent requests; the pending receive of
         presence messages, if any, for the caller to withdraw
-        (:meth:`~collectives.transports.mpi_agreement.Rounds.take_listener`)."""
+        (:meth:`~collectives.transports.mpi.agreement.Rounds.take_listener`)."""
         self._index.free()
         return self._agreement.take_listener()
 

@@ -1,4 +1,4 @@
-"""The memory of a same-host ring (``shm_channel.py``): its control page, its records, and
+"""The memory of a same-host ring (``channel.py``): its control page, its records, and
 the writer of records.
 
 A ring is a control page (the first :data:`CONTROL_BYTES`) and a data area of ``capacity``
@@ -18,7 +18,7 @@ for room" flag (see :data:`SPACE_POLL_S`). A record never wraps: if it
 does not fit before the end of the data area, the sender marks the rest of the lap skipped
 (a skip header, or nothing when fewer than :data:`RECORD_HEADER_BYTES` are left) and the
 record starts at the beginning. The receiver checks every header against the ring's bounds
-and the tensor limits (:class:`~collectives.transports.grpc_wire.WireError` otherwise).
+and the tensor limits (:class:`~collectives.transports.grpc.wire.WireError` otherwise).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def record_bytes(name_bytes: int, nbytes: int) -> int:
 
 class Record(NamedTuple):
     """A piece of a tensor read from a ring (:meth:`RingReader.next_record
-    <collectives.transports.shm_channel.RingReader.next_record>`)."""
+    <collectives.transports.grpc.shm.channel.RingReader.next_record>`)."""
 
     source: int
     communicator: str
@@ -93,8 +93,8 @@ class RecordWriter:
     """Writes records into a ring's memory (``memory``: the control page, then ``capacity``
     bytes of data area) and publishes them (see the module docstring); the receiver's read
     position comes from :meth:`_read_position`. Base of the pair ring's
-    :class:`~collectives.transports.shm_channel.RingWriter` and of the fan-out ring
-    (``shm_fanout.py``)."""
+    :class:`~collectives.transports.grpc.shm.channel.RingWriter` and of the fan-out ring
+    (``fanout.py``)."""
 
     def __init__(self, memory: mmap.mmap, capacity: int):
         self.capacity = capacity

@@ -1,6 +1,6 @@
 """The fan-out ring: one copy of a broadcast's bytes for every same-host receiver.
 
-Through the pair rings (``shm_channel.py``) a broadcast's root copies its tensor into the
+Through the pair rings (``channel.py``) a broadcast's root copies its tensor into the
 ring of each receiver: P - 1 copies in, P - 1 copies out. With P instances on fewer cores
 than P, every copy is on the critical path (P = 4 on 2 cores: the root's three copies of a
 1 MiB broadcast are the largest part of the call; figures in the commit). A sender whose
@@ -31,8 +31,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from collectives.transports.shm_channel import RingReader
-from collectives.transports.shm_records import (_ATTACHED_MARK, CONTROL_BYTES, RING_BYTES,
+from collectives.transports.grpc.shm.channel import RingReader
+from collectives.transports.grpc.shm.records import (_ATTACHED_MARK, CONTROL_BYTES, RING_BYTES,
                                                 SEND_PIECE_BYTES, RecordWriter, _unmap)
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class FanoutWriter(RecordWriter):
     def broadcast(self, me: int, name: bytes, sequence: int, data: np.ndarray,
                   rings: Sequence[RecordWriter], wait: Callable[[], None]) -> np.ndarray:
         """Write ``data`` (uint8) as exchange ``sequence`` of communicator ``name`` from
-        instance ``me``, in records of up to :data:`~.shm_records.SEND_PIECE_BYTES`, each
+        instance ``me``, in records of up to :data:`~.records.SEND_PIECE_BYTES`, each
         written once and announced through every receiver's pair ring (``rings``);
         ``wait()`` runs while there is no room (see :meth:`RecordWriter.write_record`).
         Returns ``data`` flattened."""

@@ -1,12 +1,12 @@
 """The gRPC transport's sending side: a stream to each peer, a ring to each same-host peer.
 
 Each instance keeps one long-lived ``Exchange`` stream to each peer it sends to (no call
-setup, no thread start per exchange; ``grpc_peer.py``'s :class:`~.grpc_peer.Outbox`), opened
+setup, no thread start per exchange; ``peer.py``'s :class:`~.peer.Outbox`), opened
 at the first tensor to that peer; tensors follow one another on it, each a run of chunks.
 To a peer on the same host the stream carries only the offer of a shared-memory ring
-(``shm_channel.py``), and every tensor goes into the ring, written by the sending call.
+(``shm/channel.py``), and every tensor goes into the ring, written by the sending call.
 When every instance of the job shares the host, a broadcast over all of them is written
-once, into this instance's fan-out ring that every receiver reads (``shm_fanout.py``).
+once, into this instance's fan-out ring that every receiver reads (``shm/fanout.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import grpc
 import numpy as np
 
 from collectives.errors import PeerLostError
-from collectives.transports.grpc_peer import EXCHANGE_METHOD, Outbox
-from collectives.transports.grpc_rings import RingInbox
-from collectives.transports.grpc_wire import chunk_headers, encode_chunk
-from collectives.transports.shm_channel import RingWriter
-from collectives.transports.shm_fanout import FanoutWriter
-from collectives.transports.shm_records import SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter
+from collectives.transports.grpc.peer import EXCHANGE_METHOD, Outbox
+from collectives.transports.grpc.rings import RingInbox
+from collectives.transports.grpc.wire import chunk_headers, encode_chunk
+from collectives.transports.grpc.shm.channel import RingWriter
+from collectives.transports.grpc.shm.fanout import FanoutWriter
+from collectives.transports.grpc.shm.records import SEND_PIECE_BYTES, SPACE_POLL_S, RecordWriter
 from collectives.waiting import Patience
 from protos import MAX_MESSAGE_BYTES, channel_options
 from protos import peer_pb2 as ppb
@@ -42,7 +42,7 @@ def _rpc_text(exc: grpc.RpcError) -> str:
 
 class Sender:
     """What instance ``process_index`` of ``process_count`` sends, and how: a channel and a
-    stream (:class:`~.grpc_peer.Outbox`) to each peer, a ring to each same-host one, the
+    stream (:class:`~.peer.Outbox`) to each peer, a ring to each same-host one, the
     fan-out ring (see the module docstring). The transport holds one (``transport.sender``).
 
     Args:
@@ -90,7 +90,7 @@ class Sender:
                  sequence: int, op: str, patience: Patience | None = None) -> None:
         """Send each ``(member, data)`` of ``items`` (uint8) as exchange ``sequence`` of
         ``communicator``: into the ring shared with a same-host peer, in records of up to
-        :data:`~collectives.transports.shm_records.SEND_PIECE_BYTES` taken from the members in
+        :data:`~collectives.transports.grpc.shm.records.SEND_PIECE_BYTES` taken from the members in
         turn (the receivers copy out in parallel while this instance copies in), else as
         chunks queued on the stream to the peer. Either way the bytes are copied, so
         ``data`` may change once this returns. Waiting for room in a ring drains this
@@ -142,7 +142,7 @@ class Sender:
     def _fan_out(self, items: Sequence[tuple[int, np.ndarray]], communicator: str,
                  sequence: int, patience: Patience | None) -> bool:
         """A broadcast of the same bytes to every other instance through this instance's
-        fan-out ring (``shm_fanout.py``): each piece written once, every receiver woken
+        fan-out ring (``shm/fanout.py``): each piece written once, every receiver woken
         through its pair ring. False (nothing sent): not every instance, not the same
         bytes, or a ring not yet mapped (the caller uses the pair rings)."""
         fanout = self._fanout
@@ -166,7 +166,7 @@ class Sender:
     def send_small(self, member: int, data: np.ndarray, communicator: str, sequence: int,
                    op: str, patience: Patience) -> None:
         """:meth:`send_all` of one small message (uint8, contiguous, at most
-        :data:`~collectives.transports.shm_records.SEND_PIECE_BYTES`: an agreement round's):
+        :data:`~collectives.transports.grpc.shm.records.SEND_PIECE_BYTES`: an agreement round's):
         one record straight into the ring to ``member`` when it is mapped (no per-member
         bookkeeping), else :meth:`send_all`. Raises as :meth:`send_all`."""
         outbox = self._outboxes[member]

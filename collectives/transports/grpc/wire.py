@@ -1,7 +1,7 @@
 """The wire format of the gRPC tensor exchange: ``peer.proto``'s ``Chunk``, encoded by hand.
 
 A ``Chunk`` is ``header`` (field 1, a ``TensorHeader``) and ``payload`` (field 2, raw bytes),
-or alone a ``ShmRing`` offer (field 3; see ``shm_channel.py``).
+or alone a ``ShmRing`` offer (field 3; see ``shm/channel.py``).
 The generated protobuf class would copy the payload twice more on each side, so the peer
 service encodes it directly (one copy from the numpy array into the message) and decodes it
 into a view of the received message (one copy into the destination array). The bytes are

@@ -18,11 +18,11 @@ meanwhile (which drain its own incoming rings, so two senders never wait on each
 Why: a 4 KiB message through a gRPC stream passes four threads (the sender's request
 iterator, gRPC's poller, the server's handler, the waiting caller); through the ring it
 passes none (figures in the commit that made it so). The ring's memory (control page and
-records) and the writer of records are ``shm_records.py``'s.
+records) and the writer of records are ``records.py``'s.
 
 A broadcast over every instance of a one-host job goes through the sender's *fan-out*
-ring instead, one copy for all receivers (``shm_fanout.py``: the same record format and
-:class:`~collectives.transports.shm_records.RecordWriter`; its memfd is handed over with
+ring instead, one copy for all receivers (``fanout.py``: the same record format and
+:class:`~collectives.transports.grpc.shm.records.RecordWriter`; its memfd is handed over with
 each pair ring).
 
 Why a memfd and not a file in /dev/shm: the ring is ``memfd_create`` memory of the
@@ -32,7 +32,7 @@ happens (SIGKILL included), and no unlink is racing with a crash;
 
 The hand-over: the memfd and the ring's two eventfds travel over a Unix socket
 (``SCM_RIGHTS``) to the receiver that proves it is the job's, on this host
-(``shm_handover.py``, which explains the checks); anything short of that leaves the pair on
+(``handover.py``, which explains the checks); anything short of that leaves the pair on
 pure gRPC.
 """
 
@@ -45,9 +45,9 @@ import socket
 
 import numpy as np
 
-from collectives.transports.grpc_wire import MAX_TENSOR_BYTES, WireError
-from collectives.transports.shm_handover import HandoverSocket, receive_fds
-from collectives.transports.shm_records import (_ATTACHED, _ATTACHED_MARK, _DATA, _NONCE_BYTES,
+from collectives.transports.grpc.wire import MAX_TENSOR_BYTES, WireError
+from collectives.transports.grpc.shm.handover import HandoverSocket, receive_fds
+from collectives.transports.grpc.shm.records import (_ATTACHED, _ATTACHED_MARK, _DATA, _NONCE_BYTES,
                                                 _READ_POSITION, _RECORD, _SKIP,
                                                 _WRITE_POSITION, _WRITER_WAITING,
                                                 CONTROL_BYTES, MAX_NAME_BYTES, MAX_RING_BYTES,
@@ -75,7 +75,7 @@ def host_id() -> str:
 
 class RingWriter(RecordWriter):
     """The sending end: a memfd ring of ``capacity`` bytes in this process, handed over to
-    the one receiver that connects to its socket with ``token`` (``shm_handover.py``).
+    the one receiver that connects to its socket with ``token`` (``handover.py``).
 
     Raises:
         OSError: memfd_create, ftruncate, mmap or the hand-over socket failed, or the socket
@@ -91,7 +91,7 @@ class RingWriter(RecordWriter):
         self._event: int | None = None
         #: the eventfd the receiver writes after a record it released while the sender
         #: waits for room; the sender polls it (and the read position every
-        #: :data:`~.shm_records.SPACE_POLL_S`)
+        #: :data:`~.records.SPACE_POLL_S`)
         self.space: int | None = None
         try:
             os.ftruncate(self._fd, CONTROL_BYTES + capacity)
@@ -157,7 +157,7 @@ class RingReader:
         self.capacity = capacity
         self._map = memory
         self._attached_word, self._read_word = words
-        #: the sender's fan-out ring (``shm_fanout.py``) handed over with this one, mapped,
+        #: the sender's fan-out ring (``fanout.py``) handed over with this one, mapped,
         #: or None; the inbox takes it (:meth:`take_fanout`)
         self.fanout_memory: mmap.mmap | None = None
         self._control = np.frombuffer(memory, np.uint64, CONTROL_BYTES // 8)
