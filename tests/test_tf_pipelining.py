@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 tf = pytest.importorskip("tensorflow")
+import ipu_tensorflow.ipu  # noqa: E402,F401  (TF's inter-op threads, before TF starts)
 tf_keras = pytest.importorskip("tf_keras")
 
 import collectives  # noqa: E402
@@ -347,3 +348,18 @@ def test_pipelined_fit_equals_the_unpipelined_fit_bit_for_bit(isolated):
     assert history.history == plain_history.history
     assert logs == plain_logs
     np.testing.assert_array_equal(predicted, plain_predicted)
+
+
+def test_a_pipelined_model_may_not_override_its_step_functions(isolated):
+    class Evaluating(PModel):
+        def test_step(self, data):
+            return {}
+    _configure(2)
+    tf_keras.utils.set_random_seed(0)
+    x = tf_keras.Input((4,))
+    m = Evaluating(x, tf_keras.layers.Dense(2)(tf_keras.layers.Dense(3)(x)))
+    assert not m._is_pipelined()
+    _assign(m, [0, 1])
+    with pytest.raises(RuntimeError, match="The function `test_step` for the model "
+                                           f"{m.name} has been overridden."):
+        m._ensure_pipeline_layout()

@@ -113,6 +113,7 @@ class PipelineRun:
         self._update = _KerasWeightUpdate(self)
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
+        self._shared_lock = threading.Lock()
 
     # -- the stages -----------------------------------------------------------------------
     def _proxy(self, var: tf.Variable) -> Variable:
@@ -208,6 +209,14 @@ class PipelineRun:
     def _metrics(self, loss, y, y_pred, sw) -> None:
         self._local.compute_metrics(None, _tensors(y), _tensors(y_pred), _tensors(sw))
 
+    def _shared(self, fn: Callable) -> Callable:
+        """``fn`` (the model's own loss or metrics, which every replica would update)
+        called by one replica at a time."""
+        def locked(*args):
+            with self._shared_lock:
+                return fn(*args)
+        return locked
+
     # -- the weight update ----------------------------------------------------------------
     def apply_gradients(self, grads_and_vars) -> None:
         """The runtime's weight update in this replica: the accumulated gradients (numpy,
@@ -246,8 +255,9 @@ class PipelineRun:
                 schedule's overlap length, device_mapping, ...; reference §5.3).
         """
         outfeed = _Outfeed()
-        self._local.compute_loss = compute_loss or self.model.compute_loss
-        self._local.compute_metrics = compute_metrics or self.model.compute_metrics
+        self._local.compute_loss = compute_loss or self._shared(self.model.compute_loss)
+        self._local.compute_metrics = compute_metrics or self._shared(
+            self.model.compute_metrics)
         stages = [self._stage(s, training) for s in range(self.cut.num_stages)]
 
         def optimizer_function(loss, *rest):

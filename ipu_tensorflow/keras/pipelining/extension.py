@@ -322,12 +322,36 @@ class PipeliningExtension:
         from ipu_node import get_system
         from ipu_node.runtime.system import widen_replicas
 
+        self._pipeline_check_overrides()
         system = get_system()
         factor = self._get_replication_factor(len(system.devices[0].ipus))
         per_replica = len(system.devices[0].ipus) // factor
         if system.ipus_per_replica < per_replica:
             widen_replicas(per_replica)
         return factor
+
+    def _pipeline_check_overrides(self) -> None:
+        """A pipelined model runs its layer calls stage by stage, not its own step functions
+        or ``call`` (GK ``extensions_base.py:1098-1103,1135-1140``,
+        ``functional_extensions.py:623-630``).
+
+        Raises:
+            RuntimeError: ``test_step``, ``predict_step`` or ``call`` overridden (GK's
+                message for overridden step functions).
+        """
+        from tf_keras.src.engine import functional, sequential, training
+
+        original = getattr(type(self), "__original_class__", type(self))
+        base = sequential.Sequential if self._is_sequential_model() else functional.Functional
+        checks = [("test_step", training.Model), ("predict_step", training.Model),
+                  ("call", base)]
+        for name, owner in checks:
+            if getattr(original, name) is not getattr(owner, name):
+                raise RuntimeError(
+                    f"The function `{name}` for the model {self.name} has been overridden. "
+                    "This is not supported for pipelined Keras models when using Keras within "
+                    "an IPUStrategy. Either remove the override from your model definition or "
+                    "set `enable_keras_extensions=False` when creating the IPUStrategy.")
 
     # -- execution ----------------------------------------------------------------------------
     def _pipeline_cut(self) -> StageCut:
