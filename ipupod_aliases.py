@@ -1,6 +1,7 @@
 """The framework module names ipupod serves when the real package is not installed: TF-IPU's
 ``tensorflow.python.ipu``, Graphcore Keras' ``tensorflow.keras.ipu``,
-``ipu_tensorflow_addons`` and Horovod's framework modules, each an alias of an ipupod module.
+``ipu_tensorflow_addons`` and Horovod's framework modules (``horovod.tensorflow``,
+``horovod.torch``), each an alias of an ipupod module.
 
 One table, :data:`SERVED`, names them all. :func:`install` (run at start-up by the
 ``ipupod_aliases.pth`` file that ipupod's wheel and editable install put in site-packages)
@@ -16,7 +17,9 @@ program set it (to anything): TF-IPU programs are Keras 2 programs, and TensorFl
 (reference tf-keras-ipu.md §1.3).
 
 This module imports nothing but the standard library's ``importlib`` and ``os``: it runs in
-every Python process of the environment.
+every Python process of the environment. PYTEST_DONT_REWRITE: pytest would rewrite the
+modules of a distribution that has a ``pytest11`` plugin (ipupod's ``poprun.pytest_plugin``)
+and warn that this one was imported too early to rewrite; it has no assertions.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ SERVED: dict[str, str | None] = {
     "ipu_tensorflow_addons": "ipu_tensorflow.addons",
     "horovod": None,
     "horovod.tensorflow": "ipu_tensorflow.horovod",
+    "horovod.torch": "poptorch._horovod_torch",
 }
 
 _LEGACY_KERAS = "TF_USE_LEGACY_KERAS"

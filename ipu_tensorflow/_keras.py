@@ -26,7 +26,6 @@ logs are the metrics of the last replica, or their reduction over the replicas
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 
@@ -38,7 +37,7 @@ from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod a
                                            parse_accumulation_reduction,
                                            parse_metric_reduction)
 
-__all__ = ["extensions_scope", "extended_class", "KerasExtension"]
+__all__ = ["extended_class", "KerasExtension", "install"]
 
 logger = logging.getLogger("tensorflow")
 
@@ -52,23 +51,20 @@ def _keras():
     return training
 
 
-@contextlib.contextmanager
-def extensions_scope(strategy):
-    """Install the class swap (once per process); models constructed while ``strategy``'s
-    scope is the current one get the extension."""
-    if strategy is not None:
-        _install()
-    yield
-
-
 def _current_ipu_strategy():
-    from ipu_tensorflow._strategy import IPUStrategyBase
+    """The current strategy when it is an IPU strategy with Keras extensions (the strategies
+    of :mod:`ipu_tensorflow._strategy` carry ``_enable_keras_extensions``; that module
+    imports this one)."""
     if not tf.distribute.has_strategy():
         return None
     strategy = tf.distribute.get_strategy()
-    if isinstance(strategy, IPUStrategyBase) and strategy._enable_keras_extensions:
-        return strategy
-    return None
+    return strategy if getattr(strategy, "_enable_keras_extensions", False) else None
+
+
+def install() -> None:
+    """Install the class swap in tf-keras' ``Model.__init__`` (once per process; importing
+    ``tensorflow.python.ipu`` does)."""
+    _install()
 
 
 def _install() -> None:

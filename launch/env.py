@@ -33,7 +33,7 @@ JOB_ID = "IPUPOD_JOB_ID"          # read by ipu_node.env (the job's IPU partitio
 SYSTEM = "IPUPOD_SYSTEM"          # read by ipu_node.env (the emulated POD)
 PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"  # read by ipu_node.env (the job's reserved IPUs)
 ERROR_FILE = "IPUPOD_ERROR_FILE"
-REPORT_DIR = "IPUPOD_REPORT_DIR"  # read by collectives.run_report (poprun --report-dir)
+REPORT_DIR = "IPUPOD_REPORT_DIR"  # read by ipu_node.env (poprun --report-dir)
 # The grpc transport: where the coordinator listens, the token every call carries, and
 # (optional) where the instance's own peer server listens (default 127.0.0.1:0).
 COORDINATOR_ADDRESS = "IPUPOD_COORDINATOR_ADDRESS"

@@ -26,6 +26,7 @@ import secrets
 import sys
 import uuid
 from dataclasses import replace
+from typing import TextIO
 
 from ipu_node.errors import IPUBusyError, IPUError
 from ipu_node.hardware.systems import SystemModel, get_system_model
@@ -42,8 +43,8 @@ from poprun.hosts import expand_hosts, is_this_machine, read_hostfile
 from poprun.options import UsageError, build_parser, export_config, find_program, parse_args
 from poprun.partitions import PartitionError, prepare_named_partition
 
-__all__ = ["main", "plan_from_args", "choose_backend", "run_plan", "coordinator_bind_address",
-           "VERSION"]
+__all__ = ["main", "plan_from_args", "prepare_job", "choose_backend", "run_plan",
+           "run_reserved", "coordinator_bind_address", "VERSION"]
 
 logger = logging.getLogger("poprun")
 VERSION = "ipupod poprun 0.1 (Graphcore poprun command line, SDK 2.x-3.x)"
@@ -137,6 +138,25 @@ def plan_from_args(args: argparse.Namespace, program: list[str],
     return plan, notes
 
 
+def prepare_job(args: argparse.Namespace, program: list[str],
+                find: "callable" = find_mpirun) -> tuple[LaunchPlan, SystemModel, list[str]]:
+    """The plan of a parsed command line (:func:`plan_from_args`), the model of its system,
+    and the notes, once every check that needs no process has passed: the IPU-Link domains,
+    the job fits the system, the coordinator's address. Starts nothing.
+
+    Raises:
+        ValueError: as :func:`plan_from_args`, or the job does not fit the system (one line).
+        IPUError: the system is unknown or too small.
+    """
+    plan, notes = plan_from_args(args, program, find)
+    model = get_system_model(plan.system)
+    hardware.check_ilds(model, plan, args.num_ilds)
+    _topology(model, plan)  # a job that does not fit the system starts nothing
+    if plan.transport == "grpc":
+        coordinator_bind_address(plan)
+    return plan, model, notes
+
+
 def coordinator_bind_address(plan: LaunchPlan) -> str:
     """Where poprun's gRPC coordinator listens: loopback for a job on this machine; across
     hosts, the address given in ``--host`` for this machine (the others must reach it).
@@ -156,8 +176,11 @@ def coordinator_bind_address(plan: LaunchPlan) -> str:
     return f"{usable[0]}:0"
 
 
-def run_plan(plan: LaunchPlan) -> int:
+def run_plan(plan: LaunchPlan, stdout: TextIO | None = None,
+             stderr: TextIO | None = None) -> int:
     """Run ``plan`` with its backend; with the grpc transport, host its coordinator here.
+    ``stdout``, ``stderr``: where the instances' tagged output goes (default: this
+    process's ``sys.stdout``/``sys.stderr``).
 
     Raises:
         InstanceFailedError, LaunchError: as the backends.
@@ -174,8 +197,8 @@ def run_plan(plan: LaunchPlan) -> int:
             from launch.local import LocalBackend
             on_failure = None if coordinator is None else (
                 lambda f: coordinator.abort(f.describe(), f.instance))
-            return LocalBackend(on_failure=on_failure).run(plan)
-        return MpirunBackend().run(plan)
+            return LocalBackend(stdout=stdout, stderr=stderr, on_failure=on_failure).run(plan)
+        return MpirunBackend(stdout=stdout, stderr=stderr).run(plan)
     finally:
         if coordinator is not None:
             coordinator.stop(grace_s=0)
@@ -256,12 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{program[0]!r} is neither an option of poprun nor a program (not a file, "
                      "not on PATH)")
     try:
-        plan, notes = plan_from_args(args, program)
-        model = get_system_model(plan.system)
-        hardware.check_ilds(model, plan, args.num_ilds)
-        _topology(model, plan)  # a job that does not fit the system starts nothing
-        if plan.transport == "grpc":
-            coordinator_bind_address(plan)
+        plan, model, notes = prepare_job(args, program)
         if args.export_config:
             _export(parser, args)
     except (ValueError, IPUError, OSError) as exc:
@@ -286,32 +304,49 @@ def main(argv: list[str] | None = None) -> int:
             named.finish(args.remove_partition)
 
 
-def _reserve_and_run(plan: LaunchPlan, model: SystemModel, args: argparse.Namespace) -> int:
-    if args.offline_mode:
-        if args.print_topology:
+def run_reserved(plan: LaunchPlan, model: SystemModel, *, offline: bool = False,
+                 print_topology: bool = False, named_partition: bool = False,
+                 num_ilds: int | None = None, stdout: TextIO | None = None,
+                 stderr: TextIO | None = None) -> int:
+    """Reserve the job's IPUs on ``model`` (unless ``offline``: ``--offline-mode``), run
+    ``plan`` (:func:`run_plan`), and release them, the job's own lock files included
+    (unless ``named_partition``: a ``--vipu-partition`` outlives its job); ``num_ilds``
+    (``--num-ilds``) spreads the partition evenly over that many IPU-Link domains.
+
+    Returns:
+        0 when every instance succeeded.
+
+    Raises:
+        IPUError: the IPUs are busy, or the lock directory is unusable (nothing started).
+        InstanceFailedError, LaunchError, JobInterruptedError: as :func:`run_plan`.
+    """
+    if offline:
+        if print_topology:
             print(_topology(model, plan), flush=True)
-        return _run(plan)
-    try:
-        partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
-                                      job=plan.job_id)
-    except IPUError as exc:  # busy, or an unusable lock directory
-        return _fail(str(exc), 1)
+        return run_plan(plan, stdout, stderr)
+    partition = reserve_partition(model, plan.num_replicas * plan.ipus_per_replica,
+                                  job=plan.job_id, num_ilds=num_ilds)
     with partition:
         plan = replace(plan, partition_ipus=partition.ipus)
         logger.info("partition of IPUs %s reserved for job %s", partition.ipus, plan.job_id)
-        if args.print_topology:
+        if print_topology:
             print(_topology(model, plan), flush=True)
         try:
-            return _run(plan)
+            return run_plan(plan, stdout, stderr)
         finally:  # every instance has ended: the job's own lock files can go
-            if not args.vipu_partition:
+            if not named_partition:
                 Occupancy(model.name, scope_name(plan.job_id)).discard()
 
 
-def _run(plan: LaunchPlan) -> int:
+def _reserve_and_run(plan: LaunchPlan, model: SystemModel, args: argparse.Namespace) -> int:
     """Run ``plan``; the exit code, with failures reported on stderr."""
     try:
-        return run_plan(plan)
+        return run_reserved(plan, model, offline=bool(args.offline_mode),
+                            print_topology=bool(args.print_topology),
+                            named_partition=bool(args.vipu_partition),
+                            num_ilds=args.num_ilds)
+    except IPUError as exc:  # busy, or an unusable lock directory
+        return _fail(str(exc), 1)
     except JobInterruptedError as exc:   # 130 for SIGINT, 143 for SIGTERM
         sys.stderr.write(f"poprun: {exc}\n")
         return exc.exit_code

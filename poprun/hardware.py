@@ -10,6 +10,7 @@ import argparse
 import os
 
 from ipu_node import env as ipu_env
+from ipu_node.hardware.selection import domain_split
 from ipu_node.hardware.systems import SystemModel, get_system_model
 from launch import env as envnames
 from launch.plan import LaunchPlan
@@ -150,51 +151,53 @@ def choose_system(explicit: str | None, num_ipus: int,
                   num_ilds: int | None) -> tuple[str, Said | None]:
     """``(system name, note)``: ``explicit`` (``--system``), else ``IPUPOD_SYSTEM``, else the
     default POD16 when it holds ``num_ipus`` IPUs in ``num_ilds`` IPU-Link domains (None:
-    any), else the smallest of :data:`AUTO_SYSTEMS` that does (note: one line saying which
-    and why; None when nothing was chosen for the job). When none holds it, the default:
-    the topology check then names what is missing.
+    any; :func:`~ipu_node.hardware.selection.domain_split`), else the smallest of
+    :data:`AUTO_SYSTEMS` that does (note: one line saying which and why; None when nothing
+    was chosen for the job). When none holds it, the largest of :data:`AUTO_SYSTEMS`: the
+    topology check then names what is missing.
     """
     if explicit or os.environ.get(ipu_env.IPUPOD_SYSTEM):
         return ipu_env.system_name(explicit), None
     default = get_system_model(ipu_env.DEFAULT_SYSTEM)
-    ilds = num_ilds or 1
 
     def holds(model: SystemModel) -> bool:
-        return model.num_ipus >= num_ipus and len(model.domains) >= ilds
+        if model.num_ipus < num_ipus:
+            return False
+        try:
+            domain_split(model, num_ipus, num_ilds or 1)
+        except ValueError:
+            return num_ilds is None  # (any number of domains: V-IPU chooses)
+        return True
 
     if holds(default):
         return default.name, None
     for name in AUTO_SYSTEMS:
         model = get_system_model(name)
         if holds(model):
-            why = f"{num_ipus} IPUs" + (f" in {ilds} IPU-Link domains" if num_ilds else "")
+            why = f"{num_ipus} IPUs" + (f" in {num_ilds} IPU-Link domains" if num_ilds else "")
             return name, Said(f"the job needs {why}, more than the default {default.name} has: "
                           f"running on {name} ({model.description}), the smallest emulated "
                           f"system that holds it (choose one with --system or "
                           f"{ipu_env.IPUPOD_SYSTEM})")
-    return default.name, None
+    return AUTO_SYSTEMS[-1], None
 
 
 def check_ilds(model: SystemModel, plan: LaunchPlan, num_ilds: int | None) -> None:
-    """``--num-ilds``: the job's IPUs must fill that many IPU-Link domains of ``model``, as
-    V-IPU makes a partition of that many domains (each domain's size from the system model).
+    """``--num-ilds``: the job's IPUs must split evenly over that many IPU-Link domains of
+    ``model``, as V-IPU makes a partition of that many domains, ``size / num_ilds`` IPUs in
+    each (:func:`~ipu_node.hardware.selection.domain_split`; the partition is reserved so,
+    and the collectives' cost model prices the GW-Links between its domains).
 
     Raises:
-        ValueError: ``model`` has fewer domains, or the job's IPUs do not fit in or do not
-            need ``num_ilds`` domains.
+        ValueError: ``model`` has fewer domains, or the job's IPUs do not split evenly over
+            ``num_ilds`` domains or do not fit in them (names the numbers).
     """
     if num_ilds is None:
         return
-    domains = len(model.domains)
-    size = len(model.domains[0])
-    need = plan.num_replicas * plan.ipus_per_replica
-    if num_ilds > domains:
-        raise ValueError(f"--num-ilds {num_ilds}: {model.name} has {domains} IPU-Link "
-                         f"domain{'s' if domains > 1 else ''} of {size} IPUs")
-    if need > num_ilds * size or need <= (num_ilds - 1) * size:
-        raise ValueError(f"--num-ilds {num_ilds}: the job's {need} IPUs fill "
-                         f"{-(-need // size)} IPU-Link domain(s) of {size} IPUs on "
-                         f"{model.name}, not {num_ilds}")
+    try:
+        domain_split(model, plan.num_replicas * plan.ipus_per_replica, num_ilds)
+    except ValueError as exc:
+        raise ValueError(f"--num-ilds {num_ilds}: {exc}") from None
 
 
 def create_cache_dir(path: str | None) -> None:

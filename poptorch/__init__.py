@@ -43,7 +43,8 @@ from poptorch._logging import logger, setLogLevel
 from poptorch.modelling._model_report import ModelReport
 from poptorch._ops import (MultiConv, for_loop, identity_loss, ipu_print_tensor,
                            ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, nop,
-                           recomputationCheckpoint, serializedMatMul, set_available_memory)
+                           recomputationCheckpoint, serializedMatMul, set_available_memory,
+                           set_overlap_for_input, set_overlap_for_output)
 from poptorch.options._options import Options
 from poptorch.options._options_groups import TensorLocationSettings
 from poptorch.pipelining._strategies import PipelinedExecution, ShardedExecution, Stage
@@ -62,7 +63,8 @@ __all__ = [
     "Options", "TensorLocationSettings", "DataLoader", "AsynchronousDataAccessor",
     "trainingModel", "inferenceModel", "PoplarExecutor", "NO_EXECUTABLE_ERR", "load",
     "identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
-    "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
+    "set_available_memory", "serializedMatMul", "set_overlap_for_input",
+    "set_overlap_for_output", "for_loop", "isRunningOnIpu",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "setLogLevel", "logger",
     "Error", "RecoverableError", "UnrecoverableError", "ConfigFileError",
     "createPoptorchError", "enums", "optim",

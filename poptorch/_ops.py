@@ -11,7 +11,8 @@ from poptorch.pipelining._blocks import current_forward
 from poptorch._tracing import record_identity_loss
 
 __all__ = ["identity_loss", "ipu_print_tensor", "nop", "recomputationCheckpoint",
-           "set_available_memory", "serializedMatMul", "for_loop", "isRunningOnIpu",
+           "set_available_memory", "serializedMatMul", "set_overlap_for_input",
+           "set_overlap_for_output", "for_loop", "isRunningOnIpu",
            "ipuHardwareIsAvailable", "ipuHardwareVersion", "MultiConv"]
 
 
@@ -89,17 +90,54 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
                          ) -> torch.Tensor:
     """Temporary memory of the op producing ``tensor`` (a proportion of the tile memory);
     returns it. ipupod: recorded per stage in the model's report."""
-    forward = current_forward()
-    if forward is not None:
-        forward.note("available_memory_proportion", float(available_memory_proportion))
+    _note("available_memory_proportion", float(available_memory_proportion))
     return tensor
 
 
 def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor,
                      mode: enums.MatMulSerializationMode, factor: int = 0,
                      keep_precision: bool = False) -> torch.Tensor:
-    """``lhs @ rhs`` computed in ``factor`` pieces on the IPU (``torch.matmul`` here)."""
+    """``lhs @ rhs`` computed in ``factor`` pieces on the IPU. ipupod: ``torch.matmul``
+    (the same numbers as PopTorch's CPU path); the serialisation has no effect on the
+    modelled time or memory and is recorded in the stage's notes of the model's report.
+
+    Raises:
+        AssertionError: ``mode`` is not a ``poptorch.MatMulSerializationMode``.
+    """
+    if not isinstance(mode, enums.MatMulSerializationMode):
+        raise AssertionError("serializedMatMul expects a poptorch.MatMulSerializationMode")
+    _note("serialized_matmul", f"{mode.name} x{factor}")
     return torch.matmul(lhs, rhs)
+
+
+def set_overlap_for_input(input_tensors, mode: enums.OverlapMode):
+    """Let the host-to-IPU copy of ``input_tensors`` (a tensor or a nest of them) overlap
+    compute through IO tiles; returns them. ipupod: no effect (the modelled step does not
+    overlap host I/O, :mod:`poptorch.modelling._modelled`), recorded in the stage's notes of
+    the model's report.
+
+    Raises:
+        AssertionError: ``mode`` is not a ``poptorch.OverlapMode``.
+    """
+    return _overlap("overlap_for_input", input_tensors, mode)
+
+
+def set_overlap_for_output(output_tensors, mode: enums.OverlapMode):
+    """The same as :func:`set_overlap_for_input` for the IPU-to-host copy of outputs."""
+    return _overlap("overlap_for_output", output_tensors, mode)
+
+
+def _overlap(kind: str, tensors, mode: enums.OverlapMode):
+    if not isinstance(mode, enums.OverlapMode):
+        raise AssertionError(f"set_{kind} expects a poptorch.OverlapMode")
+    _note(kind, mode.name)
+    return tensors
+
+
+def _note(kind: str, value) -> None:
+    forward = current_forward()
+    if forward is not None:
+        forward.note(kind, value)
 
 
 def for_loop(count: int, body, inputs: list) -> list:

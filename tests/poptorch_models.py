@@ -64,3 +64,27 @@ def plain_call(net: torch.nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor
     finally:
         torch.set_num_threads(previous)
     return last
+
+
+class _Residual(torch.nn.Module):
+    """A ResNet basic block: conv-BN-ReLU-conv-BN plus the identity, then ReLU."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        conv = lambda: torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)  # noqa: E731
+        self.conv1, self.bn1 = conv(), torch.nn.BatchNorm2d(channels)
+        self.conv2, self.bn2 = conv(), torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(out)))
+
+
+def bn_resnet(channels: int = 4, classes: int = 3, seed: int = 0) -> torch.nn.Module:
+    """A small BatchNorm ResNet on [N, 3, H, W] images: stem (conv, BN, ReLU), one basic
+    block, global average pooling, a linear classifier."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, channels, 3, padding=1, bias=False), torch.nn.BatchNorm2d(channels),
+        torch.nn.ReLU(), _Residual(channels), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(channels, classes))

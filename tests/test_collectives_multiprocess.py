@@ -221,7 +221,7 @@ def test_a_forged_agreement_message_is_refused_naming_its_sender(length):
 @pytest.mark.parametrize("op", ["cross_replica_sum", "reduce_scatter"])
 def test_a_stalled_instance_among_three_is_named_alone(op):
     # the agreement is a reduction, which cannot say who is late; a slow one asks who is there
-    # (reduce_scatter: in the rounds of the index agreement, collectives.transports.mpi_index)
+    # (reduce_scatter: in the rounds of the index agreement, collectives.transports.mpi.index)
     job = poprun(["-n", "3", PYTHON, "-m", "tests.perrank.diverge_prog", "stall", op],
                  timeout_s=25, env=FAST)
     out = job.stdout + job.stderr
@@ -271,6 +271,29 @@ def test_an_instance_that_ends_before_it_started_mpi_is_named_within_seconds():
     assert job.returncode != 0, out
     assert re.search(r"\[1,0\]<stdout>:RESULT " + ENDED.format(i=1), out), out
     assert "poprun: instance 0 failed" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("instances", [2, 3])
+def test_a_caught_error_of_an_ended_instance_ends_the_job_saying_why(instances):
+    # the survivors catch the error naming the ended instance and end their program: their
+    # end of program does not wait for it (the collective timeout, 60 s, is far beyond the
+    # job's hard limit), and every instance's exit status says the job failed
+    job = poprun(["-n", str(instances), PYTHON, "-m", "tests.programs.mpi_ended", "caught"],
+                 timeout_s=25, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    last = instances - 1
+    assert job.returncode != 0, out
+    assert "waiting" not in out and "CollectiveTimeoutError" not in out, out
+    # the first instance to exit with its reason ends the job (poprun stops the others, which
+    # may not have printed theirs yet): the ended one's mismatch or a survivor's end
+    ended = rf"instance {last} \(replica {last}\) ended its program after 1 collectives"
+    reasons = [rf"\[1,{last}\]<stderr>:replicas disagree on cross_replica_sum #1 "
+               rf"\('second'\).*{ended}"]
+    reasons += [rf"\[1,{i}\]<stderr>:end of program #2 on instance {i} \(replica {i}\): "
+                rf"{ended}, while this instance called 2: the job failed" for i in range(last)]
+    assert any(re.search(r, out) for r in reasons), out
+    assert re.search(r"poprun: instance \d failed \(exit code 1\)", out), out
 
 
 @pytest.mark.slow

@@ -29,6 +29,29 @@ def test_partitions_of_two_jobs_are_disjoint_and_freed(pod16):
         assert sorted(d.ipus) == list(range(16))
 
 
+@pytest.mark.parametrize("system, ilds", [("POD128", 2), ("POD256", 4)])
+def test_a_partition_over_several_ipu_link_domains_puts_an_even_share_in_each(isolated,  # noqa: F811
+                                                                                system, ilds):
+    from collectives.performance.cost_model import HardwareCostModel
+    model = get_system_model(system)
+    share = 64 // ilds
+    with reserve_partition(model, 64, job="a", num_ilds=ilds) as a:
+        per_domain = [len(set(a.ipus) & set(d)) for d in model.domains]
+        assert per_domain == [share] * ilds + [0] * (len(model.domains) - ilds)
+        with reserve_partition(model, 64, job="b", num_ilds=ilds) as b:  # the next share
+            assert set(a.ipus).isdisjoint(b.ipus)
+            assert [len(set(b.ipus) & set(d)) for d in model.domains][:ilds] == [share] * ilds
+        # the instances take their IPUs inside it, so the job's replicas cross GW-Links
+        instances = assign_instance_ipus(model, ilds, share, within=a.ipus)
+        assert [sorted(ipus) for ipus in instances] == [sorted(set(a.ipus) & set(d))
+                                                        for d in model.domains[:ilds]]
+        spread = HardwareCostModel.for_layout(model, ilds, share, within=a.ipus)
+        packed = HardwareCostModel.for_layout(model, ilds, share)   # one domain
+        nbytes = 1 << 24
+        assert (spread.estimate("cross_replica_sum", nbytes)
+                > packed.estimate("cross_replica_sum", nbytes))
+
+
 def test_a_partition_is_seen_by_programs_started_on_their_own(pod16):
     import ipu_node
     with reserve_partition(pod16, 8, job="a") as a:

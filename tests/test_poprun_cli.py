@@ -260,7 +260,13 @@ def test_dry_run_prints_the_topology_and_mpirun_line_and_starts_nothing(tmp_path
     (["--vipu-server", "h"], "is ambiguous and matches '--vipu-server-host'"),
     (["--mpi-global-args=--mca btl_tcp_if_include no-such-if9", "-H", "localhost,far-q",
       "-n", "2"], "this machine has no interface 'no-such-if9' (its interfaces: lo"),
-    (["--system", "POD128", "--num-ilds", "2"], "--num-ilds 2: the job's 1 IPUs fill 1"),
+    (["--system", "POD128", "--num-ilds", "2"],
+     "--num-ilds 2: the job's 1 IPUs do not split evenly over 2 IPU-Link domains"),
+    (["--system", "POD128", "--num-ilds", "2", "--num-replicas", "256"],
+     "--num-ilds 2: the job's 256 IPUs over 2 IPU-Link domains put 128 in each, but a "
+     "domain of POD128 has 64"),
+    (["--num-replicas", "512"], "the job needs 1 instances x 512 replicas x 1 IPUs per "
+                                "replica = 512 IPUs, but POD256 has 256 IPUs"),
     (["-n", "2", "--only-output-from-instance", "2"], "there is no instance 2"),
     (["-n", "2", "--instance-mpi-local-args=5:-x A=1"], "there is no instance 5"),
     (["--instance-mpi-local-args=-x A=1"], "expected INSTANCE:ARGS"),
@@ -317,8 +323,10 @@ def no_system_named(monkeypatch):
     (["--num-replicas", "64", "-n", "2"], "POD64"),
     (["--num-replicas", "32", "--ipus-per-replica", "4"], "POD128"),
     (["--num-replicas", "128", "--num-ilds", "2", "-n", "4"], "POD128"),
-    (["--num-replicas", "4", "--num-ilds", "3"], "POD256"),
-    (["--num-replicas", "512"], "POD16"),       # nothing holds it: the default says so
+    (["--num-replicas", "6", "--num-ilds", "3"], "POD256"),
+    (["--num-replicas", "512"], "POD256"),      # nothing holds it: the largest says so
+    (["--num-replicas", "64", "--num-ilds", "2", "-n", "2"], "POD128"),
+    (["--num-replicas", "64", "--num-ilds", "4", "-n", "4"], "POD256"),
     (["--num-replicas", "64", "--system", "BOW-POD64"], "BOW-POD64"),
 ])
 def test_a_job_bigger_than_the_default_runs_on_the_smallest_system_that_holds_it(
@@ -327,10 +335,19 @@ def test_a_job_bigger_than_the_default_runs_on_the_smallest_system_that_holds_it
     args, plan, notes = plan_of(argv)
     assert plan.system == system
     said = [n for n in notes if isinstance(n, Said)]
-    if system in ("POD16", "BOW-POD64"):
+    if system in ("POD16", "BOW-POD64") or "512" in argv:
         assert not said
     else:
         assert len(said) == 1 and f"running on {system}" in said[0]
+
+
+@pytest.mark.parametrize("system, ilds", [("POD128", 2), ("POD256", 4)])
+def test_a_partition_that_fills_part_of_each_ipu_link_domain_is_accepted(system, ilds, capsys):
+    # real launch lines: 64 IPUs over 2 domains of a POD128 (32 in each), over 4 of a POD256
+    # (16 in each): V-IPU gives each domain size / num_ilds IPUs
+    assert poprun_main(["--dry-run", "--system", system, "--num-ilds", str(ilds), "-n",
+                        str(ilds), "--num-replicas", "64", "python", "-c", "1"]) == 0, \
+        capsys.readouterr().err
 
 
 def test_ipupod_system_is_never_overridden(monkeypatch):

@@ -213,7 +213,7 @@ def test_the_run_report_lists_models_and_is_written_at_exit(tmp_path, monkeypatc
     assert entry and entry[-1]["attached"] and entry[-1]["sram_bytes"]
     monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path / "out"))
     _report._write_at_exit()
-    written = json.loads((tmp_path / "out" / "poptorch-0.json").read_text())
+    written = json.loads((tmp_path / "out" / "report-0.json").read_text())
     assert any(m["options"]["not_acted_on"].get("_Popart.enableStableNorm")
-               for m in written["models"])
+               for m in written["sections"]["poptorch"]["models"])
     model.destroy()

@@ -195,10 +195,10 @@ def test_memory_per_ipu_locations_and_recomputation():
     assert m2["accumulators"] == 0 and m2["streaming_memory"] == first["accumulators"]
     assert m2["activations"] == 2 * r2.stages[0].saved_bytes
     # no recomputation, but the accumulators cross to Streaming Memory in every backward
-    # pass: the backward passes of stage 0 take longer than with recomputation alone
+    # pass: the backward passes of stage 0 take longer than with recomputation alone (its
+    # recomputed forward pass, priced per operation, gone)
     assert r2.stages[0].backward_s == pytest.approx(report.stages[0].backward_s
-                                                    - s0.recompute_flops /
-                                                    (62.4e12 * 0.5), rel=1e-9)
+                                                    - model._clock.forward_s[0], rel=1e-9)
     bandwidth = moved._clock.chip.streaming_memory_bytes_per_s_per_ipu
     b0 = [e.duration_s for e in moved._clock.templates[0].events[0]
           if e.kind == "compute" and e.label == "B0"]
@@ -334,11 +334,12 @@ def test_the_poptorch_report_and_trace_of_free_devices(tmp_path, monkeypatch, ca
     model(x, y)
     monkeypatch.setenv("IPUPOD_REPORT_DIR", str(tmp_path))
     _report._write_at_exit()
-    written = json.loads((tmp_path / "poptorch-0.json").read_text())
-    mine = [m for m in written["models"] if m["alive"] and m["model"]["steps"]
+    written = json.loads((tmp_path / "report-0.json").read_text())
+    assert written["ipus"][str(model._device.replica_ipus[0][1])]["compute_s"] > 0
+    mine = [m for m in written["sections"]["poptorch"]["models"] if m["alive"] and m["model"]["steps"]
             and m["ipus"] == [list(model._device.replica_ipus[0])]]
     assert mine and mine[0]["model"]["schedule"] == "PipelinedExecution"
-    trace = json.loads((tmp_path / "poptorch-trace-0.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "trace-0.json").read_text())["traceEvents"]
     ipu = model._device.replica_ipus[0][1]
     assert any(e["ph"] == "X" and e["tid"] == ipu + 1 and e["name"] == "B1" for e in trace)
     assert "poptorch model 'training': PipelinedExecution" in capsys.readouterr().out
@@ -363,8 +364,15 @@ def test_a_card_from_the_run_answers_what_if():
     pod64 = what_if(card, config, system="POD64", replicas=32)
     pod16 = predict(card, config)
     assert pod64.config.system_name == "POD64" and pod64.breakdown["allreduce"] > 0
-    # the same compute per replica on both PODs: the model's counted FLOPs at the peak
+    # the same compute per replica on both PODs: the model's operations priced on the GC200
+    # (the slowest IPU's), or with an efficiency given, its counted FLOPs at that share of peak
+    from ipu_node.chips import GC200
+    assert len(card.compute_ops) == 2 and card.compute_micro_batch == 4
     assert pod64.breakdown["compute"] == pod16.breakdown["compute"] == pytest.approx(
+        G * max(ops.price(GC200, dtype="float32").total_s for ops in card.compute_ops))
+    assert sum(pod16.compute_breakdown.values()) == pytest.approx(pod16.breakdown["compute"])
+    assert pod16.top_ops and "compute by operation" in pod16.table()
+    assert predict(card, config, efficiency=0.5).breakdown["compute"] == pytest.approx(
         G * max(card.shares_for(2)) * card.flops_per_item * 4 / (62.4e12 * 0.5))
     with pytest.raises(ValueError, match="unknown field"):
         ModelCard.from_run(run={"params": 1, "flops_per_item": 1.0, "layers": 3})

@@ -263,7 +263,9 @@ def test_unsupported_optimizer_and_amsgrad():
             net.parameters(), amsgrad=True))
 
 
-def test_buffers_changed_in_place_need_broadcast_buffers_off():
+def test_batchnorm_statistics_need_no_broadcast_buffers_off():
+    """The norm updates its running statistics itself (PopTorch's rule is for buffers the
+    model's code writes: tests/test_poptorch_applications.py); each replica keeps its own."""
     class WithNorm(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -274,11 +276,13 @@ def test_buffers_changed_in_place_need_broadcast_buffers_off():
             out = self.net(x)
             return out, torch.nn.functional.cross_entropy(out, y)
 
-    with pytest.raises(poptorch.Error, match="PopTorch does not support broadcasting buffers"):
-        poptorch.trainingModel(WithNorm(), _options(1, 2))(*_data(8))
-    model = WithNorm()
+    for broadcast in (True, False):
+        _trains_own_statistics(WithNorm(), _options(1, 2).broadcastBuffers(broadcast))
+
+
+def _trains_own_statistics(model, opts):
     running = model.net[1].running_mean.clone()
-    trained = poptorch.trainingModel(model, _options(1, 2).broadcastBuffers(False))
+    trained = poptorch.trainingModel(model, opts)
     trained(*_data(8))
     assert not torch.equal(running, model.net[1].running_mean)  # replica 0's own buffers
     trained.destroy()

@@ -1,6 +1,7 @@
 """The seeds' strategies and their variable semantics (seed 004:1962-1977): in this process
 (IPUStrategy, several local replicas) and across instances under each launcher
-(tests/programs/strategy_semantics.py writes one JSON file of evidence per instance).
+(tests/programs/strategy_semantics.py writes one JSON file of evidence per instance; under
+poprun, ``poprun.testing.run_job`` returns it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from poprun.testing import run_job
 from tests.procs import PROGRAMS, PYTHON, ROOT, child_env, run
+from tests.programs import strategy_semantics
 
 PROG = str(PROGRAMS / "strategy_semantics.py")
 MPIRUN = str(Path(PYTHON).parent / "mpirun")
@@ -56,9 +59,10 @@ def test_horovod_strategy_under_mpirun_with_variables_on_host(tmp_path):
 
 
 @pytest.mark.slow
-def test_popdist_strategy_under_poprun_with_two_replicas_per_instance(tmp_path):
-    found = evidence([PYTHON, "-m", "poprun", "-n", "2", "--num-replicas", "4", PYTHON, PROG,
-                      "popdist"], tmp_path)
+def test_popdist_strategy_under_poprun_with_two_replicas_per_instance():
+    found = run_job(strategy_semantics.main, "popdist", False, num_instances=2,
+                    num_replicas=4, timeout=120)
+    assert [e["instance"] for e in found] == [0, 1]
     check_common(found, 4)
     assert all(e["sram"] == 24 and e["loss"] == 6.0 for e in found)
 

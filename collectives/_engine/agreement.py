@@ -82,6 +82,9 @@ class Agreement:
         #: every instance of the job, increasing (the members of every agreement)
         self.everyone = tuple(range(transport.process_count))
         self._comm = None  # the communicator of everyone, at the first agreement
+        #: instances seen to have ended their program (an "end of program" descriptor in a
+        #: disagreement) -> the collectives each had called
+        self.ended: dict[int, int] = {}
 
     def instance_name(self, i: int) -> str:
         """``"instance 1 (replicas 2..3)"``."""
@@ -149,6 +152,9 @@ class Agreement:
         if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):
             return  # the same bytes everywhere: nothing to decode
         descs = [Descriptor.decode(row) for row in gathered]
+        for i, d in enumerate(descs):
+            if d.op == END_OF_PROGRAM and i != self.transport.process_index:
+                self.ended.setdefault(i, d.seq)
         errors = [d.error for d in descs if d.error]
         if errors:
             raise CollectiveMismatchError(errors[0])

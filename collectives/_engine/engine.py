@@ -41,7 +41,7 @@ from collectives._engine.recording import CallRecorder
 from collectives._engine.rendezvous import Rendezvous, Slot
 from collectives._engine.ledger import Ledger
 from collectives._engine.descriptor import Descriptor
-from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError
+from collectives.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 from collectives.gcl_options import GCLOptions
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Communicator, Transport
@@ -193,10 +193,14 @@ class CollectiveEngine:
 
     def finish(self) -> None:
         """The program ends: tell the other instances, so one that still waits in a
-        collective raises (naming this instance) instead of timing out. Idempotent.
+        collective raises (naming this instance) instead of timing out. Idempotent. An
+        instance already seen to have ended its program (a call of this one disagreed with
+        its end of program) is not waited for: it takes part in no agreement again.
 
         Raises:
             CollectiveMismatchError: another instance is still calling collectives.
+            PeerLostError: another instance ended its program while this one still called
+                collectives (this instance's program caught that call's error).
         """
         rendezvous = self.rendezvous
         with rendezvous.cond:
@@ -208,6 +212,14 @@ class CollectiveEngine:
             return
         desc = Descriptor(seq=calls, op=END_OF_PROGRAM, operator="", dtype="", shape=(),
                           group="")
+        agreement = self.agreement
+        if agreement.ended:
+            instance, ended_after = min(agreement.ended.items())
+            raise PeerLostError(
+                f"{desc.label()} on {agreement.instance_name(self.process_index)}: "
+                f"{agreement.instance_name(instance)} ended its program after {ended_after} "
+                f"collectives, while this instance called {calls}: the job failed (every "
+                f"instance must call the same collectives)", instance)
         try:
             self.agreement.exchange_descriptors(desc)
         except CollectiveTimeoutError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import sys
 import threading
 
 from ipu_node import get_system
@@ -84,11 +86,27 @@ def _hardware_cost_model(system: IPUSystem) -> HardwareCostModel | None:
         return None
 
 
+#: the exit status of an instance whose end of program finds that the job's instances called
+#: different collectives (:func:`_finish`)
+END_OF_PROGRAM_FAILED = 1
+
+
 def _finish(engine: CollectiveEngine) -> None:
+    """At exit: the engine's end of program (:meth:`CollectiveEngine.finish`). When it finds
+    that the instances called different collectives, the program's end is the job's failure:
+    the error is logged and the instance exits with :data:`END_OF_PROGRAM_FAILED` at once,
+    skipping ``MPI_Finalize`` (which would wait for instances that ended already), so the
+    launcher ends the job and every instance's status says it failed."""
     try:
         engine.finish()
     except CollectiveError as exc:
         logger.error("%s", exc)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # (closed by the program)
+                pass
+        os._exit(END_OF_PROGRAM_FAILED)
 
 
 def _close(system: IPUSystem) -> None:

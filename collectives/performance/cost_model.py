@@ -95,6 +95,7 @@ import numpy as np
 from ipu_node.hardware.links import GW_LINK_LATENCY_S
 from ipu_node.hardware.selection import assign_instance_ipus, candidate_ipu_sets, layout_replicas
 from ipu_node.hardware.systems import SystemModel
+from ipu_node.env import partition_ipus
 from ipu_node.runtime.config import SelectionOrder
 
 from collectives.records import CallRecord
@@ -200,7 +201,8 @@ class HardwareCostModel:
     @classmethod
     def for_layout(cls, model: SystemModel, num_instances: int, num_local_replicas: int,
                    ipus_per_replica: int = 1,
-                   order: SelectionOrder = SelectionOrder.AUTO) -> "HardwareCostModel":
+                   order: SelectionOrder = SelectionOrder.AUTO,
+                   within: Sequence[int] | None = None) -> "HardwareCostModel":
         """The model of a job of ``num_instances`` instances of ``num_local_replicas``
         replicas each, laid out as the runtime lays them out
         (:func:`ipu_node.selection.assign_instance_ipus`, then
@@ -208,12 +210,15 @@ class HardwareCostModel:
         the AUTO order that is :meth:`for_replicas` of the job's total replicas, whatever the
         number of instances (the devices of the instances join into the job's device,
         :mod:`ipu_node.device_ids`): the hardware does not know how it is emulated.
+        ``within``: the job's partition (poprun's, ``IPUPOD_PARTITION_IPUS``; one of several
+        IPU-Link domains under ``--num-ilds`` puts the job's replicas in each, joined by
+        GW-Links), as the runtime takes it; None: the whole system.
 
         Raises:
             ValueError, NotEnoughIPUsError: as ``assign_instance_ipus``.
         """
         per_instance = assign_instance_ipus(model, num_instances, num_local_replicas,
-                                            ipus_per_replica)
+                                            ipus_per_replica, within=within)
         return cls(model, [replica for ipus in per_instance
                            for replica in layout_replicas(model, ipus, ipus_per_replica, order)],
                    num_instances)
@@ -230,7 +235,7 @@ class HardwareCostModel:
             ipus = [ipu.id for ipu in system.devices[0].ipus]
             return cls(system.model, [ipus[r * k:(r + 1) * k] for r in range(len(ipus) // k)])
         return cls.for_layout(system.model, system.process_count, system.num_local_replicas, k,
-                              system.config.selection_order)
+                              system.config.selection_order, within=partition_ipus())
 
     # -- the cost model ---------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ipu_node.execution.ipu_infeed_queue import dequeued_bytes
 
+from collectives.performance.compute_model import ComputeProfile
 from collectives.performance.cost_model import ALL_REDUCE_OPS
 
 __all__ = ["ModelCard"]
@@ -46,6 +47,14 @@ class ModelCard:
             master weights and two moments: 12).
         optimizer_state_in: ``'sram'`` (In-Processor-Memory) or ``'streaming'`` (Streaming
             Memory: ``offload_weight_update_variables``).
+        compute_ops: the operations of one micro-batch of ``compute_micro_batch`` items on each
+            IPU of a replica (forward, backward and recomputation), as
+            :class:`~collectives.performance.compute_model.ComputeProfile` objects or their plain
+            form (:meth:`ComputeProfile.to_plain`); PopTorch's ``modelReport()`` gives them.
+            With them the step model prices compute per operation
+            (:mod:`collectives.performance.compute_model`); without, from ``flops_per_item``
+            at a share of peak.
+        compute_micro_batch: the items of the micro-batch ``compute_ops`` were counted at.
 
     Raises:
         ValueError: a count or size out of range, an unknown dtype or place.
@@ -59,6 +68,8 @@ class ModelCard:
     stage_shares: tuple[float, ...] = (1.0,)
     optimizer_state_bytes_per_param: float = 0
     optimizer_state_in: str = "sram"
+    compute_ops: tuple = ()
+    compute_micro_batch: int = 1
 
     def __post_init__(self):
         _positive("ModelCard.params", self.params, integer=True)
@@ -77,6 +88,9 @@ class ModelCard:
                              for s in shares) or sum(shares) <= 0:
             raise ValueError(f"ModelCard.stage_shares must be numbers >= 0 with a positive "
                              f"sum, got {self.stage_shares!r}")
+        _positive("ModelCard.compute_micro_batch", self.compute_micro_batch, integer=True)
+        object.__setattr__(self, "compute_ops",
+                           tuple(ComputeProfile.from_plain(p) for p in self.compute_ops))
         if self.optimizer_state_in not in ("sram", "streaming"):
             raise ValueError(f"ModelCard.optimizer_state_in must be 'sram' or 'streaming', "
                              f"got {self.optimizer_state_in!r}")
@@ -149,8 +163,9 @@ class ModelCard:
             merged = {**given, **fields}
             if flops_per_item is not None:
                 merged["flops_per_item"] = flops_per_item
-            if "stage_shares" in merged:
-                merged["stage_shares"] = tuple(merged["stage_shares"])
+            for name in ("stage_shares", "compute_ops"):
+                if name in merged:
+                    merged[name] = tuple(merged[name])
             return cls(**merged)
         reduces = [r for r in records if r.op in ALL_REDUCE_OPS]
         if reduces and "params" not in fields:

@@ -7,7 +7,8 @@ Prints :func:`collectives.performance.run_report.summary` and writes two PNG fil
 
 * ``<stem>-breakdown.png``: the step breakdown, the step estimate's terms when the report has
   one (:func:`collectives.performance.run_report.use_model_card`), else the modelled seconds of the run's
-  collectives per op and schedule;
+  collectives per op and schedule beside the terms a front end's section gives as its
+  ``breakdown`` (``poptorch``: each model's stages and modelled step);
 * ``<stem>-scaling.png``: what_if over POD sizes (POD16, POD64, POD128, POD256, all IPUs in
   replicas of the run's IPUs per replica; one IPU without a card): samples/s and step time of the report's model card, or without a card
   the modelled seconds of the run's collectives re-priced on every POD.
@@ -84,7 +85,10 @@ def _draw(report: dict, out_dir: str, stem: str) -> tuple[str, str]:
     else:
         terms = {f"{c['op']}\n{c['method'][:28]}": c["modelled_s"] * 1e3
                  for c in report["collectives"]}
-        title = f"{report['system']}: modelled collectives of the run"
+        for section in (report.get("sections") or {}).values():
+            if isinstance(section, dict) and isinstance(section.get("breakdown"), dict):
+                terms.update({k: v * 1e3 for k, v in section["breakdown"].items()})
+        title = f"{report['system']}: modelled collectives and front-end terms of the run"
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.barh(list(terms), list(terms.values()), color="tab:blue")
     ax.set_xlabel("modelled ms")

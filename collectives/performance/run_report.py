@@ -52,16 +52,16 @@ from typing import Any, Callable
 from ipu_node.hardware.chips import chip_of_system
 from ipu_node.hardware.links import IPU_LINK_LATENCY_S
 from ipu_node.hardware.systems import get_system_model
-from ipu_node.runtime.flags import auto_report_directory
+from ipu_node.env import IPUPOD_REPORT_DIR as REPORT_DIR_ENV
+from ipu_node.runtime.flags import report_directory as _report_directory
 
 from collectives.records import CallRecord
 
-__all__ = ["REPORT_DIR_ENV", "build_report", "trace_events", "summary", "write_report",
-           "enable_at_exit", "use_model_card", "report_directory", "options_set",
-           "add_report_section", "IPU_PID", "LINK_PID", "LINK_CLASSES"]
+__all__ = ["REPORT_DIR_ENV", "build_report", "build_report_of_ipus", "trace_events", "summary",
+           "write_report", "write_payload", "enable_at_exit", "report_pending",
+           "use_model_card", "report_directory", "options_set", "add_report_section",
+           "IPU_PID", "LINK_PID", "LINK_CLASSES"]
 
-#: Environment variable naming the directory reports are written to.
-REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
 #: Pid of the IPU tracks and of the link tracks in the trace.
 IPU_PID, LINK_PID = 1, 2
 #: Link classes, one track each (tid = index + 1).
@@ -135,23 +135,16 @@ def build_report(system, ledger) -> dict:
         usage = ipu_node.memory_usage()
     except ipu_node.IPUError:  # the system was reset before the report
         usage = {}
-    per_ipu = {}
     coll_total = sum(r.modelled_s or 0.0 for r in records if not r.op.startswith("host"))
-    for i in ipus:
-        tl = timelines.get(i)
-        per_ipu[str(i)] = {
-            "compute_s": tl.busy_s(("compute",)) if tl else 0.0,
-            "copies_s": tl.busy_s(("copy",)) if tl else 0.0,
-            "collectives_s": tl.busy_s(("collective",)) if tl else coll_total,
-            "memory_peak_bytes": usage[i].peak_bytes if i in usage else 0,
-        }
+    per_ipu = _per_ipu(ipus, timelines, {i: u.peak_bytes for i, u in usage.items()},
+                       coll_total)
     report = {
         "system": name, "chip": chip_of_system(name).name if name else None,
         "replicas": system.num_replicas, "ipus_per_replica": system.ipus_per_replica,
         "instance": system.process_index, "instances": system.process_count,
         "options": options_set(system.config),
         "collectives": list(collectives.values()), "ipus": per_ipu,
-        "timeline": {str(i): [e.to_dict() for e in tl.events()] for i, tl in timelines.items()},
+        "timeline": _timeline(timelines),
         "calls": [{"op": r.op, "method": _schedule(cost, r), "nbytes": r.nbytes,
                    "groups": len(r.groups), "group_size": len(r.groups[0]) if r.groups else 0,
                    "crosses_domains": _crosses_domains(system, r),
@@ -160,6 +153,42 @@ def build_report(system, ledger) -> dict:
         "sections": _section_values(),
     }
     return report
+
+
+def _per_ipu(ipus, timelines: dict, peaks: dict[int, int], collectives_s: float) -> dict:
+    out = {}
+    for i in ipus:
+        tl = timelines.get(i)
+        out[str(i)] = {
+            "compute_s": tl.busy_s(("compute",)) if tl else 0.0,
+            "copies_s": tl.busy_s(("copy",)) if tl else 0.0,
+            "collectives_s": tl.busy_s(("collective",)) if tl else collectives_s,
+            "memory_peak_bytes": peaks.get(i, 0),
+        }
+    return out
+
+
+def _timeline(timelines: dict) -> dict:
+    return {str(i): [e.to_dict() for e in tl.events()] for i, tl in timelines.items()}
+
+
+def build_report_of_ipus(system: str | None, instance: int, instances: int, replicas: int,
+                         ipus_per_replica: int, timelines: dict, peaks: dict[int, int]
+                         ) -> dict:
+    """The JSON report (module docstring) of a run with no configured IPU system and so no
+    collectives: a front end's IPUs of their own (``poptorch``'s one-replica and inference
+    models). ``system``: the modelled POD's name; ``replicas``: in the whole job;
+    ``timelines``: IPU id -> :class:`ipu_node.clock.Timeline`; ``peaks``: IPU id -> peak
+    bytes in use. ``options`` and ``collectives`` are empty; ``sections`` as
+    :func:`build_report`."""
+    return {
+        "system": system, "chip": chip_of_system(system).name if system else None,
+        "replicas": replicas, "ipus_per_replica": ipus_per_replica,
+        "instance": instance, "instances": instances, "options": {}, "collectives": [],
+        "ipus": _per_ipu(sorted(timelines), timelines, peaks, 0.0),
+        "timeline": _timeline(timelines), "calls": [], "step_estimate": None,
+        "sections": _section_values(),
+    }
 
 
 def options_set(config) -> dict[str, Any]:
@@ -180,21 +209,14 @@ def options_set(config) -> dict[str, Any]:
 
 
 def report_directory(system) -> str | None:
-    """Where reports go: ``IPUPOD_REPORT_DIR``, else ``POPLAR_ENGINE_OPTIONS``' autoReport,
-    else the autoReport engine options in ``system.config.compilation_poplar_options``;
-    None when none asks for them.
+    """Where reports go (:func:`ipu_node.flags.report_directory`): ``IPUPOD_REPORT_DIR``,
+    else ``POPLAR_ENGINE_OPTIONS``' autoReport, else the autoReport engine options in
+    ``system.config.compilation_poplar_options``; None when none asks for them.
 
     Raises:
         ipu_node.IPUConfigError: POPLAR_ENGINE_OPTIONS is malformed (names it).
     """
-    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
-    if directory:
-        return directory
-    options = getattr(system.config, "compilation_poplar_options", {}) or {}
-    if "true" in (options.get("autoReport.all"),
-                  options.get("autoReport.outputExecutionProfile")):
-        return options.get("autoReport.directory") or "."
-    return None
+    return _report_directory(getattr(system.config, "compilation_poplar_options", {}))
 
 
 def _crosses_domains(system, record: CallRecord) -> bool:
@@ -213,11 +235,14 @@ def _estimate(system) -> dict | None:
     fields = {"replicas": system.num_replicas, "ipus_per_replica": system.ipus_per_replica,
               "instances": system.process_count, **(_state["config"] or {})}
     est = predict(card, StepConfig(system.model.name, **fields))
+    plain = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(card).items()}
+    plain["compute_ops"] = [ops.to_plain() for ops in card.compute_ops]
     return {"step_s": est.step_s, "samples_per_s": est.samples_per_s,
             "breakdown": dict(est.breakdown), "allreduce_method": est.allreduce_method,
-            "card": {k: (list(v) if isinstance(v, tuple) else v)
-                     for k, v in vars(card).items()},
-            "config": fields, "table": est.table()}
+            "compute_breakdown": dict(est.compute_breakdown),
+            "compute_categories": dict(est.compute_categories),
+            "top_ops": [list(t) for t in est.top_ops],
+            "card": plain, "config": fields, "table": est.table()}
 
 
 def trace_events(report: dict) -> list[dict]:
@@ -327,18 +352,56 @@ def summary(report: dict) -> str:
     lines.append(f"  busiest IPU: {busy * 1e3:.3f} modelled ms over {len(report['ipus'])} IPUs")
     est = report.get("step_estimate")
     if est:
+        per_op = bool(est.get("compute_breakdown"))
         lines.append(f"  step estimate: {est['step_s'] * 1e3:.3f} ms, "
                      f"{est['samples_per_s']:,.0f} samples/s (collectives.performance.step_model of the "
-                     "model card: no BSP sync or on-chip exchange, which the modelled clock "
-                     "above counts)")
+                     "model card" + ("" if per_op else ": no BSP sync or on-chip exchange, which "
+                                     "the modelled clock above counts") + ")")
+        if per_op:
+            lines.append("    compute by operation: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in est["compute_breakdown"].items()))
+            lines.append("    compute by unit: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in est["compute_categories"].items()))
+            lines.append("    top operations: " + "; ".join(
+                f"{n} ({k}, x{c}) {t * 1e3:.3f} ms" for n, k, c, t in est["top_ops"][:5]))
+    for name, section in (report.get("sections") or {}).items():
+        text = section.get("summary") if isinstance(section, dict) else None
+        if text:
+            lines.append(f"  {name}:")
+            lines.extend("    " + line for line in text.splitlines())
+    lines += _stage_lines(report)
     return "\n".join(lines)
+
+
+def _stage_lines(report: dict) -> list[str]:
+    """Where each front-end model's stages spend their modelled compute (the sections'
+    ``model`` entries with stages priced per operation)."""
+    lines = []
+    for name, entries in (report.get("sections") or {}).items():
+        for entry in entries if isinstance(entries, list) else [entries]:
+            model = entry.get("model") if isinstance(entry, dict) else None
+            for stage in (model or {}).get("stages", []):
+                if stage.get("compute"):
+                    lines.append(f"  {name} '{model.get('name')}' stage {stage['stage']} "
+                                 "compute of a micro-batch: " + ", ".join(
+                                     f"{k} {v * 1e6:.1f} us" for k, v in stage["compute"]))
+                    lines.append("    top operations: " + "; ".join(
+                        f"{n} ({k}, x{c}) {t * 1e6:.1f} us"
+                        for n, k, c, t in stage["top_ops"][:5]))
+    return lines
 
 
 def write_report(directory: str, system, ledger) -> tuple[str, str]:
     """Write ``report-<instance>.json`` and ``trace-<instance>.json`` into ``directory``
     (made if missing, mode 0700; files 0600). Returns the two paths. Arguments as
     :func:`build_report`."""
-    report = build_report(system, ledger)
+    return write_payload(directory, build_report(system, ledger))
+
+
+def write_payload(directory: str, report: dict) -> tuple[str, str]:
+    """Write ``report`` (:func:`build_report`, :func:`build_report_of_ipus`) as
+    ``report-<instance>.json`` and its ``trace-<instance>.json`` into ``directory``, as
+    :func:`write_report` does. Returns the two paths."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     paths = []
     for stem, payload in (("report", report),
@@ -350,6 +413,14 @@ def write_report(directory: str, system, ledger) -> tuple[str, str]:
             json.dump(payload, f)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def report_pending() -> bool:
+    """Whether this process writes a run report at exit (:func:`enable_at_exit` was asked
+    for one): a front end then puts what it has in the report's ``sections`` rather than
+    writing one of its own."""
+    with _state_lock:
+        return _state["target"] is not None
 
 
 def enable_at_exit(system, ledger) -> None:

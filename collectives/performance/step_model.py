@@ -10,7 +10,14 @@ modelled seconds (what the real POD would take).
 **The step** of one replica: ``gradient_accumulation`` micro-batches of ``micro_batch``
 items, then one all-reduce of the gradients and one weight update:
 
-* ``compute``: ``gradient_accumulation`` micro-batches on the slowest pipeline stage:
+* ``compute``: ``gradient_accumulation`` micro-batches on the slowest pipeline stage. A card
+  with ``compute_ops`` (PopTorch's ``modelReport()``: the operations of each IPU of the
+  replica) is priced per operation on the system's chip
+  (:mod:`collectives.performance.compute_model`: matmuls and convolutions on the AMP units
+  by shape, the other operations by the bytes they move, each superstep's exchange and sync),
+  in the card's ``grad_dtype``, scaled linearly from the micro-batch it was counted at to the
+  config's (ipupod assumption: the shapes' efficiency at the counted micro-batch holds);
+  ``efficiency`` given overrides it. Otherwise, and for hand-written cards:
   ``share_j * flops_per_item * micro_batch / (peak(dtype) * efficiency)`` for stage ``j``
   on its own IPU (``stage_shares``; one stage: the whole replica on one IPU). ``dtype`` is
   the card's ``grad_dtype`` (float16 models compute in FP16.16).
@@ -33,7 +40,8 @@ items, then one all-reduce of the gradients and one weight update:
 ``step_s = compute + bubble + host_io_exposed + allreduce + weight_update``;
 ``samples_per_s = replicas * micro_batch * gradient_accumulation * samples_per_item / step_s``.
 
-Left out: BSP sync latency and on-chip exchange inside a pass (in ``efficiency``), the
+Left out: (without ``compute_ops``) BSP sync latency and on-chip exchange inside a pass (in
+``efficiency``), the
 forward/backward split of a stage, recomputation, activations spilled to Streaming Memory,
 memory capacity checks, host-side data loading, and the number of host instances (it changes
 nothing the POD does: :class:`StepConfig` accepts it to check it divides the replicas).
@@ -117,7 +125,11 @@ class StepEstimate:
     """The modelled step: ``step_s``, ``samples_per_s`` and ``breakdown`` (term -> seconds:
     :data:`TERMS` plus ``host_io``, the whole host transfer of which ``host_io_exposed`` is
     not hidden behind compute), the all-reduce's schedule (``allreduce_method``) and the
-    assumptions it rests on."""
+    assumptions it rests on. Priced per operation (a card with ``compute_ops``), the step's
+    compute on the slowest IPU by kind of operation (``compute_breakdown``: matmul/conv,
+    element-wise, normalisation, reduction, data movement), by where the time goes
+    (``compute_categories``: amp, vector, exchange, sync) and the costliest operations
+    (``top_ops``: ``(name, kind, count per micro-batch, seconds per step)``)."""
 
     card: ModelCard
     config: StepConfig
@@ -127,6 +139,9 @@ class StepEstimate:
     breakdown: dict = field(compare=False)
     allreduce_method: str = ""
     assumptions: tuple[str, ...] = ()
+    compute_breakdown: dict = field(default_factory=dict, compare=False)
+    compute_categories: dict = field(default_factory=dict, compare=False)
+    top_ops: tuple = field(default=(), compare=False)
 
     def table(self) -> str:
         """The breakdown as a text table: every term with its seconds and share of the step,
@@ -149,6 +164,15 @@ class StepEstimate:
             lines.append(f"  {names[term]:<34}{b[term] * 1e3:>10.3f}"
                          f"{100 * b[term] / self.step_s:>8.1f}")
         lines.append(f"  {'step':<34}{self.step_s * 1e3:>10.3f}{100.0:>8.1f}")
+        if self.compute_breakdown:
+            total = sum(self.compute_breakdown.values()) or 1.0
+            lines.append("  compute by operation: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms ({100 * v / total:.0f}%)"
+                for k, v in sorted(self.compute_breakdown.items(), key=lambda x: -x[1])))
+            lines.append("  compute by unit: " + ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in self.compute_categories.items()))
+            lines.append("  top operations: " + "; ".join(
+                f"{n} ({k}, x{c}) {s * 1e3:.3f} ms" for n, k, c, s in self.top_ops[:5]))
         lines.append(f"  all-reduce schedule: {self.allreduce_method}")
         lines.append(f"  samples/s: {self.samples_per_s:,.0f}")
         lines += [f"  assumption: {a}" for a in self.assumptions]
@@ -173,7 +197,12 @@ def predict(card: ModelCard, config: StepConfig, efficiency: float | None = None
     shares = card.shares_for(config.ipus_per_replica)
     stages = len(shares)
     peak = chip.peak_flops(card.grad_dtype)
-    micro_s = max(shares) * card.flops_per_item * config.micro_batch / (peak * eff)
+    per_op = bool(card.compute_ops) and efficiency is None
+    priced = None
+    if per_op:
+        micro_s, priced = _priced_micro_s(card, config, shares)
+    else:
+        micro_s = max(shares) * card.flops_per_item * config.micro_batch / (peak * eff)
     compute = config.gradient_accumulation * micro_s
     bubble = (stages - 1) * micro_s
 
@@ -199,19 +228,48 @@ def predict(card: ModelCard, config: StepConfig, efficiency: float | None = None
     step = compute + bubble + exposed + allreduce + update
     samples = (config.replicas * config.micro_batch * config.gradient_accumulation
                * card.samples_per_item)
-    assumptions = (
+    compute_how = (
+        f"compute per operation on the {chip.name} in {card.grad_dtype} "
+        f"(collectives.performance.compute_model: AMP by shape, the rest by bytes, exchange "
+        f"and sync per superstep; counted at micro-batch {card.compute_micro_batch}, scaled "
+        f"to {config.micro_batch})" if per_op else
         f"compute at {eff:g} of peak {card.grad_dtype} FLOP/s "
         f"({peak / 1e12:.1f} TFLOPS per {chip.name})"
-        + (" (DEFAULT_EFFICIENCY, ipupod assumption)" if efficiency is None else ""),
+        + (" (DEFAULT_EFFICIENCY, ipupod assumption)" if efficiency is None else ""))
+    assumptions = (
+        compute_how,
         "host I/O overlaps compute (infeed prefetch); all-reduce and weight update do not "
         "(once per step, after the last micro-batch)",
         "IPU-Link/GW-Link latencies are ipupod assumptions; bandwidths from the datasheets",
     ) + (("Streaming Memory bandwidth (51.2 GB/s per machine) is an ipupod assumption",)
          if card.optimizer_state_in == "streaming" else ())
+    g = config.gradient_accumulation
     return StepEstimate(card=card, config=config, efficiency=eff, step_s=step,
                         samples_per_s=samples / step if step else float("inf"),
                         breakdown=breakdown, allreduce_method=method,
-                        assumptions=assumptions)
+                        assumptions=assumptions,
+                        compute_breakdown={k: v * g for k, v in priced.by_kind.items()}
+                        if priced else {},
+                        compute_categories={k: v * g for k, v in priced.by_category.items()}
+                        if priced else {},
+                        top_ops=tuple((n, k, c, s * g) for n, k, c, s in priced.top)
+                        if priced else ())
+
+
+def _priced_micro_s(card: ModelCard, config: StepConfig, shares):
+    """(seconds of one micro-batch on the slowest IPU, its PricedProfile): each IPU's
+    operations priced on the config's chip at the card's dtype, scaled from the counted
+    micro-batch; a card counted on another number of IPUs: the whole replica's operations
+    times the largest stage share."""
+    scale = config.micro_batch / card.compute_micro_batch
+    priced = [ops.price(config.chip, dtype=card.grad_dtype, scale=scale)
+              for ops in card.compute_ops]
+    if len(priced) == config.ipus_per_replica:
+        slowest = max(priced, key=lambda p: p.total_s)
+        return slowest.total_s, slowest
+    whole = sum(card.compute_ops[1:], card.compute_ops[0]).price(
+        config.chip, dtype=card.grad_dtype, scale=scale * max(shares))
+    return whole.total_s, whole
 
 
 def _host_io_s(card: ModelCard, config: StepConfig, chip: Chip) -> float:

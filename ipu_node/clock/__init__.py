@@ -10,8 +10,9 @@ Imports the device runtime (the configured system) and the hardware model's chip
 
 from ipu_node.clock._timelines import (BSPStep, EVENT_KINDS, Event, Timeline, charge_collective,
                                        compute_efficiency, compute_time_s, peak_flops,
+                                       efficiency_overridden,
                                        reset_timelines, timeline, timelines, bsp_step)
 
 __all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_timelines",
            "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency",
-           "BSPStep", "bsp_step"]
+           "efficiency_overridden", "BSPStep", "bsp_step"]

@@ -40,7 +40,7 @@ from ipu_node.runtime.config import ExecutionConfig
 
 __all__ = ["Event", "Timeline", "EVENT_KINDS", "timeline", "timelines", "reset_timelines",
            "charge_collective", "peak_flops", "compute_time_s", "compute_efficiency",
-           "BSPStep", "bsp_step"]
+           "efficiency_overridden", "BSPStep", "bsp_step"]
 
 #: The kinds of event a timeline holds.
 EVENT_KINDS = ("compute", "copy", "host_io", "sync", "collective")
@@ -87,6 +87,16 @@ def compute_efficiency() -> float:
         tiles = system.devices[0].ipus[0].tiles
         efficiency *= (tiles - io) / tiles
     return efficiency
+
+
+def efficiency_overridden() -> bool:
+    """Whether the configured system sets ``IPUConfig.execution.compute_efficiency`` to other
+    than its default: then front ends price compute as ``FLOPs / (peak x efficiency)``
+    (the documented override), else by the per-operation compute model
+    (:mod:`collectives.performance.compute_model`)."""
+    system = _system_mod._system
+    return system is not None and system.config.execution.compute_efficiency != \
+        ExecutionConfig._options["compute_efficiency"].default
 
 
 def compute_time_s(flops: float, dtype, version: str = "ipu2",

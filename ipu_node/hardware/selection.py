@@ -37,7 +37,7 @@ from ipu_node.hardware.device_ids import devices_of_size, find_device
 from ipu_node.hardware.systems import SystemModel
 
 __all__ = ["SelectionOrder", "order_ipus", "layout_replicas", "candidate_ipu_sets",
-           "assign_instance_ipus"]
+           "domain_split", "candidate_domain_sets", "assign_instance_ipus"]
 
 
 class SelectionOrder(enum.Enum):
@@ -163,6 +163,52 @@ def candidate_ipu_sets(model: SystemModel, num_ipus: int) -> list[tuple[list[int
         return [(list(d.ipus), d.id) for d in devices_of_size(model, num_ipus)]
     size = 1 << (num_ipus - 1).bit_length()
     return [(order_ipus(model, d.ipus)[:num_ipus], None) for d in devices_of_size(model, size)]
+
+
+def domain_split(model: SystemModel, num_ipus: int, num_ilds: int) -> int:
+    """IPUs in each IPU-Link domain of a partition of ``num_ipus`` IPUs over ``num_ilds``
+    domains of ``model``: V-IPU gives each domain of such a partition ``num_ipus /
+    num_ilds`` IPUs (poprun's ``--num-ilds``, anchors §1.1; real launch lines run 64 IPUs
+    over 2 domains of a POD128, or over 4 of a POD256).
+
+    Raises:
+        ValueError: ``model`` has fewer domains, ``num_ipus`` does not split evenly over
+            ``num_ilds``, or a domain's share exceeds the domain (each names the numbers).
+    """
+    _check_count("num_ilds", num_ilds)
+    domains, size = len(model.domains), len(model.domains[0])
+    if num_ilds > domains:
+        raise ValueError(f"{model.name} has {domains} IPU-Link "
+                         f"domain{'s' if domains > 1 else ''} of {size} IPUs")
+    if num_ipus % num_ilds:
+        raise ValueError(f"the job's {num_ipus} IPUs do not split evenly over {num_ilds} "
+                         f"IPU-Link domains")
+    share = num_ipus // num_ilds
+    if share > size:
+        raise ValueError(f"the job's {num_ipus} IPUs over {num_ilds} IPU-Link domains put "
+                         f"{share} in each, but a domain of {model.name} has {size}")
+    return share
+
+
+def candidate_domain_sets(model: SystemModel, num_ipus: int,
+                          num_ilds: int) -> list[list[int]]:
+    """Where a partition of ``num_ipus`` IPUs over ``num_ilds`` IPU-Link domains may go, in
+    preference order: the same share (:func:`domain_split`; a device of that size, as
+    :func:`candidate_ipu_sets` places one, at the same place in each domain) of
+    ``num_ilds`` consecutive domains, the lowest first.
+
+    Raises:
+        ValueError: as :func:`domain_split`.
+    """
+    share = domain_split(model, num_ipus, num_ilds)
+    inside = [[ipus for ipus, _ in candidate_ipu_sets(model, share) if set(ipus) <= set(d)]
+              for d in model.domains]
+    sets = []
+    for first in range(len(model.domains) - num_ilds + 1):
+        window = inside[first:first + num_ilds]
+        for place in range(min(len(w) for w in window)):
+            sets.append([ipu for w in window for ipu in w[place]])
+    return sets
 
 
 def assign_instance_ipus(model: SystemModel, num_instances: int, num_local_replicas: int,

@@ -203,7 +203,10 @@ class ExecutionConfig(ConfigGroup):
     modelled seconds (:mod:`ipu_node.clock`). Default 0.5: ipupod assumption, no measured
     figure in the seeds or anchors; large dense matmuls run near peak, whole models with
     normalisation, element-wise ops and exchange well below it, and half of peak sits between
-    the two. Set it from a profile of the real model when one exists.
+    the two. Set it from a profile of the real model when one exists. PopTorch programs
+    are priced per operation instead (:mod:`collectives.performance.compute_model`) unless
+    this is set to other than its default: then it overrides that model
+    (:func:`ipu_node.clock.efficiency_overridden`).
     """
 
     _options = {

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipu_node.errors import IPUBusyError
-from ipu_node.hardware.selection import candidate_ipu_sets
+from ipu_node.hardware.device_ids import find_device
+from ipu_node.hardware.selection import candidate_domain_sets, candidate_ipu_sets
 from ipu_node.hardware.systems import SystemModel
 from ipu_node.runtime.occupancy import MACHINE_SCOPE, PARTITION_DEVICE, Lease, Occupancy
 
@@ -43,12 +44,16 @@ class Partition:
 
 
 def reserve_partition(model: SystemModel, num_ipus: int, *, job: str,
-                      occupancy: Occupancy | None = None) -> Partition:
+                      occupancy: Occupancy | None = None,
+                      num_ilds: int | None = None) -> Partition:
     """Reserve ``num_ipus`` free IPUs of ``model`` for job ``job``: the first free device of
-    that size in gc-info id order.
+    that size in gc-info id order; with ``num_ilds`` (poprun's ``--num-ilds``), the first
+    free set of ``num_ipus / num_ilds`` IPUs in each of that many IPU-Link domains
+    (:func:`~ipu_node.hardware.selection.candidate_domain_sets`).
 
     Raises:
         NotEnoughIPUsError: ``model`` has fewer IPUs.
+        ValueError: ``num_ipus`` does not split over ``num_ilds`` domains of ``model``.
         IPUBusyError: every set of that size has an IPU attached elsewhere (names one holder).
         OccupancyDirError: the lock directory is unusable or unsafe (one line naming it).
     """
@@ -56,7 +61,14 @@ def reserve_partition(model: SystemModel, num_ipus: int, *, job: str,
     occupancy.make_dirs()
     occupancy.reclaim_stale_scopes()   # partitions of launchers that were SIGKILLed
     busy = []
-    for ipus, device_id in candidate_ipu_sets(model, num_ipus):
+    if num_ilds is None:
+        candidates = candidate_ipu_sets(model, num_ipus)
+    else:
+        candidates = []
+        for ipus in candidate_domain_sets(model, num_ipus, num_ilds):
+            device = find_device(model, ipus)
+            candidates.append((ipus, device.id if device else None))
+    for ipus, device_id in candidates:
         try:
             lease = occupancy.acquire(ipus)
         except IPUBusyError as exc:

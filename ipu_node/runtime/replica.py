@@ -159,6 +159,7 @@ class ReplicaExecutor:
             with self._error_lock:
                 if self._first_error is None:
                     self._first_error = exc
+                    _note_replica(exc, ctx.replica_index)
             if not isinstance(exc, WiderReplicasNeeded):  # (a restart, not a failure)
                 for listener in self._failure_listeners:
                     listener(exc)
@@ -169,6 +170,18 @@ class ReplicaExecutor:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+#: the note on an exception a replica function raised (read by poprun's test jobs to name
+#: the replica: poprun._job_instance.replica_of)
+REPLICA_NOTE = "raised in the replica function of replica {index}"
+
+
+def _note_replica(exc: BaseException, index: int) -> None:
+    """Add :data:`REPLICA_NOTE` to ``exc`` (PEP 678; once, the innermost replica's)."""
+    if hasattr(exc, "add_note") and not any(
+            str(n).startswith(REPLICA_NOTE[:40]) for n in getattr(exc, "__notes__", ())):
+        exc.add_note(REPLICA_NOTE.format(index=index))
 
 
 def _options_of(errstate: dict) -> str:

@@ -20,7 +20,7 @@ import atexit
 import queue
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -55,10 +55,21 @@ def _split(batch: Any, at: int) -> tuple[Any, Any]:
     return rebuild([x[:at] for x in leaves]), rebuild([x[at:] for x in leaves])
 
 
-class _Worker(threading.Thread):
-    """Loads epochs of ``source`` into ``out`` until stopped."""
+class _Source:
+    """How an accessor and its worker reach the data set: ``get()`` gives it, or None once
+    a DataLoader that owns the accessor is gone (:meth:`AsynchronousDataAccessor._owned_by`
+    replaces a strong reference by a weak one, also for a worker already started)."""
 
-    def __init__(self, source, out: queue.Queue, load_indefinitely: bool,
+    def __init__(self, get: Callable[[], Any]):
+        self.get = get
+
+
+class _Worker(threading.Thread):
+    """Loads epochs of ``source.get()`` (the data set, or None once it is gone) into ``out``
+    until stopped. It holds the data set only while it starts an epoch: the iterator of an
+    epoch is its own, and is dropped (its worker processes shut down) when the thread ends."""
+
+    def __init__(self, source: "_Source", out: queue.Queue, load_indefinitely: bool,
                  rebatched_size: int | None, drop_last: bool):
         super().__init__(name="poptorch-async-loader", daemon=True)
         self.source, self.out = source, out
@@ -75,9 +86,14 @@ class _Worker(threading.Thread):
                 continue
         return False
 
-    def _epoch(self):
-        source = self.source
-        it = source._sync_iter() if hasattr(source, "_sync_iter") else iter(source)
+    def _open(self):
+        """The iterator of the next epoch, or None when the DataLoader is gone."""
+        source = self.source.get()
+        if source is None:  # the DataLoader that owned this accessor is gone
+            return None
+        return source._sync_iter() if hasattr(source, "_sync_iter") else iter(source)
+
+    def _epoch(self, it):
         if not self.rebatched_size:
             yield from it
             return
@@ -100,11 +116,15 @@ class _Worker(threading.Thread):
         try:
             while not self.stop.is_set():
                 empty = True
-                for item in self._epoch():
+                it = self._open()
+                if it is None:
+                    return
+                for item in self._epoch(it):
                     empty = False
                     started = True
                     if not self._put(item):
                         return
+                del it
                 if empty and not started:
                     raise createPoptorchError("The Dataset is empty")
                 if not self._put(_EPOCH_END) or not self.load_indefinitely:
@@ -148,7 +168,7 @@ class AsynchronousDataAccessor:
             raise AssertionError("rebatched_size must be None or greater than 1")
         if not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-        self._dataset = dataset
+        self._source = _Source(lambda: dataset)
         self.rebatched_size = rebatched_size
         self._buffer_size = buffer_size
         self._load_indefinitely = load_indefinitely
@@ -161,9 +181,21 @@ class AsynchronousDataAccessor:
         if early_preload:
             self._start()
 
+    @property
+    def _dataset(self):
+        return self._source.get()
+
+    def _owned_by(self, loader) -> None:
+        """This accessor is ``loader``'s own (``DataLoaderMode.Async``): it refers to it
+        weakly, so that a loader that is dropped (no reference cycle between the two) stops
+        the worker thread, which lets its epoch's iterator and worker processes go at once
+        rather than at a later garbage collection (which may run inside the next loader's
+        forked workers: "can only test a child process")."""
+        self._source.get = weakref.ref(loader)
+
     def _start(self) -> None:
         self._queue = queue.Queue(maxsize=self._buffer_size)
-        self._worker = _Worker(self._dataset, self._queue, self._load_indefinitely,
+        self._worker = _Worker(self._source, self._queue, self._load_indefinitely,
                                self.rebatched_size, self._drop_last)
         self._worker.start()
 
@@ -172,7 +204,8 @@ class AsynchronousDataAccessor:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.stop.set()
-            worker.join(timeout=10.0)
+            if worker is not threading.current_thread():  # (the last reference may go there)
+                worker.join(timeout=10.0)
         self._in_epoch = False
 
     def __del__(self) -> None:
@@ -197,7 +230,7 @@ class AsynchronousDataAccessor:
             self.terminate()
             self._start()
         self._in_epoch = True
-        return _Epoch(self)
+        return _Epoch(self, self._dataset)
 
     def _next(self) -> Any:
         if self._worker is None or not self._in_epoch:
@@ -226,10 +259,12 @@ class AsynchronousDataAccessor:
 
 
 class _Epoch:
-    """The iterator of one epoch of an :class:`AsynchronousDataAccessor`."""
+    """The iterator of one epoch of an :class:`AsynchronousDataAccessor`; it keeps the data
+    set (the DataLoader) alive while it is iterated (``for x in poptorch.DataLoader(...)``
+    holds only the iterator)."""
 
-    def __init__(self, accessor: AsynchronousDataAccessor):
-        self._accessor = accessor
+    def __init__(self, accessor: AsynchronousDataAccessor, dataset: Any):
+        self._accessor, self._dataset = accessor, dataset
 
     def __iter__(self) -> "_Epoch":
         return self

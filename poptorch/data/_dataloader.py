@@ -205,6 +205,7 @@ class DataLoader(torch.utils.data.DataLoader):
                                      "manually specify the rebatched_size in async_options")
             self._accessor = AsynchronousDataAccessor(self, **async_options,
                                                       rebatched_size=rebatched_size)
+            self._accessor._owned_by(self)
 
     def _partition(self, dataset, options: Options, drop_last: bool, shuffle: bool,
                    auto: bool, batch_sampler):

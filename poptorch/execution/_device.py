@@ -12,8 +12,13 @@ Two kinds of attachment:
   model's (local replicas, process count and index: e.g. by a program that configured it for
   Horovod), else one it configures (``popdist``'s layout under poprun). Its replicas run
   through the strategies' replica threads and reduce through GCL's collectives; detaching
-  lets the IPUs go and keeps the system and its transport (``IPUSystem.release_ipus``). One
-  such model is attached per process at a time.
+  lets the IPUs go and keeps the system and its transport (``IPUSystem.release_ipus``). More
+  than one such model of the same layout may be attached at a time (Graphcore's applications
+  keep a training and a validation model with replicas in one process): they share the
+  system, whose IPUs are released when the last of them detaches, and each counts its own
+  tensors in the IPUs' SRAM (names prefixed ``model<k>/``). ipupod assumption: PopTorch would
+  give each model IPUs of its own; here they share the system's, so that their collectives
+  share its transport. A model of another layout is refused while one is attached.
 * a **free device**: any other model takes the first free gc-info device of its size
   (``ipu_node.attach_free_device``), under poprun among its instance's IPUs.
 
@@ -28,6 +33,7 @@ for a free one.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Callable
 
@@ -39,8 +45,10 @@ from poptorch._logging import logger
 
 __all__ = ["Device", "ipus_to_reserve", "attach_free", "attach_job"]
 
-#: the IPU system this package configured, and the model that uses it now
-_job: dict = {"system": None, "owner": None}
+#: the IPU system this package configured, and the models attached to it now
+_job: dict = {"system": None, "owners": weakref.WeakSet()}
+#: numbers of the models' tensor names on a shared job system
+_numbers = itertools.count()
 
 
 def ipus_to_reserve(replicas: int, ipus_per_replica: int, auto_round: bool) -> int:
@@ -86,8 +94,10 @@ class Device:
 
     def __init__(self, replica_ipus: list[tuple[int, ...]], memories: dict,
                  release: Callable[[], None], reattach: Callable[[], None],
-                 attached: Callable[[], bool], job_system=None, model=None):
+                 attached: Callable[[], bool], job_system=None, model=None,
+                 prefix: str = ""):
         self.replica_ipus = replica_ipus
+        self.prefix = prefix
         self.memories = memories
         self._release, self._reattach, self._attached = release, reattach, attached
         self.job_system = job_system
@@ -142,6 +152,7 @@ class Device:
                 the largest tensors).
         """
         ipu = self.replica_ipus[replica][ipu_index]
+        name = self.prefix + name
         try:
             self.memories[ipu].allocate(name, int(nbytes), replace=True)
         except ipu_node.IPUOutOfMemoryError as exc:
@@ -200,13 +211,34 @@ def attach_free(replicas: int, ipus_per_replica: int, count: int, label: str,
 
 
 def _claim(system, owner) -> None:
-    previous = _job["owner"]() if _job["owner"] is not None else None
-    if previous is not None and previous is not owner and previous._device_attached():
+    """``owner`` attaches to ``system`` (beside the models attached already)."""
+    if owner is not None:
+        _job["owners"].add(owner)
+
+
+def _refuse_while_attached(count: int) -> None:
+    """Raises: poptorch.Error "Failed to acquire ..." while a model attached to the job's
+    system would lose it (a model of another layout wants a new system)."""
+    attached = [m for m in _job["owners"] if m._device_attached()]
+    if attached:
         raise createPoptorchError(
-            f"Failed to acquire {system.num_local_replicas * system.ipus_per_replica} IPU(s): "
-            "ipupod runs one attached trainingModel with more than one replica per process; "
-            "call detachFromDevice() or destroy() on the other one first")
-    _job["owner"] = weakref.ref(owner) if owner is not None else None
+            f"Failed to acquire {count} IPU(s): another trainingModel with replicas of this "
+            "process is attached with another layout (replicas, IPUs per replica); call "
+            "detachFromDevice() or destroy() on it first")
+
+
+def _release_for(system, owner) -> None:
+    """``owner`` detaches; the IPUs go with the last model attached."""
+    if owner is not None:
+        _job["owners"].discard(owner)
+    if not any(m is not owner and m._device_attached() for m in _job["owners"]):
+        system.release_ipus()
+
+
+def _reattach_for(system, owner) -> None:
+    if not system.ipus_attached:
+        system.reattach_ipus()
+    _claim(system, owner)
 
 
 def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int,
@@ -233,27 +265,31 @@ def attach_job(replicas: int, ipus_per_replica: int, count: int, process_id: int
     if same and current is not system:
         # configured by the program (or by hvd.init) with this model's layout: use it, and
         # its transport, rather than replace it (Horovod keeps working beside the model)
+        _refuse_while_attached(count)
         system = _job["system"] = current
-        _job["owner"] = None
+        _job["owners"] = weakref.WeakSet()
     if same:
-        _claim(system, owner)
         try:
-            system.reattach_ipus()
+            _reattach_for(system, owner)
         except ipu_node.IPUError as exc:
             if num_processes > 1:  # an instance's IPUs are its own: busy is an error
                 raise _failed(count, exc) from None
             same = False  # its IPUs were taken meanwhile: configure on free ones
     if not same:
         if current is system and system is not None:
-            _claim(system, owner)  # refuses while another model uses it
+            _refuse_while_attached(count)
         system = _configure(replicas, ipus_per_replica, process_id, num_processes,
                             engine_options)
-        _job["system"] = system
+        _job["system"], _job["owners"] = system, weakref.WeakSet()
         _claim(system, owner)
+    ref = weakref.ref(owner) if owner is not None else (lambda: None)
     return Device([tuple(ipu.id for ipu in system.replica_context(r).ipus)
                    for r in range(system.num_local_replicas)],
-                  system.memory, system.release_ipus, system.reattach_ipus,
-                  lambda: system.ipus_attached, job_system=system, model=system.model)
+                  system.memory, lambda: _release_for(system, ref()),
+                  lambda: _reattach_for(system, ref()),
+                  lambda: system.ipus_attached and ref() in _job["owners"],
+                  job_system=system, model=system.model,
+                  prefix=f"model{next(_numbers)}/")
 
 
 def _configure(replicas: int, ipus_per_replica: int, process_id: int, num_processes: int,

@@ -9,12 +9,13 @@ import datetime
 
 import torch
 
+from collectives.performance.compute_model import ComputeProfile
 from ipu_node.pipelining.schedules import stash_depths
 
 from poptorch.execution._device_optim import state_nbytes_per_param
 from poptorch._errors import createPoptorchError
 from poptorch.modelling._model_report import ModelReport, StageReport
-from poptorch.modelling._report import describe_options, remember
+from poptorch.modelling._report import describe_options, record_call, remember
 
 __all__ = ["ExecutorInfo"]
 
@@ -121,10 +122,43 @@ class ExecutorInfo:
         return [name for name, _ in self._user_model.named_parameters()] + \
             [name for name, _ in self._user_model.named_buffers()]
 
-    def getAnchoredTensor(self, short_name: str):
-        """Raises: the emulation has no PopART graph to anchor tensors of."""
-        raise createPoptorchError(f"Anchored tensor {short_name!r}: ipupod runs the model "
-                                  "eagerly and has no PopART tensors to anchor")
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """The tensor anchored as ``short_name`` by ``Options.anchorTensor(short_name,
+        long_name)``, after the last call, of replica 0 (a copy). ipupod has no PopART
+        graph; the long names it knows are those of the model's parameters and buffers
+        (:meth:`getTensorNames`): ``"<name>"`` and PopART's ``"UpdatedVar___<name>"`` give
+        its value, ``"Gradient___<name>"`` the gradient reduced over the replicas in the
+        last step (training). ``output_mode`` has no effect (the value of the last step).
+        The call is recorded in the run report.
+
+        Raises:
+            poptorch.Error: not anchored; a long name that is none of these; a gradient of
+                an inference model or before the first training call.
+        """
+        anchored = self._options.anchored_tensors
+        if short_name not in anchored:
+            raise createPoptorchError(f"Tensor {short_name!r} has not been anchored: use "
+                                      "poptorch.Options().anchorTensor(short_name, long_name)")
+        long_name = anchored[short_name][0]
+        record_call("getAnchoredTensor", "the value of a parameter, buffer or gradient",
+                    short_name=short_name, long_name=long_name)
+        module = self._replicas.modules[0] if self._replicas is not None else self._model
+        gradient = long_name.startswith("Gradient___")
+        name = long_name.split("___", 1)[1] if long_name.startswith(
+            ("Gradient___", "UpdatedVar___")) else long_name
+        tensors = dict(module.named_parameters())
+        if not gradient:
+            tensors.update((n, b) for n, b in module.named_buffers() if b is not None)
+        if name not in tensors:
+            raise createPoptorchError(
+                f"Anchored tensor {short_name!r} ({long_name!r}): ipupod runs the model "
+                "eagerly and anchors only the model's parameters and buffers by name "
+                "(getTensorNames()), 'UpdatedVar___<name>' and 'Gradient___<name>'")
+        tensor = tensors[name].grad if gradient else tensors[name]
+        if tensor is None:
+            raise createPoptorchError(f"Anchored tensor {short_name!r} ({long_name!r}): no "
+                                      "gradient yet (a training model after its first call)")
+        return tensor.detach().clone()
 
     @property
     def rng_state(self) -> list:
@@ -172,7 +206,7 @@ def _model_report(ex) -> ModelReport:
         s, seg.ipu, tuple(seg.blocks), st.forward_flops, st.backward_flops,
         clock.recompute_flops[s] if clock else 0.0, st.saved_bytes, st.input_bytes, depths[s],
         clock.forward_s[s] if clock else 0.0, clock.backward_s[s] if clock else 0.0,
-        tuple((k, repr(v)) for k, v in st.notes))
+        tuple((k, repr(v)) for k, v in st.notes), *_stage_compute(clock, s))
         for s, (seg, st) in enumerate(zip(plan.segments, profile.stages))]
     ids = ex._device.replica_ipus[0] if ex._device is not None else None
     capacity = ex._capacity()
@@ -184,7 +218,12 @@ def _model_report(ex) -> ModelReport:
     schedule = ("single stage" if plan.num_stages == 1 else
                 "ShardedExecution" if plan.sharded else "PipelinedExecution")
     assumptions = tuple(memory.assumptions)
-    if clock is not None:
+    if clock is not None and clock.per_op:
+        assumptions += (f"compute per operation on the {clock.chip.name} "
+                        "(collectives.performance.compute_model: matmul/conv on the AMP units by "
+                        "shape, the rest by bytes, exchange and sync per superstep; "
+                        "IPUConfig.execution.compute_efficiency overrides it)",)
+    elif clock is not None:
         assumptions += (f"compute at {clock.efficiency:g} of the {clock.chip.name}'s peak "
                         "FLOP/s (IPUConfig.execution.compute_efficiency)",)
     m = ex._modelled
@@ -201,17 +240,42 @@ def _model_report(ex) -> ModelReport:
         card=_card(ex) if ex._training else {})
 
 
+def _stage_compute(clock, s: int) -> tuple[tuple, tuple]:
+    """(compute, top_ops) of stage ``s`` for its :class:`StageReport` (forward + backward of
+    a micro-batch, by the per-operation compute model; empty under an efficiency override)."""
+    if clock is None or not clock.priced:
+        return (), ()
+    fwd, bwd = clock.priced[s]
+    what: dict[str, float] = {}
+    for priced in (fwd, bwd):
+        for k, v in list(priced.by_kind.items()) + list(priced.by_category.items()):
+            if v:
+                what[k] = what.get(k, 0.0) + v
+    top: dict[tuple, list] = {}
+    for priced in (fwd, bwd):
+        for n, k, c, t in priced.top:
+            entry = top.setdefault((n, k), [0, 0.0])
+            entry[0] += c
+            entry[1] += t
+    ranked = sorted(((n, k, c, t) for (n, k), (c, t) in top.items()), key=lambda x: -x[3])
+    return tuple(what.items()), tuple(ranked[:8])
+
+
 def _card(ex) -> dict:
     """``ModelCard`` fields of training executor ``ex``: its trainable parameters, FLOPs per
     item (forward, backward and recomputation; per IPU of a replica for the stage shares),
-    input bytes per item, optimizer state."""
+    input bytes per item, optimizer state, the operations of a micro-batch per IPU (for the
+    per-operation compute model)."""
     profile, clock = ex._profile, ex._clock
     plan, micro = profile.plan, ex._micro_rows or 1
     trainable = [p for p in ex._replicas.modules[0].parameters() if p.requires_grad]
     per_ipu = [0.0] * plan.ipus_used
+    ops = [ComputeProfile()] * plan.ipus_used
     for i, st in enumerate(profile.stages):
-        per_ipu[plan.ipus[i]] += st.forward_flops + st.backward_flops + (
-            clock.recompute_flops[i] if clock else 0.0)
+        recompute = clock.recompute_flops[i] if clock else 0.0
+        per_ipu[plan.ipus[i]] += st.forward_flops + st.backward_flops + recompute
+        ops[plan.ipus[i]] = (ops[plan.ipus[i]] + st.forward_ops + st.backward_ops
+                             + (st.forward_ops if recompute else ComputeProfile()))
     dtype = next((str(p.dtype).replace("torch.", "") for p in trainable
                   if p.is_floating_point()), "float32")
     streaming = any(e.streaming and e.kind == "optimizer_state"
@@ -223,4 +287,5 @@ def _card(ex) -> dict:
             "input_bytes_per_item": sum(st.host_input_bytes for st in profile.stages) / micro,
             "optimizer_state_bytes_per_param": float(sum(
                 state_nbytes_per_param(ex._optimizer).values())),
-            "optimizer_state_in": "streaming" if streaming else "sram"}
+            "optimizer_state_in": "streaming" if streaming else "sram",
+            "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro}

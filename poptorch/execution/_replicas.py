@@ -83,11 +83,31 @@ class Replicas:
             self._apply_flags(self.modules[0], saved)
 
     def changed_buffers(self, before: tuple) -> list[str]:
-        """Names of replica 0's buffers modified in place since ``before``
-        (:meth:`buffer_versions`)."""
+        """Names of replica 0's buffers the model's own code modified in place since
+        ``before`` (:meth:`buffer_versions`): PopTorch's "does not support broadcasting
+        buffers" rule. The running statistics of batch and instance norms are not among
+        them: the norm operation updates them itself, and each replica keeps its own, as on
+        the IPU (Graphcore's CNN application trains BatchNorm ResNets on 16 replicas with the
+        default ``broadcastBuffers(True)``). The host copy of the model is replica 0
+        (module docstring), so its running statistics are replica 0's: those of the
+        instance's first local replica (global replica ``popdist.getReplicaIndexOffset()``),
+        as PopTorch's ``copyWeightsToHost`` reads the first replica's copy of a tensor
+        that is not kept in sync."""
         now = self.buffer_versions()
-        return [name for (name, v0), (_, v1) in zip(before, now) if v0 != v1]
+        norm = _norm_statistics(self.modules[0])
+        return [name for (name, v0), (_, v1) in zip(before, now) if v0 != v1 and name not in norm]
 
     def buffer_versions(self) -> tuple:
         return tuple((name, b._version) for name, b in self.modules[0].named_buffers()
                      if b is not None)
+
+
+def _norm_statistics(module: torch.nn.Module) -> set[str]:
+    """The names of the running statistics (``running_mean``, ``running_var``,
+    ``num_batches_tracked``) of the batch and instance norms in ``module``."""
+    found = set()
+    for prefix, m in module.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            found.update(f"{prefix}.{b}" if prefix else b
+                         for b in ("running_mean", "running_var", "num_batches_tracked"))
+    return found

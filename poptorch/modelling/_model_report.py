@@ -18,7 +18,11 @@ __all__ = ["ModelReport", "StageReport"]
 @dataclass(frozen=True)
 class StageReport:
     """One stage: its IPU (index in the replica), blocks, FLOPs and bytes per micro-batch,
-    stash depth."""
+    stash depth; where its modelled compute of a micro-batch goes (forward and backward, by
+    the per-operation compute model): ``compute`` as ``(what, seconds)`` pairs by kind of
+    operation (matmul/conv, element-wise, normalisation, reduction, data movement) and by
+    unit (amp, vector, exchange, sync), ``top_ops`` as ``(name, kind, count, seconds)``
+    (empty under a ``compute_efficiency`` override)."""
 
     stage: int
     ipu: int
@@ -32,6 +36,8 @@ class StageReport:
     forward_s: float
     backward_s: float
     notes: tuple = ()
+    compute: tuple = ()
+    top_ops: tuple = ()
 
 
 @dataclass
@@ -102,8 +108,9 @@ class ModelReport:
     def to_dict(self) -> dict:
         """The JSON form (plain types)."""
         out = {k: v for k, v in vars(self).items() if k != "stages"}
-        out["stages"] = [{**dict(vars(s)), "blocks": list(s.blocks), "notes": list(s.notes)}
-                         for s in self.stages]
+        out["stages"] = [{**dict(vars(s)), "blocks": list(s.blocks), "notes": list(s.notes),
+                          "compute": [list(c) for c in s.compute],
+                          "top_ops": [list(t) for t in s.top_ops]} for s in self.stages]
         out["step_s"], out["reduction_s"] = self.step_s, self.reduction_s
         out["memory"] = {str(k): v for k, v in self.memory.items()}
         out["assumptions"] = list(self.assumptions)
@@ -127,6 +134,11 @@ class ModelReport:
                          f" FLOP" + (f" (+{s.recompute_flops:.4g} recomputed)"
                                      if s.recompute_flops else "")
                          + f", saved {s.saved_bytes:,} B, stash depth {s.stash_depth}")
+            if s.compute:
+                lines.append("    compute of a micro-batch: " + ", ".join(
+                    f"{k} {v * 1e6:.1f} us" for k, v in s.compute))
+                lines.append("    top operations: " + "; ".join(
+                    f"{n} ({k}, x{c}) {t * 1e6:.1f} us" for n, k, c, t in s.top_ops[:5]))
         for ipu, m in self.memory.items():
             parts = ", ".join(f"{k} {v / 1e6:.3f}" for k, v in m.items()
                               if k not in ("total", "capacity") and v)

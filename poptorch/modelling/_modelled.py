@@ -8,11 +8,15 @@ One training step (device iteration) of a replica, in modelled seconds:
 1. **host input**: the step's input bytes (G micro-batches) from the host to the IPUs of the
    stages that read them (:func:`ipu_node.host_transfer_time_s`); every IPU waits for them
    (no overlapped I/O: PopTorch overlaps only with IO tiles and ``set_overlap_for_input``);
-2. **the pipeline**: the schedule's steps (:func:`poptorch.pipelining._pipeline.schedule_of`); a
-pass
-   computes its stage's FLOPs at the chip's peak for the stage's dtype times
-   ``compute_efficiency`` (:func:`ipu_node.clock.compute_efficiency`; the chip's figures in
-   :mod:`ipu_node.chips`), a backward pass under recomputation also its forward FLOPs again;
+2. **the pipeline**: the schedule's steps (:func:`poptorch.pipelining._pipeline.schedule_of`); a pass
+   computes its stage's operations as the per-operation compute model prices them on the
+   system's chip (:mod:`collectives.performance.compute_model`: matmuls and convolutions on
+   the AMP units by shape, the other operations by the bytes they move, each superstep's
+   exchange and sync; the operations recorded by :class:`poptorch._op_ledger.OpLedger`), or,
+   when ``IPUConfig.execution.compute_efficiency`` is set (the override), its FLOPs at the
+   chip's peak for the stage's dtype times that efficiency
+   (:func:`ipu_node.clock.compute_efficiency`; the chip's figures in :mod:`ipu_node.chips`);
+   a backward pass under recomputation also its forward pass again;
    each pass sends the activations (forward) or gradients (backward) its stage exchanges
    with other stages' IPUs over the IPU-Links (:func:`ipu_node.transfer_time_s`), and moves
    what ``TensorLocations`` keeps in Streaming Memory (weights in for every pass,
@@ -104,13 +108,24 @@ class ModelledClock:
         self.streaming_bytes_per_s = self.chip.streaming_memory_bytes_per_s_per_ipu
         self._streaming = self._streaming_bytes(memory)
         last = profile.plan.num_stages - 1
-        self.forward_s, self.backward_s = [], []
+        self.per_op = not clock.efficiency_overridden()
+        self.forward_s, self.backward_s, self.priced = [], [], []
         for s, stage in enumerate(profile.stages):
-            rate = self.chip.peak_flops(stage.dtype if stage.dtype in ("float16", "float32")
-                                        else "float32") * self.efficiency
-            extra = stage.forward_flops if recompute and training and s != last else 0.0
-            self.forward_s.append(stage.forward_flops / rate)
-            self.backward_s.append((stage.backward_flops + extra) / rate)
+            if self.per_op:  # the per-operation compute model, on this system's chip
+                dtype = getattr(profile, "compute_dtype", None)
+                fwd = stage.forward_ops.price(self.chip, dtype=dtype,
+                                              partials=getattr(profile, "partials", "float32"))
+                bwd = stage.backward_ops.price(self.chip, dtype=dtype,
+                                               partials=getattr(profile, "partials", "float32"))
+                self.priced.append((fwd, bwd))
+                forward_s, backward_s = fwd.total_s, bwd.total_s
+            else:  # IPUConfig.execution.compute_efficiency set: FLOPs at that share of peak
+                rate = self.chip.peak_flops(stage.dtype if stage.dtype in ("float16", "float32")
+                                            else "float32") * self.efficiency
+                forward_s, backward_s = stage.forward_flops / rate, stage.backward_flops / rate
+            extra = forward_s if recompute and training and s != last else 0.0
+            self.forward_s.append(forward_s)
+            self.backward_s.append(backward_s + extra)
         self.recompute_flops = [s.forward_flops if recompute and training and i != last else 0.0
                                 for i, s in enumerate(profile.stages)]
         self.templates = [self._pipeline_template(ids, steps, G) for ids in replica_ipus]

@@ -30,7 +30,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from collectives.performance.compute_model import ComputeProfile
 from poptorch._nest import flatten
+from poptorch._op_ledger import OpLedger
 from poptorch.pipelining._stage_trace import StagePlan, StageTrace
 from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._tracing import ReplicaRNG
@@ -93,6 +95,9 @@ class StageCounts:
         dtype: the float dtype it computes in (its first parameter's, else its inputs').
         ops: PyTorch operations it ran.
         notes: recorded-only annotations: ``(kind, value)``.
+        forward_ops, backward_ops: the leaf ATen operations of its forward and backward
+            passes (:class:`~collectives.performance.compute_model.ComputeProfile`, from
+            :class:`poptorch._op_ledger.OpLedger`): what the per-operation compute model prices.
     """
 
     forward_flops: float = 0.0
@@ -110,6 +115,8 @@ class StageCounts:
     dtype: str = ""
     ops: int = 0
     notes: list = field(default_factory=list)
+    forward_ops: ComputeProfile = field(default_factory=ComputeProfile)
+    backward_ops: ComputeProfile = field(default_factory=ComputeProfile)
 
 
 @dataclass
@@ -147,10 +154,11 @@ class _Profiler:
     """The observer of a discovering StageTrace (and the saved-tensor hooks)."""
 
     def __init__(self, module: torch.nn.Module, inputs: list[torch.Tensor],
-                 counter: FlopCount):
-        self.counter = counter
+                 counter: FlopCount, ledger: OpLedger):
+        self.counter, self.ledger = counter, ledger
         self.stages: list[StageCounts] = [StageCounts()]
         self._flops_at = 0.0
+        self._ops_at = 0
         self._params = {id(p): (n, p) for n, p in module.named_parameters()}
         self._buffers = {id(b): (n, b) for n, b in module.named_buffers() if b is not None}
         self._param_ptrs = {t.untyped_storage().data_ptr()
@@ -175,6 +183,9 @@ class _Profiler:
         now = self.counter.get_total_flops()
         self._stage(segment).forward_flops += now - self._flops_at
         self._flops_at = now
+        stage = self._stage(segment)
+        stage.forward_ops = stage.forward_ops + self.ledger.since(self._ops_at)
+        self._ops_at = self.ledger.mark()
 
     def switch(self, segment: int) -> None:
         self._close_forward(segment - 1)
@@ -269,12 +280,12 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
     """
     inputs = [t for t in flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     grads = {p: p.grad for p in module.parameters()}
-    counter = FlopCount()
-    profiler = _Profiler(module, inputs, counter)
+    counter, ledger = FlopCount(), OpLedger()
+    profiler = _Profiler(module, inputs, counter, ledger)
     trace = StageTrace(rng, strategy, boundaries=True, observer=profiler)
     profiler.segment_of_trace = lambda: trace.segment
     try:
-        with counter:
+        with ledger, counter:  # the ledger outside: it sees the leaf operations
             with torch.enable_grad() if training else torch.no_grad(), \
                     torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t), trace:
                 output = module(*args, **kwargs)
@@ -282,9 +293,10 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
             loss = trace.final_loss() if training else None
             if training:
                 for segment in reversed(range(len(trace.segments))):
-                    before = counter.get_total_flops()
+                    before, mark = counter.get_total_flops(), ledger.mark()
                     trace.backward(segment, loss, 1.0)
                     profiler._stage(segment).backward_flops = counter.get_total_flops() - before
+                    profiler._stage(segment).backward_ops = ledger.since(mark)
     finally:
         for p, g in grads.items():
             p.grad = g

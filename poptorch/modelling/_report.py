@@ -4,14 +4,19 @@ accepts without effect) and ipupod's account of it (``"model"``: its stages, mem
 and modelled step, :class:`poptorch.modelling._model_report.ModelReport`).
 
 Where reports go: ``IPUPOD_REPORT_DIR`` (``poprun --report-dir``), else the ``autoReport``
-directory of ``POPLAR_ENGINE_OPTIONS``, else that of a model's ``enableProfiling``. There the
-section is the ``sections.poptorch`` entry of ``report-<instance>.json`` when the run has a
-job IPU system (a training model with more than one replica in the job: the run report and
-trace of :mod:`collectives.run_report` show its IPUs' modelled timelines), and
-``poptorch-<instance>.json`` in every case, with ``poptorch-trace-<instance>.json`` (the same
-Trace Event Format) for the models whose IPUs have timelines of their own (the free devices of
-inference and of one-replica training, pipelined or not), written at interpreter exit (0600, the directory 0700); the
-modelled step of each model that ran is printed then.
+directory of ``POPLAR_ENGINE_OPTIONS``, else that of a model's ``enableProfiling``. One report
+per instance, ``report-<instance>.json`` with its ``trace-<instance>.json``
+(:mod:`collectives.run_report`; ``ipupod-report`` summarises and plots it): when the run has a
+job IPU system (a training model with more than one replica in the job, or one Horovod
+configured) this section is the ``sections.poptorch`` entry of that system's report; else
+poptorch writes the report of its models' own IPUs (:func:`collectives.run_report.
+build_report_of_ipus`: inference and one-replica training models, pipelined or not, their
+modelled timelines in the trace) at interpreter exit (0600, the directory 0700). The section
+gives ``summary`` (each model's :meth:`~poptorch.ModelReport.table`: stages, memory per IPU,
+modelled step), which the report's summary prints, and ``breakdown`` (modelled seconds of
+each model's step and of its stages' forward and backward passes), which ``ipupod-report``
+plots beside the collectives; ``calls``: the application calls that act on nothing here
+(:func:`record_call`).
 """
 
 from __future__ import annotations
@@ -25,10 +30,9 @@ from typing import Any, Callable
 
 from poptorch import enums
 
-__all__ = ["ACTED_ON", "describe_options", "register_model", "report", "REPORT_DIR_ENV",
-           "report_directory", "trace", "summary"]
+__all__ = ["ACTED_ON", "describe_options", "register_model", "report",
+           "report_directory", "summary", "record_call", "recorded_calls"]
 
-REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
 
 #: option keys the emulation acts on (any other key that differs from its default is
 #: accepted without effect)
@@ -44,6 +48,9 @@ ACTED_ON = frozenset({
 })
 
 _models: list[weakref.ref] = []
+#: the application calls recorded (record_call), in order of their first call: one entry,
+#: with its count, per call name, effect and arguments
+_calls: dict[str, dict] = {}
 _lock = threading.Lock()
 _state = {"registered": False}
 
@@ -113,16 +120,46 @@ def _entries() -> list[tuple[Any, Callable[[], dict] | None]]:
         return [(ref(), snap) for ref, snap in _models]
 
 
+def record_call(name: str, effect: str = "none", **arguments: Any) -> None:
+    """Record an application call (``getAnchoredTensor``, ``setAutomaticLossScaling``,
+    ``hvd.start_timeline``, ...) in the report's ``calls``: its name, arguments (plain
+    values) and what it does here (``effect``: "none" when it is accepted without effect);
+    a call made again with the same arguments counts in its entry's ``"count"``."""
+    entry = {"call": name, "arguments": _plain(arguments), "effect": effect}
+    key = json.dumps(entry, sort_keys=True)
+    with _lock:
+        _calls.setdefault(key, {**entry, "count": 0})["count"] += 1
+
+
+def recorded_calls() -> list[dict]:
+    """The calls :func:`record_call` recorded so far (copies)."""
+    with _lock:
+        return [dict(c) for c in _calls.values()]
+
+
 def report() -> dict:
-    """The poptorch section: ``{"models": [...]}`` (module docstring): the models alive,
-    and the compiled ones gone since (``"alive": False``)."""
+    """The poptorch section (module docstring): ``{"models": [...], "calls": [...],
+    "summary": str, "breakdown": {label: modelled s}}``: the models alive, and the compiled
+    ones gone since (``"alive": False``)."""
     out = []
     for model, snapshot in _entries():
         if model is not None:
             out.append({**model._describe(), "alive": True})
         elif snapshot is not None:
             out.append(snapshot())
-    return {"models": out}
+    breakdown = {}
+    for entry in out:
+        account = entry.get("model")
+        if not account or not account.get("steps"):
+            continue
+        name = entry["name"]
+        breakdown[f"{name}: modelled step"] = account["step_s"]
+        for stage in account["stages"]:
+            breakdown[f"{name}: stage {stage['stage']} forward"] = stage["forward_s"]
+            if entry["training"]:
+                breakdown[f"{name}: stage {stage['stage']} backward"] = stage["backward_s"]
+    return {"models": out, "calls": recorded_calls(), "summary": summary(),
+            "breakdown": breakdown}
 
 
 def _live_models() -> list:
@@ -130,45 +167,16 @@ def _live_models() -> list:
 
 
 def report_directory() -> str | None:
-    """Where the poptorch report goes (module docstring), or None.
+    """Where the poptorch report goes (module docstring;
+    :func:`ipu_node.flags.report_directory` over the live models' ``engineOptions``), or
+    None.
 
     Raises:
         ipu_node.IPUConfigError: ``POPLAR_ENGINE_OPTIONS`` is malformed.
     """
-    from ipu_node.flags import auto_report_directory
-    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
-    if directory:
-        return directory
-    for model in _live_models():
-        engine = model._options._Popart.options.get("engineOptions") or {}
-        if "true" in (str(engine.get("autoReport.all")).lower(),
-                      str(engine.get("autoReport.outputExecutionProfile")).lower()):
-            return engine.get("autoReport.directory") or "."
-    return None
-
-
-def _write(path: str, payload: Any) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-
-
-def trace(models: list | None = None) -> dict:
-    """The Trace Event Format trace (:func:`collectives.run_report.trace_events`) of the
-    models whose IPUs have timelines of their own (free devices): one track per IPU."""
-    from collectives.run_report import trace_events
-    timeline: dict[str, list] = {}
-    system = None
-    for model in models if models is not None else _live_models():
-        device = model._device
-        if device is None or device.job_system is not None:
-            continue
-        system = device.model.name
-        for ipu, tl in device.timelines.items():
-            timeline.setdefault(str(ipu), []).extend(e.to_dict() for e in tl.events())
-    fake = {"system": system, "ipus": dict.fromkeys(timeline, {}), "timeline": timeline,
-            "calls": []}
-    return {"traceEvents": trace_events(fake) if timeline else [], "displayTimeUnit": "ms"}
+    from ipu_node.flags import report_directory as directory_of
+    return directory_of(*(model._options._Popart.options.get("engineOptions") or {}
+                          for model in _live_models()))
 
 
 def summary() -> str:
@@ -185,7 +193,31 @@ def summary() -> str:
     return "\n".join(tables)
 
 
+def _report_of_ipus(models: list) -> dict:
+    """The run report of the models' own IPUs (no job IPU system)."""
+    from collectives.run_report import build_report_of_ipus
+    from poprun import popdist
+    timelines, peaks, system, replicas, per_replica = {}, {}, None, 1, 1
+    for model in models:
+        device = model._device
+        if device is None or device.job_system is not None:
+            continue
+        system = device.model.name
+        timelines.update(device.timelines)
+        peaks.update({i: m.peak_bytes for i, m in device.memories.items()})
+        replicas = max(replicas, model._options.replication_factor *
+                       model._options.Distributed.numProcesses)
+        per_replica = max(per_replica, len(device.replica_ipus[0]))
+    return build_report_of_ipus(system, popdist.getInstanceIndex(), popdist.getNumInstances(),
+                                replicas, per_replica, timelines, peaks)
+
+
 def _write_at_exit() -> None:
+    """The run's report, unless the job IPU system's report (which has this section) is
+    written (module docstring)."""
+    from collectives.run_report import report_pending, summary as report_summary, write_payload
+    if report_pending():
+        return
     try:
         directory = report_directory()
     except Exception as exc:
@@ -194,15 +226,8 @@ def _write_at_exit() -> None:
     if not directory:
         return
     try:
-        from poprun import popdist
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        index = popdist.getInstanceIndex()
-        _write(os.path.join(directory, f"poptorch-{index}.json"), report())
-        events = trace()
-        if events["traceEvents"]:
-            _write(os.path.join(directory, f"poptorch-trace-{index}.json"), events)
-        text = summary()
-        if text:
-            print(text, flush=True)
+        report_path, _ = write_payload(directory, _report_of_ipus(_live_models()))
+        with open(report_path) as f:
+            print(report_summary(json.load(f)) + f"\n  report: {report_path}", flush=True)
     except Exception as exc:  # the run itself succeeded: say why there is no report
-        print(f"ipupod: no poptorch report written to {directory}: {exc}", flush=True)
+        print(f"ipupod: no report written to {directory}: {exc}", flush=True)

@@ -223,7 +223,9 @@ class Options(OptionsDict):
         return self
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> "Options":
-        """Compile for an offline target (sets ``ConnectionType.Never``)."""
+        """Compile for an offline target (sets ``ConnectionType.Never``, as PopTorch does:
+        ``compile()`` works, calling the model raises). ``ipu_version`` is recorded in the
+        run report, with no effect (the modelled chip is the configured POD's)."""
         self.connectionType(enums.ConnectionType.Never)
         self.createOrSet(ipu_version=ipu_version)
         return self
@@ -249,9 +251,11 @@ class Options(OptionsDict):
         return self
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> "Options":
-        """Keep buffers in sync between replicas (True: a model that changes a buffer in
-        place with more than one replica fails to compile, as in PopTorch) or let each
-        replica keep its own (False)."""
+        """Keep buffers in sync between replicas (True: a model whose own code changes a
+        buffer in place with more than one replica fails to compile, as in PopTorch) or let
+        each replica keep its own (False). The running statistics of batch and instance
+        norms are the norm operation's: each replica keeps its own either way, and the host
+        copy holds replica 0's (:mod:`poptorch.execution._replicas`)."""
         self.set(broadcast_buffers=broadcast_buffers)
         return self
 

@@ -126,7 +126,8 @@ class PopartOptions:
         return self.set("engineOptions", engine_options)
 
     def setPatterns(self, patterns: dict, level: int = 2) -> "PopartOptions":
-        """Enable or disable PopART patterns by name."""
+        """Enable or disable PopART patterns by name. ipupod: recorded in the run report,
+        no effect (there is no PopART graph to transform)."""
         if not isinstance(level, int) or not isinstance(patterns, dict):
             raise AssertionError("setPatterns(patterns: dict, level: int)")
         self.set("patterns_level", level)

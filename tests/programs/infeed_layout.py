@@ -1,6 +1,7 @@
 """Infeed distribution across instances: 4 replicas read a seeded, shuffled dataset through an
 IPUInfeedQueue for 5 iterations, v = cross_replica_sum(v + x), values to an IPUOutfeedQueue.
-Each instance saves what its local replicas saw as OUTDIR/instance<i>.npz.
+Each instance saves what its local replicas saw as OUTDIR/instance<i>.npz (or returns it:
+:func:`layout`, under ``poprun.testing.run_job``).
 
     poprun -n 2 --num-replicas 4 python -m tests.programs.infeed_layout OUTDIR
     poprun -n 1 --num-replicas 4 python -m tests.programs.infeed_layout OUTDIR
@@ -27,7 +28,9 @@ def dataset() -> Dataset:
     return Dataset.range(64).shuffle(16, seed=3).map(lambda v: np.float64(v))
 
 
-def main(outdir: str) -> int:
+def layout() -> dict[str, np.ndarray]:
+    """What this instance's local replicas saw: ``replicas``, ``elements`` and ``sums``, each
+    [ITERATIONS, local replicas] float64."""
     cfg = IPUConfig()
     popdist.set_ipu_config(cfg)  # under poprun (1x4 or 2x2)
     cfg.configure_ipu_system()
@@ -44,9 +47,12 @@ def main(outdir: str) -> int:
     with strategy.scope():
         ipu_compiler.compile(lambda: loops.repeat(ITERATIONS, body, [np.float64(0)], infeed))
     replicas, elements, sums = outfeed.dequeue()
+    return {"replicas": replicas, "elements": elements, "sums": sums}
+
+
+def main(outdir: str) -> int:
     os.makedirs(outdir, exist_ok=True)
-    np.savez(os.path.join(outdir, f"instance{popdist.getInstanceIndex()}.npz"), replicas=replicas,
-             elements=elements, sums=sums)
+    np.savez(os.path.join(outdir, f"instance{popdist.getInstanceIndex()}.npz"), **layout())
     return 0
 
 

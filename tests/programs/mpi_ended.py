@@ -8,7 +8,9 @@ MODE ``horovod``: after one ``hvd.allreduce``, the last rank ends its program; t
 call a second one (which the engine's end-of-program descriptor does not reach: only the
 MPI transport's notice tells them). MODE ``before-mpi``: the last instance ends before it
 started MPI (no collective, no transport); the others call a ``cross_replica_sum`` (their
-MPI_Init waits for it: the bootstrap's notice). MODE ``staggered``: nobody diverges; rank r
+MPI_Init waits for it: the bootstrap's notice). MODE ``caught``: after one ``cross_replica_sum``, the last instance ends its program; the
+others call a second one, catch its error and end their program normally (the ended
+instance must not be waited for at their end of program). MODE ``staggered``: nobody diverges; rank r
 ends its program ``r`` seconds after the others' last call (the notices of the ones that
 ended first are the normal end of the job: no error, exit 0).
 """
@@ -57,6 +59,20 @@ def main(mode: str) -> int:
         _report(lambda: strategy.run(lambda: C.cross_replica_sum(np.ones(4))))
         return 0
     _configure()
+    if mode == "caught":
+        import collectives as C
+        from collectives.strategies import IPUMultiReplicaStrategy
+        strategy = IPUMultiReplicaStrategy()
+        strategy.run(lambda: C.cross_replica_sum(np.ones(4), name="first"))
+        if last:
+            print("RESULT ended", flush=True)
+            return 0
+        try:
+            _report(lambda: strategy.run(lambda: C.cross_replica_sum(np.ones(4),
+                                                                    name="second")))
+        except C.CollectiveError:
+            pass  # caught: the program ends normally
+        return 0
     import collectives.horovod as hvd
     hvd.init()
     hvd.allreduce(np.ones(3), op=hvd.Sum, name="first")
