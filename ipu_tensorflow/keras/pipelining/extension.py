@@ -26,7 +26,7 @@ from ipu_tensorflow.keras.pipelining.pipeline_stage_assignment import (
     SequentialLayerPipelineStageAssignment, SequentialNestedModelPipelineStageAssignment,
     stage_of_node)
 
-__all__ = ["PipeliningExtension", "replication_factor"]
+__all__ = ["PipeliningExtension", "replication_factor", "refuse_overrides"]
 
 #: ``pipelining_kwargs`` keys that ``set_pipelining_options`` refuses (GK
 #: ``extensions_base.py:1223-1311``), with the message's tail
@@ -58,6 +58,23 @@ def replication_factor(num_ipus: int, shards: int) -> int:
         raise ValueError(f"Current device has {num_ipus} IPUs attached, however the current "
                          f"model requires a multiple of {needed} IPUs.")
     return num_ipus // needed
+
+
+def refuse_overrides(model: Any, original: type, checks: list) -> None:
+    """Refuse a model class that overrides one of ``checks`` (``(method name, the class
+    whose method it must be)``).
+
+    Raises:
+        RuntimeError: GK's message, the method's name substituted (``extensions_base.py:
+            1042-1054,1089-1095,1126-1132``; reference §4.6).
+    """
+    for name, owner in checks:
+        if getattr(original, name) is not getattr(owner, name):
+            raise RuntimeError(
+                f"The function `{name}` for the model {model.name} has been overridden. "
+                "This is not supported when using Keras within an IPUStrategy. Either "
+                "remove the override from your model definition or set "
+                "`enable_keras_extensions=False` when creating the IPUStrategy.")
 
 
 def _positive_g(value: Any) -> None:
@@ -336,8 +353,8 @@ class PipeliningExtension:
         ``functional_extensions.py:623-630``).
 
         Raises:
-            RuntimeError: ``test_step``, ``predict_step`` or ``call`` overridden (GK's
-                message for overridden step functions).
+            RuntimeError: ``test_step``, ``predict_step`` or ``call`` overridden
+                (:func:`refuse_overrides`).
         """
         from tf_keras.src.engine import functional, sequential, training
 
@@ -345,13 +362,7 @@ class PipeliningExtension:
         base = sequential.Sequential if self._is_sequential_model() else functional.Functional
         checks = [("test_step", training.Model), ("predict_step", training.Model),
                   ("call", base)]
-        for name, owner in checks:
-            if getattr(original, name) is not getattr(owner, name):
-                raise RuntimeError(
-                    f"The function `{name}` for the model {self.name} has been overridden. "
-                    "This is not supported for pipelined Keras models when using Keras within "
-                    "an IPUStrategy. Either remove the override from your model definition or "
-                    "set `enable_keras_extensions=False` when creating the IPUStrategy.")
+        refuse_overrides(self, original, checks)
 
     # -- execution ----------------------------------------------------------------------------
     def _pipeline_cut(self) -> StageCut:
