@@ -363,3 +363,28 @@ def test_a_pipelined_model_may_not_override_its_step_functions(isolated):
     with pytest.raises(RuntimeError, match="The function `test_step` for the model "
                                            f"{m.name} has been overridden."):
         m._ensure_pipeline_layout()
+
+
+def test_each_stage_weights_and_stash_are_accounted_on_its_ipu(isolated):
+    """The runtime's memory of each IPU holds its stage's weights (the ipu_node Variables
+    standing for the tf.Variables) and, at peak, the stashed activations."""
+    _configure(2)
+    m = _functional()
+    _assign(m, [0, 0, 1, 1])
+    m.set_pipelining_options(4)
+    m._ensure_pipeline_layout()
+    elements = _elements(4)
+
+    def body():
+        m._pipeline_window(elements, True)
+        ctx = ipu_node.current_replica_context()
+        memory = ipu_node.get_system().memory
+        return [(memory[ipu.id].tensors(), memory[ipu.id].peak_bytes) for ipu in ctx.ipus]
+    (t0, peak0), (t1, peak1) = ipu_node.get_system().run_replicas(body, [()], [{}])[0]
+    weights0 = sum(v.numpy().nbytes for v in m.get_layer("d0").weights +
+                   m.get_layer("d1").weights)
+    weights1 = sum(v.numpy().nbytes for v in m.get_layer("d2").weights)
+    assert sum(n for k, n in t0.items() if not k.startswith("pipeline")) >= weights0
+    assert sum(n for k, n in t1.items() if not k.startswith("pipeline")) >= weights1
+    assert not any("stash" in k for k in list(t0) + list(t1))      # freed after the run
+    assert peak0 > weights0                                           # the stash was there

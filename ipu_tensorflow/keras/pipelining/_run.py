@@ -4,8 +4,9 @@ accumulation and the modelled clock the numpy and PopTorch pipelines use).
 
 Each stage of the :class:`~ipu_tensorflow.keras.pipelining._cut.StageCut` becomes an
 ``ipu_node`` ``Stage``: its forward runs the stage's layer calls under a
-``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs
-and the stash); its backward is ``tape.gradient`` of the stage's outputs with the gradients
+``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs;
+the stash it accounts is the stage's activations: its inputs and every layer output, held
+until the backward pass); its backward is ``tape.gradient`` of the stage's outputs with the gradients
 the next stage sent back, keyed by an ``ipu_node.Variable`` that stands for each
 ``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last stage computes
 the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the micro-batch
@@ -147,12 +148,14 @@ class PipelineRun:
     def _stage(self, s: int, training: bool) -> Stage | Callable:
         cut, last = self.cut, s == self.cut.num_stages - 1
 
-        def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None):
+        def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None, held=None):
             live, y, sw = self._live_of(s, args, dict(kwargs))
             inputs = dict(live)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
             live = cut.run_stage(s, live, training)
+            if held is not None:   # the activations the backward pass keeps (the stash)
+                held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
             if last:
                 y_pred = cut.model_outputs(live)
                 if y is None:             # predict
@@ -182,11 +185,12 @@ class PipelineRun:
 
         def forward(*args, **kwargs):
             with tf.GradientTape() as tape:
-                inputs, outputs, targets = run(args, kwargs, tape)
-            return outputs, (tape, inputs, targets)
+                held: list = []
+                inputs, outputs, targets = run(args, kwargs, tape, held)
+            return outputs, (tape, inputs, targets, held)
 
         def backward(saved, output_grads):
-            tape, inputs, targets = saved
+            tape, inputs, targets, _ = saved
             if last:
                 pairs = [(targets[0], tf.convert_to_tensor(output_grads[0]))]
             else:
