@@ -17,7 +17,9 @@ program set it (to anything): TF-IPU programs are Keras 2 programs, and TensorFl
 (reference tf-keras-ipu.md §1.3).
 
 This module imports nothing but the standard library's ``importlib`` and ``os``: it runs in
-every Python process of the environment.
+every Python process of the environment. PYTEST_DONT_REWRITE: pytest would rewrite the
+modules of a distribution that has a ``pytest11`` plugin (ipupod's ``poprun.pytest_plugin``)
+and warn that this one was imported too early to rewrite; it has no assertions.
 """
 
 from __future__ import annotations

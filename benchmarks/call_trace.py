@@ -1,28 +1,22 @@
-"""How far one collective call travels through ipupod's own code: the Python functions a
-steady call (and a signature's first call) enters, from the public op down to the
-transport's mpi4py (or gRPC) calls, counted by module.
+"""The time of one collective call, steady and at a signature's first call, and (with
+``--list``) the Python functions of ipupod it enters, from the public op down to the
+transport's mpi4py (or gRPC) calls.
 
     python benchmarks/call_trace.py [--instances 2] [--replicas R] [--bytes 2097152]
-        [--op cross_replica_sum] [--transport mpi|grpc] [--calls 5] [--list]
+        [--op cross_replica_sum] [--transport mpi|grpc] [--calls 21] [--list]
 
 Starts ``poprun -n INSTANCES`` (one replica per instance unless ``--replicas``); every
-instance calls the op on a float32 input of ``--bytes`` bytes ``--calls`` times, and
-instance 0 traces its replicas' last call (``sys.setprofile`` in each calling thread: helper
-threads of large local reductions are not followed; of several local replicas, the one that
-led the call, whose trace is the longest, is shown) and, apart, the first call of a new
-signature. Counted are the Python functions of the project's packages (``collectives``,
-``ipu_node``, ``poprun``, ``popdist``, ``launch``, ``protos``), not numpy's or the
-standard library's, and not C functions (mpi4py's are C):
+instance calls the op on a float32 input of ``--bytes`` bytes, and instance 0 reports the
+wall time per steady call (the median of ``--calls`` calls after a warm-up call, each
+timed alone, the slowest local replica's) and of the first call of a new signature (its
+plan made then). Wall seconds on this machine: compare runs made side by side.
 
-* modules: distinct modules entered;
-* functions: distinct functions entered; calls: every entry;
-* cross-module calls: entries whose caller (the nearest project frame below) is in another
-  module; and the distinct such (caller function, callee function) pairs, which do not
-  depend on how often a wait polled;
-* leaves and returns: per module, the distinct calls it makes into other modules (each
-  leaves it and comes back); the most of any module is printed with its name.
-
-``--list`` also prints every call, indented by depth (``module:function``).
+With ``--list`` it also traces one steady call and one first call (``sys.setprofile`` in
+each calling thread: helper threads of large local reductions are not followed; of several
+local replicas, the one that led the call, whose trace is the longest, is shown) and prints
+every Python function of the project's packages (``collectives``, ``ipu_node``, ``poprun``,
+``popdist``, ``launch``, ``protos``) they enter, indented by depth (``module:function``);
+numpy's, the standard library's and C functions (mpi4py's) are not listed.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections import Counter
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,17 +77,9 @@ class Trace:
         elif event == "return" and self._stack:
             self._stack.pop()
 
-    def figures(self) -> dict:
-        cross = [(caller, (module, fn)) for _, module, fn, caller in self.calls
-                 if caller is not None and caller[0] != module]
-        leaves = Counter(caller[0] for caller, _ in set(cross))
-        most = leaves.most_common(1)[0] if leaves else ("-", 0)
-        return {"modules": sorted({m for _, m, _, _ in self.calls}),
-                "functions": len({(m, f) for _, m, f, _ in self.calls}),
-                "calls": len(self.calls), "cross_module_calls": len(cross),
-                "cross_module_pairs": len(set(cross)),
-                "most_leaves": list(most),
-                "listing": [f"{'  ' * d}{m}:{f}" for d, m, f, _ in self.calls]}
+    def listing(self) -> list[str]:
+        """Every call, indented by depth (``module:function``)."""
+        return [f"{'  ' * d}{m}:{f}" for d, m, f, _ in self.calls]
 
 
 def traced(fn):
@@ -107,7 +93,7 @@ def traced(fn):
     return result, trace
 
 
-def worker(op: str, nbytes: int, calls: int, out_path: str) -> None:
+def worker(op: str, nbytes: int, calls: int, out_path: str, list_calls: bool) -> None:
     import numpy as np
 
     import collectives as C
@@ -127,31 +113,31 @@ def worker(op: str, nbytes: int, calls: int, out_path: str) -> None:
             "all_to_all": lambda x: C.all_to_all(x, 0, 0),
             "broadcast": lambda x: C.broadcast(x)}[op]
     x = np.ones(count, np.float32)
-    first = np.ones(count + R, np.float32)  # (a signature not seen before)
     strategy.run(lambda: C.cross_replica_sum(np.ones(1, np.float32)))  # (the transport)
-    for _ in range(calls - 1):
-        strategy.run(lambda: call(x))
+    strategy.run(lambda: call(x))  # (warm-up: the steady call's plan)
 
-    def step():
-        steady = traced(lambda: call(x))[1]
-        fresh = traced(lambda: call(first))[1]
-        return steady.figures(), fresh.figures()
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
 
-    traces = strategy.run(step)  # (per local replica: the leader's is the longest)
-    steady = max((t[0] for t in traces), key=lambda f: f["calls"])
-    fresh = max((t[1] for t in traces), key=lambda f: f["calls"])
+    steady = sorted(max(strategy.run(lambda: timed(lambda: call(x)))) for _ in range(calls))
+    first = np.ones(count + R, np.float32)  # (a signature not seen before)
+    fresh = max(strategy.run(lambda: timed(lambda: call(first))))
+    listing = {}
+    if list_calls:
+        second = np.ones(count + 2 * R, np.float32)  # (another new signature)
+
+        def step():
+            return (traced(lambda: call(x))[1].listing(),
+                    traced(lambda: call(second))[1].listing())
+
+        traces = strategy.run(step)  # (per local replica: the leader's is the longest)
+        listing = {"steady": max((t[0] for t in traces), key=len),
+                   "first": max((t[1] for t in traces), key=len)}
     if popdist.getInstanceIndex() == 0:
-        Path(out_path).write_text(json.dumps({"steady": steady, "first": fresh}))
-
-
-def _print(title: str, f: dict, listing: bool) -> None:
-    print(f"# {title}: {len(f['modules'])} modules, {f['functions']} functions, "
-          f"{f['calls']} calls, {f['cross_module_calls']} cross-module calls "
-          f"({f['cross_module_pairs']} distinct caller-callee pairs); most "
-          f"leaves and returns: {f['most_leaves'][0]} {f['most_leaves'][1]}")
-    print("#   modules: " + ", ".join(f["modules"]))
-    if listing:
-        print("\n".join(f["listing"]))
+        Path(out_path).write_text(json.dumps({"steady_s": steady[len(steady) // 2],
+                                              "first_s": fresh, **listing}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, default=2 << 20)
     parser.add_argument("--op", default="cross_replica_sum")
     parser.add_argument("--transport", default="mpi", choices=("mpi", "grpc"))
-    parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--list", action="store_true", help="print every call")
+    parser.add_argument("--calls", type=int, default=21, help="steady calls timed")
+    parser.add_argument("--list", action="store_true", help="print every function entered")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.op, args.bytes, args.calls, args.worker)
+        worker(args.op, args.bytes, args.calls, args.worker, args.list)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "trace.json")
@@ -178,13 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(poprun), "-n", str(args.instances), *replicas, *launcher,
                         sys.executable, os.path.abspath(__file__), "--worker", out,
                         "--op", args.op, "--bytes", str(args.bytes), "--calls",
-                        str(args.calls)], check=True, timeout=600, cwd=ROOT)
+                        str(args.calls), *(["--list"] if args.list else [])],
+                       check=True, timeout=600, cwd=ROOT)
         result = json.loads(Path(out).read_text())
     where = (f"{args.op} of {args.bytes} bytes, {args.instances} instances"
              + (f", {args.replicas} replicas" if args.replicas else "")
              + f", {args.transport}")
-    _print(f"a steady call ({where})", result["steady"], args.list)
-    _print(f"the first call of a signature ({where})", result["first"], args.list)
+    print(f"# {where}: a steady call {result['steady_s'] * 1e6:.1f} us (median of "
+          f"{args.calls}), the first call of a signature {result['first_s'] * 1e6:.1f} us")
+    for title in ("steady", "first"):
+        if title in result:
+            print(f"# the functions a {title} call enters:")
+            print("\n".join(result[title]))
     return 0
 
 

@@ -20,7 +20,7 @@ microseconds of each side, A / B, and the side the threshold picks at that size:
 * ``indexed``: the MPI communicator's ``Capabilities.index_limit_bytes`` (three instances
   or more): each instance's piece carried in Bruck's index rounds (A) or every payload
   gathered (B);
-* ``p2p``: ``collectives.transports.mpi_communicator.P2P_MIN_BYTES``: an all-gather point to
+* ``p2p``: ``collectives.transports.mpi.communicator.P2P_MIN_BYTES``: an all-gather point to
   point (A) or by MPI_Iallgatherv (B);
 * ``copy_first``: ``mpi_communicator.COPY_FIRST_MIN_BYTES``: a point-to-point all-gather's
   own piece copied into the result first and sent from there (A) or copied while the
@@ -79,7 +79,7 @@ class _Forced:
     def __init__(self, name: str, engine):
         from collectives._engine import plan as _plan
         from collectives._engine import exchange as _exchange
-        from collectives.transports import mpi_communicator as mc
+        from collectives.transports.mpi import communicator as mc
 
         self.engine = engine
         self.comm = engine.agreement.communicator()
@@ -217,7 +217,7 @@ def _plan_of(engine, op: str, x: np.ndarray):
 def _chosen(name: str, plan, comm, size: int, n: int) -> str:
     """The side (A or B) the threshold picks for this call."""
     from collectives._engine import exchange as _exchange
-    from collectives.transports import mpi_communicator as mc
+    from collectives.transports.mpi import communicator as mc
 
     if name == "carried":
         return "A" if plan.carry is not None else "B"

@@ -7,10 +7,18 @@ loads neither mpi4py nor grpc.
 The parts, each a subpackage: the private engine (``collectives._engine``), the transports
 (:mod:`collectives.transports`), the performance model (:mod:`collectives.performance`) and
 the framework layer (:mod:`collectives.framework`). The public paths of the modules that
-moved into them stay as modules that re-export their public names (``collectives.strategies``,
-``horovod``, ``optimizers``, ``step_model``, ``cost_model``, ``run_report``, ...), beside
-TF-IPU's module names (``collectives.ipu_strategy``, ``cross_replica_ops``, ...).
+moved into them (``collectives.strategies``, ``horovod``, ``optimizers``, ``step_model``,
+``cost_model``, ``run_report``, ...) and TF-IPU's module names (``collectives.ipu_strategy``,
+``cross_replica_ops``, ``collectives.ipu.horovod``, ...) are aliases in one folder,
+``collectives/_aliases/``: each re-exports its home's public names.
 """
+
+import os as _os
+
+# The old module paths and TF-IPU's module names are modules of one folder, collectives._aliases,
+# found under their public paths (collectives.<name>) after the package's own modules.
+__path__.append(_os.path.join(_os.path.dirname(__file__), "_aliases"))
+del _os
 
 from collectives._engine.ledger import set_cost_model  # noqa: E402
 from collectives.records import CallRecord, OpStats  # noqa: E402

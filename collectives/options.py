@@ -73,7 +73,7 @@ class CollectiveOptions:
             for every instance to register, after this.
         keep_freed_memory: a multi-instance job keeps freed large blocks for reuse.
         grpc_shm: the gRPC transport moves tensor bytes between peers on the same host
-            through shared memory (see collectives/transports/shm_channel.py).
+            through shared memory (see collectives/transports/grpc/shm/channel.py).
         heartbeat_timeout_s: a gRPC instance counts the coordinator lost after this long
             without an answer (the coordinator reads the same variable for instances;
             5 s: ipupod assumption, ten heartbeats of a live process on a loaded machine).

@@ -16,9 +16,16 @@ The code is in five parts, each a subpackage that imports only the ones below it
 memory), ``execution`` (TF-IPU's execution model) and ``clock`` (each IPU's modelled
 timeline) on top of it, ``pipelining`` on top of those; ``errors``, ``env``,
 ``transport_names`` and ``nest`` are the leaves they share, ``tools`` the ``gc-*`` commands.
-The TF-IPU module names at this level (``ipu_node.loops``, ``ipu_node.config``, ...)
-re-export the modules of the parts.
+The TF-IPU module names at this level (``ipu_node.loops``, ``ipu_node.config``, ...) are
+aliases in one folder, ``ipu_node/_aliases/``: each re-exports the module of a part.
 """
+
+import os as _os
+
+# The old module paths and TF-IPU's module names are modules of one folder, ipu_node._aliases,
+# found under their public paths (ipu_node.<name>) after the package's own modules.
+__path__.append(_os.path.join(_os.path.dirname(__file__), "_aliases"))
+del _os
 
 from ipu_node.config import (DeviceConnectionType, ExecutionProfileType, IPUConfig,
                              MergeRemoteBuffersBehaviour, SchedulingAlgorithm, SelectionOrder)

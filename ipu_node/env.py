@@ -11,6 +11,8 @@ again. Every value is read when a function below is called, never at import time
   fresh temporary directory.
 * ``IPUPOD_PARTITION_IPUS``: the IPU ids poprun reserved for the job (``"8,9,10,11"``); the
   instances attach their IPUs inside it.
+* ``IPUPOD_REPORT_DIR``: where the run reports go (``poprun --report-dir``); see
+  :func:`ipu_node.flags.report_directory`.
 * ``IPUPOD_JOB_ID``: the job an instance belongs to. All instances of one job share one
   partition (an occupancy scope of their own); processes without it share the machine's scope.
 * Graphcore's own variables, read raw here and parsed by :mod:`ipu_node.flags`:
@@ -29,6 +31,10 @@ IPUPOD_SYSTEM = "IPUPOD_SYSTEM"
 IPUPOD_OCCUPANCY_DIR = "IPUPOD_OCCUPANCY_DIR"
 #: Environment variable naming the job (set by launchers for every instance of a job).
 IPUPOD_JOB_ID = "IPUPOD_JOB_ID"
+
+#: Environment variable naming the directory of every run report of the instance (poprun's
+#: ``--report-dir`` sets it; read by :func:`ipu_node.flags.report_directory`).
+IPUPOD_REPORT_DIR = "IPUPOD_REPORT_DIR"
 
 #: Environment variable with the IPU ids of the job's partition (poprun sets it).
 IPUPOD_PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"
@@ -108,3 +114,8 @@ def partition_ipus() -> tuple[int, ...] | None:
     except ValueError:
         raise ValueError(f"{IPUPOD_PARTITION_IPUS}={raw!r} is not a comma-separated list of "
                          "IPU ids") from None
+
+
+def report_dir() -> str:
+    """``$IPUPOD_REPORT_DIR``, or "" when unset."""
+    return os.environ.get(IPUPOD_REPORT_DIR, "")

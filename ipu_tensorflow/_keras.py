@@ -26,19 +26,19 @@ logs are the metrics of the last replica, or their reduction over the replicas
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 
 import tensorflow as tf
 
-from ipu_tensorflow.keras.pipelining.extension import PipeliningExtension
+from ipu_tensorflow.keras.pipelining.extension import (PipeliningExtension,
+                                                       refuse_overrides)
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR,
                                            parse_accumulation_reduction,
                                            parse_metric_reduction)
 
-__all__ = ["extensions_scope", "extended_class", "KerasExtension"]
+__all__ = ["extended_class", "KerasExtension", "install"]
 
 logger = logging.getLogger("tensorflow")
 
@@ -52,23 +52,20 @@ def _keras():
     return training
 
 
-@contextlib.contextmanager
-def extensions_scope(strategy):
-    """Install the class swap (once per process); models constructed while ``strategy``'s
-    scope is the current one get the extension."""
-    if strategy is not None:
-        _install()
-    yield
-
-
 def _current_ipu_strategy():
-    from ipu_tensorflow._strategy import IPUStrategyBase
+    """The current strategy when it is an IPU strategy with Keras extensions (the strategies
+    of :mod:`ipu_tensorflow._strategy` carry ``_enable_keras_extensions``; that module
+    imports this one)."""
     if not tf.distribute.has_strategy():
         return None
     strategy = tf.distribute.get_strategy()
-    if isinstance(strategy, IPUStrategyBase) and strategy._enable_keras_extensions:
-        return strategy
-    return None
+    return strategy if getattr(strategy, "_enable_keras_extensions", False) else None
+
+
+def install() -> None:
+    """Install the class swap in tf-keras' ``Model.__init__`` (once per process; importing
+    ``tensorflow.python.ipu`` does)."""
+    _install()
 
 
 def _install() -> None:
@@ -186,13 +183,7 @@ class KerasExtension(PipeliningExtension):
                                "Set `run_eagerly=False` when calling `compile`.")
         original = type(self).__original_class__
         model_class = _keras().Model
-        for name in _NOT_OVERRIDABLE:
-            if getattr(original, name) is not getattr(model_class, name):
-                raise RuntimeError(
-                    f"The function `{name}` for the model {self.name} has been overridden. "
-                    "This is not supported when using Keras within an IPUStrategy. Either "
-                    "remove the override from your model definition or set "
-                    "`enable_keras_extensions=False` when creating the IPUStrategy.")
+        refuse_overrides(self, original, [(name, model_class) for name in _NOT_OVERRIDABLE])
 
     @property
     def _ipu_strategy(self):

@@ -16,7 +16,7 @@ collective after this one has ended would wait in ``MPI_Init`` for ever. Then it
 for the others in a barrier; those that call collectives instead never come, so after
 :data:`protos.mpi_notice.ENDED_AFTER_S` it sends them the notice that its program has
 ended, and they raise within seconds, naming it. (An instance that started MPI is said to
-have ended by its MPI transport, :meth:`collectives.transports.mpi.MPITransport.program_ended`.)
+have ended by its MPI transport, :meth:`collectives.transports.mpi.transport.MPITransport.program_ended`.)
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ JOB_ID = "IPUPOD_JOB_ID"          # read by ipu_node.env (the job's IPU partitio
 SYSTEM = "IPUPOD_SYSTEM"          # read by ipu_node.env (the emulated POD)
 PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"  # read by ipu_node.env (the job's reserved IPUs)
 ERROR_FILE = "IPUPOD_ERROR_FILE"
-REPORT_DIR = "IPUPOD_REPORT_DIR"  # read by collectives.run_report (poprun --report-dir)
+REPORT_DIR = "IPUPOD_REPORT_DIR"  # read by ipu_node.env (poprun --report-dir)
 # The grpc transport: where the coordinator listens, the token every call carries, and
 # (optional) where the instance's own peer server listens (default 127.0.0.1:0).
 COORDINATOR_ADDRESS = "IPUPOD_COORDINATOR_ADDRESS"
@@ -42,6 +42,9 @@ LISTEN_ADDRESS = "IPUPOD_LISTEN_ADDRESS"
 HEARTBEAT_TIMEOUT = "IPUPOD_HEARTBEAT_TIMEOUT_S"  # read by the coordinator and collectives
 # Set by poprun's local launcher: the instance dies with it (bootstrap sets PR_SET_PDEATHSIG).
 PARENT_PID = "IPUPOD_PARENT_PID"
+# Set in an instance of a test job (poprun.testing) while it runs its test: there, a test
+# marked @pytest.mark.poprun runs as it is instead of starting a job of its own.
+PYTEST_JOB = "IPUPOD_PYTEST_JOB"
 
 #: Variables that are secrets: never on a command line (mpirun gets them through its own
 #: environment, which Hydra propagates to every instance), never in a log.

@@ -21,8 +21,14 @@ def write_error_file(path: str, instance: int, exit_code: int, error: str,
     record = {"instance": instance, "exit_code": exit_code, "signal": signal, "error": error,
               "traceback": traceback_text, "time": time.time(), "pid": os.getpid(),
               "host": socket.gethostname()}
+    write_json_atomically(path, record)
+
+
+def write_json_atomically(path: str, record: dict) -> None:
+    """Write ``record`` as JSON at ``path``: a temp file beside it (mode 0600), then a
+    rename, so that a reader never sees half of it."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".err-")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)

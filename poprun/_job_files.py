@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
+
+from launch.errorfile import write_json_atomically
 
 __all__ = ["write_json", "read_json", "encode_value", "decode_value", "spec_path",
            "outcome_path", "ValueFormatError"]
@@ -39,10 +40,7 @@ def outcome_path(jobdir: str, index: int) -> str:
 
 def write_json(path: str, record: dict) -> None:
     """Write ``record`` at ``path`` atomically (temp file, mode 0600, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    write_json_atomically(path, record)
 
 
 def read_json(path: str) -> dict | None:

@@ -9,10 +9,11 @@ marker, :mod:`poprun.pytest_plugin`). Its outcome goes to ``JOBDIR/outcome.<i>.j
 or ``timed out``; a failed instance then records its error for the launcher and exits 1,
 so that the launcher stops the job.
 
-A watchdog ends the instance at the job's deadline: it records ``timed out``, writes the
-stacks of every thread to stderr (``faulthandler``) and leaves with
-:data:`TIMEOUT_EXIT_CODE`; should the interpreter be stuck holding the GIL, faulthandler's
-own C watchdog dumps the stacks and exits :data:`GIL_GRACE_S` later.
+A watchdog ends the instance at the job's deadline: it records ``timed out`` (unless the
+instance had written its outcome and waits in its end), writes the stacks of every thread to
+stderr (``faulthandler``) and leaves with :data:`TIMEOUT_EXIT_CODE`; should the interpreter
+be stuck holding the GIL, faulthandler's own C watchdog dumps the stacks and exits
+:data:`GIL_GRACE_S` later.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from launch.errorfile import write_error_file
 from poprun._job_files import decode_value, encode_value, outcome_path, read_json, spec_path, \
     write_json
 
+__all__ = ["main", "replica_of", "TIMEOUT_EXIT_CODE", "GIL_GRACE_S"]
+
 #: exit code of an instance stopped by the job's timeout (that of coreutils' ``timeout``)
 TIMEOUT_EXIT_CODE = 124
 #: seconds between the deadline and faulthandler's C-level fallback (the GIL never came back)
 GIL_GRACE_S = 2.0
-#: set in an instance while it runs its test: the poprun marker runs the test here, not a job
-IN_JOB_VAR = "IPUPOD_PYTEST_JOB"
 
 _NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 _REPLICA_NOTE = re.compile(r"raised in the replica function of replica (\d+)")
@@ -63,6 +64,7 @@ class _Watchdog:
     def __init__(self, jobdir: str, index: int, deadline: float, timeout_s: float):
         self.jobdir, self.index, self.timeout_s = jobdir, index, timeout_s
         self.done = threading.Lock()   # held by whoever writes the outcome first
+        self.finished = False          # the instance wrote its own outcome
         remaining = max(0.0, deadline - time.time())
         faulthandler.dump_traceback_later(remaining + GIL_GRACE_S, exit=True,
                                           file=sys.__stderr__)
@@ -71,15 +73,19 @@ class _Watchdog:
         self.timer.start()
 
     def _fire(self) -> None:
-        if not self.done.acquire(blocking=False):
+        if self.done.acquire(blocking=False):
+            message = (f"instance {self.index} had not finished when the job's timeout of "
+                       f"{self.timeout_s:g} s ran out")
+            write_json(outcome_path(self.jobdir, self.index),
+                       {"instance": self.index, "state": "timed out", "error": message})
+            error_file = os.environ.get(envnames.ERROR_FILE)
+            if error_file:   # the launcher learns it at once and stops the others
+                write_error_file(error_file, self.index, TIMEOUT_EXIT_CODE, message)
+        elif self.finished:   # its outcome is written, but the process has not ended
+            message = (f"instance {self.index} finished its part but had not ended when the "
+                       f"job's timeout of {self.timeout_s:g} s ran out")
+        else:
             return   # the instance is writing its outcome
-        message = (f"instance {self.index} had not finished when the job's timeout of "
-                   f"{self.timeout_s:g} s ran out")
-        write_json(outcome_path(self.jobdir, self.index),
-                   {"instance": self.index, "state": "timed out", "error": message})
-        error_file = os.environ.get(envnames.ERROR_FILE)
-        if error_file:   # the launcher learns it at once and stops the others
-            write_error_file(error_file, self.index, TIMEOUT_EXIT_CODE, message)
         stream = sys.__stderr__
         stream.write(f"ipupod: {message}; the stacks of its threads:\n")
         stream.flush()
@@ -88,12 +94,13 @@ class _Watchdog:
         os._exit(TIMEOUT_EXIT_CODE)
 
     def finish(self, outcome: dict) -> bool:
-        """Write ``outcome`` unless the deadline came first; whether it was written."""
+        """Write ``outcome`` unless the deadline came first; whether it was written. The
+        watchdog stays armed: an instance that then does not end (waiting for the others in
+        the launcher's end of an MPI job) is stopped at the deadline all the same."""
         if not self.done.acquire(blocking=False):
             return False
-        self.timer.cancel()
-        faulthandler.cancel_dump_traceback_later()
         write_json(outcome_path(self.jobdir, self.index), outcome)
+        self.finished = True
         return True
 
 
@@ -183,12 +190,13 @@ class _Recorder:
 
 def _pytest(spec: dict, jobdir: str, index: int) -> dict:
     import pytest
-    os.environ[IN_JOB_VAR] = "1"
+    os.environ[envnames.PYTEST_JOB] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
     # the parent names the plugins it loaded from installed distributions (-p): no scan of
     # every installed distribution for entry points (poprun.pytest_plugin._plugin_args)
     recorder = _Recorder(os.environ.get(_NO_AUTOLOAD))
-    os.environ[_NO_AUTOLOAD] = "1"
+    if not spec.get("autoload", False):
+        os.environ[_NO_AUTOLOAD] = "1"
     basetemp = os.path.join(jobdir, f"tmp.{index}")   # tmp_path: removed with the job
     code = pytest.main([*spec["pytest_args"], "--basetemp", basetemp], plugins=[recorder])
     return recorder.outcome(int(code))

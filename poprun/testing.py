@@ -141,9 +141,9 @@ class JobResult:
             head = f"job ({self.shape}) failed: {self.launcher_error or 'see the output'}"
         return "\n".join([head, *(f"  {o.describe()}" for o in self.outcomes)])
 
-    def report(self) -> str:
+    def report(self, with_output: bool = True) -> str:
         """The whole failure message: :meth:`summary`, then each failed or late instance's
-        traceback and the end of its output."""
+        traceback and (``with_output``) the end of its output."""
         parts = [self.summary()]
         if self.launcher_error and not self.failed:   # no instance said why: the launcher
             parts.append(f"launcher: {self.launcher_error}")
@@ -153,7 +153,7 @@ class JobResult:
                 continue
             if o.traceback and o.instance in failed:
                 parts.append(f"--- instance {o.instance}: traceback ---\n{o.traceback.rstrip()}")
-            for name, text in (("stdout", o.stdout), ("stderr", o.stderr)):
+            for name, text in (("stdout", o.stdout), ("stderr", o.stderr)) * with_output:
                 lines = text.splitlines()
                 if lines:
                     cut = f" (last {OUTPUT_LINES} lines)" if len(lines) > OUTPUT_LINES else ""
@@ -325,18 +325,18 @@ def start_job(kind: str, spec: dict, *, num_instances: int = 2, num_replicas: in
         write_json(spec_path(jobdir), record)
         out, err = _Collector(), _Collector()
         backstop = _Backstop(started + timeout_s + KILL_AFTER_S)
-        launcher_error = ""
+        launcher_error, cause = "", None
         try:
             cli.run_reserved(plan, model, stdout=out, stderr=err)
         except InstanceFailedError as exc:
-            launcher_error = str(exc)
+            launcher_error, cause = str(exc), exc.root_cause
         except JobInterruptedError as exc:
             raise KeyboardInterrupt(str(exc)) from None
         finally:
             backstop.cancel()
         late = backstop.fired or time.monotonic() - started >= timeout_s
         return _gather(jobdir, plan.num_instances, out.text() + err.text(), launcher_error,
-                       timeout_s, late,
+                       cause, timeout_s, late,
                        f"{plan.num_instances} instance{'s' if plan.num_instances > 1 else ''}"
                        f", {plan.num_replicas} replicas, transport {plan.transport}")
     finally:
@@ -352,14 +352,21 @@ def _instance_pythonpath() -> str:
 
 
 def _gather(jobdir: str, num_instances: int, output: str, launcher_error: str,
-            timeout_s: float, late: bool, shape: str) -> JobResult:
+            cause, timeout_s: float, late: bool, shape: str) -> JobResult:
+    """Every instance's outcome: its own record, else the launcher's root cause (``cause``,
+    a :class:`launch.errors.InstanceFailure`: an instance that died without a word, by
+    ``os._exit`` or a signal), else stopped (timed out when the deadline had passed)."""
     per, untagged = _split_output(output, num_instances)
     outcomes = []
     for i in range(num_instances):
         record = read_json(outcome_path(jobdir, i)) or {}
         state = record.get("state") or ("timed out" if late else "stopped")
         error = record.get("error", "")
-        if not record and not late:
+        if not record and cause is not None and cause.instance == i and not late:
+            state = "failed"
+            error = cause.error or cause.describe().removeprefix(
+                f"instance {i} failed (").rstrip(")")   # "exit code 3", "killed by SIGSEGV"
+        elif not record and not late:
             error = "ended by the launcher before it finished"
         outcomes.append(InstanceOutcome(
             instance=i, state=state, error=error, traceback=record.get("traceback", ""),
@@ -452,7 +459,8 @@ def pytest_args(nodeid: str, rootdir: str, inifile: str | None, import_mode: str
     """The command line of the pytest session an instance runs for the test ``nodeid``: the
     parent's root, ini file, import mode and ``-p`` plugins, no cache (``--lf`` stays the
     parent's), no ``addopts``, output not captured (it is the instance's, tagged by the
-    launcher; pytest's own report is the parent's). The instance adds its own ``--basetemp`` in the job's directory."""
+    launcher; pytest's own report is the parent's). The instance adds its own
+    ``--basetemp`` in the job's directory."""
     args = [os.path.join(rootdir, nodeid), "--rootdir", rootdir, "-p", "no:cacheprovider",
             "-p", "poprun.pytest_plugin", "-p", "no:terminal", "-o", "addopts=",
             "--capture=no", f"--import-mode={import_mode}", *plugin_args]

@@ -1,6 +1,6 @@
 """The notices of the MPI transport: what an instance of an MPI job tells every other one
 when it gives up on the job's collectives or ends its program. Both ends share these
-constants: :mod:`collectives.transports.mpi` (sends and receives them) and
+constants: :mod:`collectives.transports.mpi.transport` (sends and receives them) and
 :mod:`launch.bootstrap` (an instance whose program ended before it started MPI).
 
 A notice is a point-to-point message on ``MPI_COMM_WORLD`` under tag :data:`TAG`,

@@ -7,11 +7,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["find_cycle", "import_graph"]
+__all__ = ["ALIASES", "find_cycle", "import_graph"]
+
+
+#: the folder of a package's aliases (on the package's ``__path__``): its modules are
+#: imported by their public paths, without this part
+ALIASES = "_aliases"
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts = [p for p in path.relative_to(REPO).with_suffix("").parts if p != ALIASES]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)

@@ -221,7 +221,7 @@ def test_a_forged_agreement_message_is_refused_naming_its_sender(length):
 @pytest.mark.parametrize("op", ["cross_replica_sum", "reduce_scatter"])
 def test_a_stalled_instance_among_three_is_named_alone(op):
     # the agreement is a reduction, which cannot say who is late; a slow one asks who is there
-    # (reduce_scatter: in the rounds of the index agreement, collectives.transports.mpi_index)
+    # (reduce_scatter: in the rounds of the index agreement, collectives.transports.mpi.index)
     job = poprun(["-n", "3", PYTHON, "-m", "tests.perrank.diverge_prog", "stall", op],
                  timeout_s=25, env=FAST)
     out = job.stdout + job.stderr

@@ -17,7 +17,7 @@ from collectives.errors import CollectiveTimeoutError
 from collectives.gcl_options import KNOWN_OPTIONS, METHODS, GCLOptions
 from collectives.groups import CommGroup, CommGroupType
 from collectives.options import CollectiveOptions
-from collectives.transports.local import LocalTransport
+from collectives.transports.local.transport import LocalTransport
 from collectives._engine.exchange import tree_reduce
 from collectives.waiting import Patience
 

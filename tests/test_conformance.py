@@ -12,7 +12,7 @@ import pytest
 from collectives.options import CollectiveOptions
 from collectives.testing import check_communicator
 from collectives.transports.base import Communicator, Done, Transport
-from collectives.transports.local import LocalTransport
+from collectives.transports.local.transport import LocalTransport
 from tests.procs import PYTHON
 from tests.procs import run_poprun as poprun
 
@@ -57,7 +57,7 @@ def _in_threads(fns, limit_s: float = 60):
 
 @pytest.mark.slow
 def test_grpc_transport_conforms():
-    from collectives.transports.grpc import GrpcTransport
+    from collectives.transports.grpc.transport import GrpcTransport
     from launch.coordinator import CoordinatorServer
 
     server = CoordinatorServer(3, TOKEN, heartbeat_timeout_s=5.0)

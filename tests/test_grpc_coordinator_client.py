@@ -1,4 +1,4 @@
-"""The gRPC transport's coordinator client (collectives.transports.grpc_coordinator): typed
+"""The gRPC transport's coordinator client (collectives.transports.grpc.coordinator): typed
 errors, waiting for a coordinator that starts late (grpcio's wait_for_ready, no sleep loop),
 and the heartbeat timeout as IPUPOD_HEARTBEAT_TIMEOUT_S."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from collectives.errors import PeerLostError, TransportError
 from collectives.options import CollectiveOptions
-from collectives.transports.grpc_coordinator import (CoordinatorClient,
+from collectives.transports.grpc.coordinator import (CoordinatorClient,
                                                      CoordinatorRefusedError,
                                                      CoordinatorUnreachableError)
 from launch.coordinator import CoordinatorServer, heartbeat_timeout_s_from_env

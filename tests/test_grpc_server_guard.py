@@ -10,8 +10,8 @@ import grpc
 import numpy as np
 import pytest
 
-from collectives.transports.grpc_mailbox import Mailbox as _Mailbox
-from collectives.transports.grpc_wire import Assembly, WireError
+from collectives.transports.grpc.mailbox import Mailbox as _Mailbox
+from collectives.transports.grpc.wire import Assembly, WireError
 from launch.coordinator import MAX_BLOCKING_CALLS_PER_INSTANCE, CoordinatorServer
 from protos import TOKEN_METADATA_KEY
 from protos import coordinator_pb2 as cpb
@@ -155,7 +155,7 @@ def test_the_bytes_a_peer_parks_are_bounded():
 
 
 def test_a_tensor_far_ahead_of_this_instance_is_refused():
-    from collectives.transports.grpc_mailbox import AHEAD_PER_MEMBER, AHEAD_SLACK
+    from collectives.transports.grpc.mailbox import AHEAD_PER_MEMBER, AHEAD_SLACK
     box = _Mailbox()
     window = AHEAD_PER_MEMBER * 2 + AHEAD_SLACK
     box.admit(("0,1", window, 1), 8)             # a peer up to the window ahead: accepted

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from collectives.options import CollectiveOptions
-from collectives.transports.grpc import GrpcTransport
-from collectives.transports.grpc_wire import encode_chunk, encode_offer
-from collectives.transports.shm_channel import RingWriter, host_id
-from collectives.transports.shm_records import RING_BYTES
+from collectives.transports.grpc.transport import GrpcTransport
+from collectives.transports.grpc.wire import encode_chunk, encode_offer
+from collectives.transports.grpc.shm.channel import RingWriter, host_id
+from collectives.transports.grpc.shm.records import RING_BYTES
 from launch.coordinator import CoordinatorServer
 from protos import TOKEN_METADATA_KEY
 from protos import peer_pb2 as ppb
@@ -206,8 +206,8 @@ def test_sigkill_mid_transfer_leaves_nothing_and_names_the_instance(tmp_path):
 def test_a_ring_is_handed_over_to_a_receiver_with_the_job_token_only(tmp_path):
     import stat
 
-    from collectives.transports.shm_channel import RingReader
-    from collectives.transports.shm_handover import _socket_dir
+    from collectives.transports.grpc.shm.channel import RingReader
+    from collectives.transports.grpc.shm.handover import _socket_dir
     ring = RingWriter(token=TOKEN)
     try:
         offer = ring.offer(host_id())
@@ -228,8 +228,8 @@ def test_a_ring_is_handed_over_to_a_receiver_with_the_job_token_only(tmp_path):
 def test_an_offer_naming_another_processes_file_is_never_opened(tmp_path):
     """The audit's reproducer: an offer of ``pid`` and ``fd`` of a file some process holds
     open used to be opened read-write as /proc/<pid>/fd/<fd>, mapped and written into."""
-    from collectives.transports.shm_channel import RingReader
-    from collectives.transports.shm_records import CONTROL_BYTES, PIECE_BYTES
+    from collectives.transports.grpc.shm.channel import RingReader
+    from collectives.transports.grpc.shm.records import CONTROL_BYTES, PIECE_BYTES
     victim = tmp_path / "victim"
     content = b"N" * 16 + bytes(CONTROL_BYTES + PIECE_BYTES - 16)
     victim.write_bytes(content)

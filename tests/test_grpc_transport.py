@@ -12,8 +12,8 @@ import pytest
 from collectives.errors import PeerLostError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import CARRIED_MAX_BYTES, Carry
-from collectives.transports.grpc import GrpcTransport
-from collectives.transports.grpc_wire import chunk_headers, encode_chunk
+from collectives.transports.grpc.transport import GrpcTransport
+from collectives.transports.grpc.wire import chunk_headers, encode_chunk
 from collectives.waiting import Patience
 from launch.coordinator import CoordinatorServer
 from launch.errors import LaunchError
@@ -322,7 +322,7 @@ def test_agree_carries_every_members_payload(job, members):
 
 
 def test_agree_refuses_malformed_blocks_and_large_payloads(job):
-    from collectives.transports.grpc import GrpcCommunicator
+    from collectives.transports.grpc.transport import GrpcCommunicator
     block = np.zeros(24, np.uint8)
     block[:16].view("<i8")[:] = (1, 8)
     assert len(GrpcCommunicator._blocks(np.concatenate([block, block]), 2, 1)) == 2
@@ -347,8 +347,8 @@ def test_agree_refuses_a_message_of_another_size(job):
 
 
 def test_mailbox_admit_claim_checks_then_hands_over_the_posted_buffer():
-    from collectives.transports.grpc_mailbox import Mailbox
-    from collectives.transports.grpc_wire import WireError
+    from collectives.transports.grpc.mailbox import Mailbox
+    from collectives.transports.grpc.wire import WireError
     mailbox = Mailbox()
     buffer = np.empty(8, np.uint8)
     mailbox.post(("0,1", 0, 1), buffer)

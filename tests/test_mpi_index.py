@@ -1,4 +1,4 @@
-"""Bruck's index algorithm of the MPI agreement (collectives.transports.mpi_index), without
+"""Bruck's index algorithm of the MPI agreement (collectives.transports.mpi.index), without
 processes: its rounds deliver every piece, its choice of where it is used, and its refusal
 of blocks that a message does not hold. (Across real instances: the per-rank suite and the
 conformance suite.)"""
@@ -12,8 +12,8 @@ import pytest
 
 from collectives.errors import TransportError
 from collectives.transports.base import agree_block_bytes
-from collectives.transports.mpi_rounds import read_blocks
-from collectives.transports.mpi_index import EAGER_LIMIT_BYTES, IndexRounds, index_rounds
+from collectives.transports.mpi.agreement import read_blocks
+from collectives.transports.mpi.index import EAGER_LIMIT_BYTES, IndexRounds, index_rounds
 
 
 @pytest.mark.parametrize("size", range(1, 18))

@@ -6,14 +6,14 @@ files and shared memory must be gone afterwards."""
 import os
 import shutil
 import tempfile
-import textwrap
 
 import numpy as np
 import pytest
 
 from poprun import _job_files
 from poprun.testing import InstanceOutcome, JobResult, run_job
-from tests.procs import ROOT, left_in_shm, processes_matching, shm_entries, wait_no_processes
+from tests.procs import (PYTHON, ROOT, child_env, describe, left_in_shm, run, shm_entries,
+                         wait_no_processes)
 
 pytest_plugins = ["pytester"]
 
@@ -121,15 +121,37 @@ def test_an_instance_that_raises_is_named_with_its_traceback(session, pytester):
     assert "instance 1: failed: ValueError: instance 1 disagrees" in text
     assert "--- instance 1: traceback ---" in text
     assert 'raise ValueError(f"instance {i} disagrees")' in text   # the instance's traceback
-    assert "--- instance 1: stdout ---\nbefore the check" in text
+    result.stdout.fnmatch_lines(["*Captured instance 1 stdout call*", "before the check"])
     for i in (0, 2):   # the others: finished, or stopped before they finished
         assert (f"instance {i}: finished" in text
                 or f"instance {i}: stopped before it finished" in text), text
 
 
 @pytest.mark.slow
+def test_an_instance_that_dies_without_a_word_is_named_by_its_exit_code(session, pytester):
+    # (grpc: poprun's own launcher sees every exit code at once; under mpirun, an instance
+    # that os._exits before MPI_Init is not noticed by Hydra, and the job's timeout ends it)
+    pytester.makepyfile(test_exit="""
+        import os
+        import pytest
+        from poprun import popdist
+
+        @pytest.mark.poprun(num_instances=2, transport="grpc")
+        def test_job():
+            if popdist.getInstanceIndex() == 1:
+                os._exit(3)
+    """)
+    result = session()
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "failed: instance 1\n" in text, text
+    assert "instance 1: failed: exit code 3" in text
+
+
+@pytest.mark.slow
 def test_an_instance_that_hangs_is_stopped_at_the_timeout_and_named(session, pytester):
     session.mpi = True
+    pytester.makeini("[pytest]\npoprun_timeout = 4\n")   # the default of every job
     pytester.makepyfile(test_hang="""
         import time
         import pytest
@@ -139,7 +161,7 @@ def test_an_instance_that_hangs_is_stopped_at_the_timeout_and_named(session, pyt
             while True:
                 time.sleep(0.1)
 
-        @pytest.mark.poprun(num_instances=2, transport="mpi", timeout=4)
+        @pytest.mark.poprun(num_instances=2, transport="mpi")
         def test_job():
             if popdist.getInstanceIndex() == 1:
                 wait_for_ever()
@@ -240,6 +262,39 @@ def test_a_bad_marker_fails_the_test_naming_it(pytester):
         "*--num-replicas (4) must be divisible by --num-instances (3)*"])
 
 
+def test_the_marker_s_timeout_wins_over_the_ini_option():
+    from types import SimpleNamespace
+    from poprun.pytest_plugin import _marker_options
+    item = SimpleNamespace(nodeid="t.py::t", config=SimpleNamespace(getini=lambda name: "4"))
+    assert _marker_options(item, pytest.mark.poprun(3).mark) == {"num_instances": 3,
+                                                                 "timeout": 4.0}
+    assert _marker_options(item, pytest.mark.poprun(timeout=9).mark) == {"timeout": 9}
+    with pytest.raises(ValueError, match="takes num_instances by position and the rest by "
+                                         "keyword"):
+        _marker_options(item, pytest.mark.poprun(2, 4).mark)
+    item.config.getini = lambda name: "soon"
+    with pytest.raises(ValueError, match="poprun_timeout = 'soon' is not a number of seconds"):
+        _marker_options(item, pytest.mark.poprun().mark)
+
+
+def test_instances_load_the_parent_s_plugins_by_name():
+    import json
+    from types import SimpleNamespace
+    from poprun import pytest_plugin
+
+    def config(*plugins):
+        return SimpleNamespace(
+            pluginmanager=SimpleNamespace(list_plugin_distinfo=lambda: [(p, None)
+                                                                        for p in plugins]),
+            invocation_params=SimpleNamespace(args=("-p", "xdist", "-pfoo", "-k", "x")))
+
+    # installed plugins (this one aside) and the command line's -p, no entry point scan
+    assert pytest_plugin._plugin_args(config(json, pytest_plugin)) == (
+        ["-p", "json", "-p", "xdist", "-p", "foo"], False)
+    # a plugin object that is not a module cannot be named: the instances scan themselves
+    assert pytest_plugin._plugin_args(config(json, object()))[1] is True
+
+
 def _module_level(x):
     return x
 
@@ -290,3 +345,18 @@ def test_a_report_names_the_cause_not_the_instances_that_lost_it():
     assert "--- instance 1: traceback ---\nTraceback: boom" in report
     assert "tb0" not in report                 # a consequence's traceback is not repeated
     assert "--- instance 1: stdout ---\na\nb" in report
+
+
+@pytest.mark.slow
+def test_the_readme_s_example_test_file_passes():
+    # examples/test_distributed_code.py, as a user runs it (README: "Testing your
+    # distributed code"): sharding, a collective under PopDistStrategy, a PopTorch model
+    example = ROOT / "examples" / "test_distributed_code.py"
+    segments = shm_entries()
+    result = run([PYTHON, "-m", "pytest", "-p", "poprun.pytest_plugin", "-p",
+                  "no:cacheprovider", "-q", str(example)], timeout_s=300, env=child_env(),
+                 cwd=ROOT)
+    assert result.returncode == 0, describe(result)
+    assert "4 passed" in result.stdout, describe(result)
+    assert wait_no_processes(_INSTANCE, 10) == []
+    assert left_in_shm(segments) == set()

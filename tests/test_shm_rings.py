@@ -8,14 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from collectives.transports.shm_channel import RingWriter, host_id
+from collectives.transports.grpc.shm.channel import RingWriter, host_id
 from tests.test_grpc_transport import TOKEN
 
 # -- the ring's records (read by the calling thread) ---------------------------------------
 
 @pytest.fixture
 def ring_pair():
-    from collectives.transports.shm_channel import RingReader
+    from collectives.transports.grpc.shm.channel import RingReader
     writer = RingWriter(token=TOKEN)
     reader = RingReader.attach(writer.offer(host_id()), host_id(), TOKEN)
     assert reader is not None and writer.attached
@@ -57,8 +57,8 @@ def test_records_go_round_the_ring_in_order_and_wait_for_room(ring_pair):
 def test_malformed_records_are_refused(ring_pair, field, value, needle):
     import struct
 
-    from collectives.transports.grpc_wire import WireError
-    from collectives.transports.shm_records import CONTROL_BYTES
+    from collectives.transports.grpc.wire import WireError
+    from collectives.transports.grpc.shm.records import CONTROL_BYTES
     writer, reader = ring_pair
     writer.write_record(1, b"0,1", 7, 100, 0, np.zeros(100, np.uint8), lambda: None)
     words = list(struct.unpack_from("<IIQQQQQQ", writer._map, CONTROL_BYTES))
@@ -77,8 +77,8 @@ def test_malformed_records_are_refused(ring_pair, field, value, needle):
 ])
 def test_the_inbox_refuses_records_out_of_order(ring_pair, records, needle):
     from collectives.errors import TransportError
-    from collectives.transports.grpc_mailbox import Mailbox
-    from collectives.transports.grpc_rings import RingInbox
+    from collectives.transports.grpc.mailbox import Mailbox
+    from collectives.transports.grpc.rings import RingInbox
     writer, reader = ring_pair
     inbox = RingInbox(Mailbox(), 0, 3)
     try:
@@ -93,8 +93,8 @@ def test_the_inbox_refuses_records_out_of_order(ring_pair, records, needle):
 
 
 def test_the_inbox_files_tensors_into_posted_buffers(ring_pair):
-    from collectives.transports.grpc_mailbox import Mailbox
-    from collectives.transports.grpc_rings import RingInbox
+    from collectives.transports.grpc.mailbox import Mailbox
+    from collectives.transports.grpc.rings import RingInbox
     writer, reader = ring_pair
     mailbox = Mailbox()
     inbox = RingInbox(mailbox, 0, 2)
@@ -119,8 +119,8 @@ def test_the_inbox_files_tensors_into_posted_buffers(ring_pair):
 def test_a_large_tensor_waits_in_the_ring_until_its_call_posts(ring_pair):
     """Above EARLY_BYTES an early tensor stays in the ring (the records behind it too) and
     lands in the buffer its call posts later; a small one is taken at once."""
-    from collectives.transports.grpc_mailbox import Mailbox
-    from collectives.transports.grpc_rings import EARLY_BYTES, RingInbox
+    from collectives.transports.grpc.mailbox import Mailbox
+    from collectives.transports.grpc.rings import EARLY_BYTES, RingInbox
     writer, reader = ring_pair
     mailbox = Mailbox()
     inbox = RingInbox(mailbox, 0, 2)
@@ -151,7 +151,7 @@ def test_fanout_records_reach_every_receiver_and_wait_for_the_slowest():
     when reader 2 has nothing left)."""
     import mmap
 
-    from collectives.transports.shm_fanout import MAX_FANOUT_INSTANCES, FanoutReader, FanoutWriter
+    from collectives.transports.grpc.shm.fanout import MAX_FANOUT_INSTANCES, FanoutReader, FanoutWriter
     writer = FanoutWriter([1, 2], capacity=4 << 20)
     size = os.fstat(writer.fd).st_size
     readers = [FanoutReader.make((mmap.mmap(writer.fd, size),

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.import_graph import REPO, find_cycle, import_graph
+from tests.import_graph import ALIASES, REPO, find_cycle, import_graph
 
 PACKAGES = ("popdist", "poprun", "launch", "collectives", "ipu_node", "protos", "poptorch",
             "ipu_tensorflow")
@@ -137,8 +137,10 @@ def _public(module_name: str, name: str) -> bool:
     module = importlib.import_module(module_name)
     if name in getattr(module, "__all__", ()):
         return True
-    return (REPO / module_name.replace(".", "/") / f"{name}.py").exists() and \
-        not name.startswith("_")
+    package = module_name.split(".")
+    folders = [REPO.joinpath(*package), REPO.joinpath(package[0], ALIASES, *package[1:])]
+    return any((f / f"{name}.py").exists() or (f / name / "__init__.py").exists()
+               for f in folders) and not name.startswith("_")
 
 
 def test_poptorch_uses_only_public_names_of_the_packages_below():
@@ -161,7 +163,8 @@ def test_poptorch_uses_only_public_names_of_the_packages_below():
                     if any(p.startswith("_") for p in node.module.split(".")) or \
                             not _public(node.module, a.name):
                         wrong.append(f"{path.name}: from {node.module} import {a.name}")
-                    elif (REPO / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                    elif _public(node.module, a.name) and a.name not in getattr(
+                            __import__(node.module, fromlist=["_"]), "__all__", ()):
                         aliases[a.asname or a.name] = f"{node.module}.{a.name}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
@@ -290,6 +293,64 @@ def test_the_collectives_paths_programs_import_are_pinned():
                     continue
                 unpinned.add(f"{name} ({path.relative_to(REPO)})")
     assert not unpinned, sorted(unpinned)
+
+
+#: the transports by backend: a folder each, holding the transport, its communicator, its
+#: agreement and its requests (beside the interface, ``base``, and the registry)
+TRANSPORT_FOLDERS = {
+    "local": {"transport"},
+    "mpi": {"transport", "communicator", "agreement", "index", "requests"},
+    "grpc": {"transport", "communicator", "coordinator", "mailbox", "peer", "sender", "wire",
+             "rings", "shm"},
+}
+
+
+def test_the_transports_are_a_folder_per_backend():
+    folder = REPO / "collectives" / "transports"
+    top = {p.stem for p in folder.glob("*.py")}
+    assert top == {"__init__", "base", "registry"}, top
+    for backend, modules in TRANSPORT_FOLDERS.items():
+        found = {p.stem for p in (folder / backend).glob("*.py")} - {"__init__"}
+        found |= {p.name for p in (folder / backend).iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists()}
+        assert found == modules, (backend, found)
+    assert {p.name for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"} == \
+        set(TRANSPORT_FOLDERS)
+
+
+@pytest.mark.parametrize("package, pinned", [
+    ("collectives", lambda: {**COLLECTIVES_PUBLIC_MODULES, "collectives.horovod": 1,
+                             "collectives.ipu": 1, "collectives.ipu.horovod": 1}),
+    ("ipu_node", lambda: IPU_NODE_PUBLIC_MODULES)])
+def test_the_aliases_of_a_package_are_in_one_folder(package, pinned):
+    """Every module of the package's aliases folder is a pinned public path, every pinned
+    path that only re-exports lives there, and no other module of the package is an alias
+    (a module whose code is imports alone)."""
+    folder = REPO / package / ALIASES
+    names = set()
+    for path in folder.rglob("*.py"):
+        parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+        if parts:
+            names.add(".".join([package, *parts]))
+    assert names and names <= set(pinned()), sorted(names - set(pinned()))
+    elsewhere = []
+    for path in (REPO / package).rglob("*.py"):
+        if ALIASES in path.parts or path.name == "__init__.py":
+            continue
+        body = [n for n in ast.parse(path.read_text()).body
+                if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        if body and all(isinstance(n, (ast.Import, ast.ImportFrom)) or (
+                isinstance(n, ast.Assign) and [t.id for t in n.targets
+                                               if isinstance(t, ast.Name)] == ["__all__"])
+                for n in body):
+            elsewhere.append(str(path.relative_to(REPO)))
+    assert not elsewhere, elsewhere
+
+
+def test_horovod_lives_in_one_folder():
+    horovod = {p.parent.relative_to(REPO) for p in (REPO / "collectives").rglob("*.py")
+               if ALIASES not in p.parts and "horovod" in p.relative_to(REPO).parts}
+    assert horovod == {REPO.joinpath("collectives", "framework", "horovod").relative_to(REPO)}
 
 
 def test_no_import_hook_serves_collectives_paths():

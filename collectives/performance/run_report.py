@@ -52,7 +52,8 @@ from typing import Any, Callable
 from ipu_node.hardware.chips import chip_of_system
 from ipu_node.hardware.links import IPU_LINK_LATENCY_S
 from ipu_node.hardware.systems import get_system_model
-from ipu_node.runtime.flags import auto_report_directory
+from ipu_node.env import IPUPOD_REPORT_DIR as REPORT_DIR_ENV
+from ipu_node.runtime.flags import report_directory as _report_directory
 
 from collectives.records import CallRecord
 
@@ -61,8 +62,6 @@ __all__ = ["REPORT_DIR_ENV", "build_report", "build_report_of_ipus", "trace_even
            "use_model_card", "report_directory", "options_set", "add_report_section",
            "IPU_PID", "LINK_PID", "LINK_CLASSES"]
 
-#: Environment variable naming the directory reports are written to.
-REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
 #: Pid of the IPU tracks and of the link tracks in the trace.
 IPU_PID, LINK_PID = 1, 2
 #: Link classes, one track each (tid = index + 1).
@@ -210,21 +209,14 @@ def options_set(config) -> dict[str, Any]:
 
 
 def report_directory(system) -> str | None:
-    """Where reports go: ``IPUPOD_REPORT_DIR``, else ``POPLAR_ENGINE_OPTIONS``' autoReport,
-    else the autoReport engine options in ``system.config.compilation_poplar_options``;
-    None when none asks for them.
+    """Where reports go (:func:`ipu_node.flags.report_directory`): ``IPUPOD_REPORT_DIR``,
+    else ``POPLAR_ENGINE_OPTIONS``' autoReport, else the autoReport engine options in
+    ``system.config.compilation_poplar_options``; None when none asks for them.
 
     Raises:
         ipu_node.IPUConfigError: POPLAR_ENGINE_OPTIONS is malformed (names it).
     """
-    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
-    if directory:
-        return directory
-    options = getattr(system.config, "compilation_poplar_options", {}) or {}
-    if "true" in (options.get("autoReport.all"),
-                  options.get("autoReport.outputExecutionProfile")):
-        return options.get("autoReport.directory") or "."
-    return None
+    return _report_directory(getattr(system.config, "compilation_poplar_options", {}))
 
 
 def _crosses_domains(system, record: CallRecord) -> bool:

@@ -16,13 +16,13 @@ from collectives.transports.registry import (create_transport, register_transpor
 
 
 def _local(process_index: int, process_count: int, **_) -> Transport:
-    from collectives.transports.local import LocalTransport
+    from collectives.transports.local.transport import LocalTransport
     return LocalTransport(process_index, process_count)
 
 
 def _mpi(process_index: int, process_count: int, *, options=None, **_) -> Transport:
     try:
-        from collectives.transports.mpi import MPITransport
+        from collectives.transports.mpi.transport import MPITransport
     except ImportError as exc:
         raise TransportError(
             f"the MPI transport needs mpi4py (pip install mpi4py mpich): {exc}") from exc
@@ -32,7 +32,7 @@ def _mpi(process_index: int, process_count: int, *, options=None, **_) -> Transp
 def _grpc(process_index: int, process_count: int, *, coordinator_address: str,
           job_token: str, listen_address: str, options) -> Transport:
     try:
-        from collectives.transports.grpc import GrpcTransport
+        from collectives.transports.grpc.transport import GrpcTransport
     except ImportError as exc:
         raise TransportError(f"the grpc transport needs grpcio and protobuf: {exc}") from exc
     return GrpcTransport(process_index, process_count, coordinator_address=coordinator_address,

@@ -45,7 +45,7 @@ def create_transport(name: str, process_index: int, process_count: int, *,
         name: which transport.
         process_index, process_count: this instance and the job size.
         coordinator_address, job_token, listen_address: the grpc transport's rendezvous
-            (see :class:`~collectives.transports.grpc.GrpcTransport`); ignored by the others.
+            (see :class:`~collectives.transports.grpc.transport.GrpcTransport`); ignored by the others.
         options: a :class:`~collectives.options.CollectiveOptions` (timeouts, seconds).
 
     Raises:

@@ -35,7 +35,7 @@ from ipu_node import env
 from ipu_node.errors import IPUConfigError
 
 __all__ = ["PoplarFlags", "FLAG_EFFECTS", "poplar_flags", "engine_options",
-           "auto_report_directory", "configure_logging", "LOG_LEVELS"]
+           "auto_report_directory", "report_directory", "configure_logging", "LOG_LEVELS"]
 
 #: TF-IPU's flags (its poplar_xla_flags list) and what they do in ipupod.
 FLAG_EFFECTS: dict[str, str] = {
@@ -183,6 +183,28 @@ def auto_report_directory() -> str | None:
     options = engine_options()
     if "true" in (options.get("autoReport.all"), options.get("autoReport.outputExecutionProfile")):
         return options.get("autoReport.directory") or "."
+    return None
+
+
+def report_directory(*engine_options_sets: dict) -> str | None:
+    """Where the run reports go (the collectives' and PopTorch's): ``IPUPOD_REPORT_DIR``
+    (``poprun --report-dir``), else ``POPLAR_ENGINE_OPTIONS``' autoReport
+    (:func:`auto_report_directory`), else the autoReport of the first of
+    ``engine_options_sets`` that asks for one (a program's own Poplar engine options:
+    ``IPUConfig.compilation_poplar_options``, a PopTorch model's ``engineOptions``; values
+    compared as lower-case text); None when none asks for reports.
+
+    Raises:
+        IPUConfigError: see :func:`engine_options`.
+    """
+    directory = env.report_dir() or auto_report_directory()
+    if directory:
+        return directory
+    for options in engine_options_sets:
+        options = options or {}
+        if "true" in (str(options.get("autoReport.all")).lower(),
+                      str(options.get("autoReport.outputExecutionProfile")).lower()):
+            return options.get("autoReport.directory") or "."
     return None
 
 

@@ -27,3 +27,4 @@ __all__ = [
 ]
 
 _tf_runtime.attach_keras_ipu()
+keras_extensions.install()

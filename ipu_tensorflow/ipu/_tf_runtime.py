@@ -107,9 +107,12 @@ def attach_keras_ipu() -> None:
         import tensorflow.keras.ipu as keras_ipu  # noqa: F401  (served by ipupod_aliases)
     except ImportError:
         return
-    keras = sys.modules.get("tensorflow.keras")
-    if keras is not None and not hasattr(keras, "ipu"):
-        keras.ipu = keras_ipu
+    # ``from tensorflow import keras`` gives TF's lazy loader of tf-keras' API module:
+    # the attribute goes on that module too
+    for name in ("tensorflow.keras", "tf_keras.api._v2.keras"):
+        keras = sys.modules.get(name)
+        if keras is not None and not hasattr(keras, "ipu"):
+            keras.ipu = keras_ipu
 
 
 reserve_inter_op_threads()

@@ -1,6 +1,6 @@
 """``tensorflow.python.ipu.keras_extensions`` (TFI ``ipu/keras_extensions.py``): the class
 swap of Keras models constructed in an IPU strategy's scope (:mod:`ipu_tensorflow._keras`)."""
 
-from ipu_tensorflow._keras import extended_class, extensions_scope
+from ipu_tensorflow._keras import extended_class, install
 
-__all__ = ["extended_class", "extensions_scope"]
+__all__ = ["extended_class", "install"]

@@ -263,11 +263,12 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
                 optimizers, runner = self._optimizers, self._runner
 
                 def replica(r: int) -> None:
-                    with torch.enable_grad():
+                    with torch.enable_grad(), self._precision(modules[r], (args, kwargs)):
                         train_replica(r, plan, modules[r], optimizers[r], rngs[r], runner)
             else:
                 def replica(r: int) -> None:
-                    infer_replica(r, micro, collector, stage, modules[r], rngs[r], clock)
+                    with self._precision(modules[r], (args, kwargs)):
+                        infer_replica(r, micro, collector, stage, modules[r], rngs[r], clock)
             self._runner.run(replica)
         finally:
             self._replicas.restore_mode(flags)

@@ -27,6 +27,7 @@ from poptorch.pipelining._pipeline import PipelinedStages, schedule_of
 from poptorch.modelling._profile import profile_forward
 from poptorch.execution._step import SingleStage
 from poptorch.pipelining._strategies import PipelinedExecution
+from poptorch.execution._precision import partials_of, precision_mode
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["ExecutorStages", "RECOMPUTATION_OPTION"]
@@ -44,6 +45,14 @@ class ExecutorStages:
         if strategy is None:
             strategy = self._options._execution_strategy = PipelinedExecution()
         return strategy
+
+    def _precision(self, module, inputs=()):
+        """The float16-as-float32 mode of ``module`` (:mod:`poptorch.execution._precision`): active when
+        its parameters, buffers or ``inputs`` hold float16; partials as
+        ``Precision.setPartialsType`` set them."""
+        tensors = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        return precision_mode(list(module.parameters()) + list(module.buffers()) + tensors,
+                              partials_of(self._options._Popart.options))
 
     @torch.no_grad()
     def _snapshot_buffers(self) -> list[torch.Tensor]:
@@ -63,8 +72,9 @@ class ExecutorStages:
             first = next((t for t in flatten((args0, kwargs0))[0]
                           if isinstance(t, torch.Tensor) and t.dim()), None)
             self._micro_rows = first.shape[0] if first is not None else 1
-            profile, output, trace = profile_forward(module, args0, kwargs0, rng,
-                                                     self._strategy(), self._training)
+            with self._precision(module, (args0, kwargs0)):  # (outside the op ledger)
+                profile, output, trace = profile_forward(module, args0, kwargs0, rng,
+                                                         self._strategy(), self._training)
             loss_index = None
             if self._training:
                 loss = trace.final_loss()

@@ -30,10 +30,9 @@ from typing import Any, Callable
 
 from poptorch import enums
 
-__all__ = ["ACTED_ON", "describe_options", "register_model", "report", "REPORT_DIR_ENV",
+__all__ = ["ACTED_ON", "describe_options", "register_model", "report",
            "report_directory", "summary", "record_call", "recorded_calls"]
 
-REPORT_DIR_ENV = "IPUPOD_REPORT_DIR"
 
 #: option keys the emulation acts on (any other key that differs from its default is
 #: accepted without effect)
@@ -168,21 +167,16 @@ def _live_models() -> list:
 
 
 def report_directory() -> str | None:
-    """Where the poptorch report goes (module docstring), or None.
+    """Where the poptorch report goes (module docstring;
+    :func:`ipu_node.flags.report_directory` over the live models' ``engineOptions``), or
+    None.
 
     Raises:
         ipu_node.IPUConfigError: ``POPLAR_ENGINE_OPTIONS`` is malformed.
     """
-    from ipu_node.flags import auto_report_directory
-    directory = os.environ.get(REPORT_DIR_ENV) or auto_report_directory()
-    if directory:
-        return directory
-    for model in _live_models():
-        engine = model._options._Popart.options.get("engineOptions") or {}
-        if "true" in (str(engine.get("autoReport.all")).lower(),
-                      str(engine.get("autoReport.outputExecutionProfile")).lower()):
-            return engine.get("autoReport.directory") or "."
-    return None
+    from ipu_node.flags import report_directory as directory_of
+    return directory_of(*(model._options._Popart.options.get("engineOptions") or {}
+                          for model in _live_models()))
 
 
 def summary() -> str:

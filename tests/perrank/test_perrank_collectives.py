@@ -212,7 +212,7 @@ def test_a_small_call_against_a_large_one_or_another_op_raises_everywhere(strate
 
 #: float32 elements per replica from which a small reduce_scatter or all_to_all of one
 #: replica per instance goes by Bruck's index algorithm in the MPI agreement
-#: (collectives.transports.mpi_index.IndexRounds.takes: 12 KiB at 2, 3 and 4 instances),
+#: (collectives.transports.mpi.index.IndexRounds.takes: 12 KiB at 2, 3 and 4 instances),
 #: and sizes around it
 _INDEX_SIZES = (1024, 2048, 3072, 4000)
 
@@ -243,7 +243,7 @@ def test_small_reduce_scatter_and_all_to_all_give_every_replica_its_pieces(strat
         # to every other instance
         from types import SimpleNamespace
 
-        from collectives.transports.mpi_index import IndexRounds
+        from collectives.transports.mpi.index import IndexRounds
 
         C.reset_stats()
         strategy.run(lambda: C.reduce_scatter(rows[int(C.replication_index())]))
@@ -292,7 +292,7 @@ def test_more_index_sizes_than_the_agreement_keeps(strategy):
     # 64 and made again when used again
     from types import SimpleNamespace
 
-    from collectives.transports.mpi_index import IndexRounds
+    from collectives.transports.mpi.index import IndexRounds
 
     R = strategy.num_replicas_in_sync
     index = IndexRounds(SimpleNamespace(members=tuple(range(R)), rank=0))

@@ -1,5 +1,5 @@
 """Large calls whose messages are posted before their agreement (at least
-``POSTED_MIN_MEMBERS`` instances over MPI: ``collectives.transports.mpi_work``), run by every
+``POSTED_MIN_MEMBERS`` instances over MPI: ``collectives.transports.mpi.requests``), run by every
 instance like test_perrank_collectives.py: a call that does not agree names the difference,
 hangs nobody, and leaves no message that a later call could take."""
 
@@ -34,7 +34,7 @@ def _posts() -> bool:
     transport = get_engine().transport
     if not hasattr(transport, "orphans"):
         return False
-    from collectives.transports.mpi_posted import POSTED_MIN_MEMBERS
+    from collectives.transports.mpi.requests import POSTED_MIN_MEMBERS
     return (popdist.getNumLocalReplicas() == 1
             and popdist.getNumInstances() >= POSTED_MIN_MEMBERS)
 
@@ -152,7 +152,7 @@ class _Owner:
 
 
 def _posted(owner, receives: int, sends: int):
-    from collectives.transports import mpi_work
+    from collectives.transports.mpi import requests as mpi_work
     buffer = np.zeros(4, np.uint8)
     return mpi_work.Messages(owner, [(1, buffer)] * sends, [(1, buffer)] * receives, 7, None,
                              None, posted=True, buffers=(buffer,))
@@ -173,7 +173,7 @@ def test_withdraw_cancels_receives_and_keeps_the_sends_no_one_takes():
 
 
 def test_withdraw_stops_the_collectives_when_a_receive_cannot_be_cancelled(monkeypatch):
-    from collectives.transports import mpi_posted
+    from collectives.transports.mpi import requests as mpi_posted
     monkeypatch.setattr(mpi_posted, "WITHDRAW_S", 0.01)
     stuck = _Request(None)
     owner = _Owner([stuck])

@@ -46,7 +46,7 @@ def _forge(length: int) -> None:
     from mpi4py import MPI
 
     from collectives._engine.runtime import get_engine
-    from collectives.transports import mpi_rounds
+    from collectives.transports.mpi import agreement as mpi_rounds
 
     engine = get_engine()
     members = tuple(range(engine.transport.process_count))

@@ -1,5 +1,5 @@
 """How many times the MPI agreement looks for a peer's notice after an agreement whose
-blocks were all there at once (:func:`collectives.transports.mpi_agreement.quiet_s`), on a
+blocks were all there at once (:func:`collectives.transports.mpi.agreement.quiet_s`), on a
 communicator of this one instance (``MPI.COMM_SELF``: no rounds, so no wait), with a
 stand-in clock and transport. Prints ``LOOKS <n> <n> ...``, one per agreement.
 
@@ -16,7 +16,7 @@ import sys
 from mpi4py import MPI
 
 from collectives.options import CollectiveOptions
-from collectives.transports import mpi_agreement
+from collectives.transports.mpi import agreement as mpi_agreement
 from collectives.waiting import Patience
 
 

@@ -1,0 +1,88 @@
+"""Float16 programs computed in float32 and rounded to float16 (poptorch.execution._precision,
+issue 30 item 3)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import poptorch  # noqa: E402
+from poptorch.execution._precision import (PARTIALS_CHUNK, HalfAsFloat, matmul_half_partials,  # noqa: E402
+                                 precision_mode)
+
+
+def test_each_float16_op_is_float32_rounded_to_float16():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(16, 64, generator=g).half()
+    b = torch.randn(64, 8, generator=g).half()
+    with HalfAsFloat():
+        c = a @ b
+        d = torch.nn.functional.gelu(c)
+    assert c.dtype == torch.float16 and torch.equal(c, (a.float() @ b.float()).half())
+    assert torch.equal(d, torch.nn.functional.gelu(c.float()).half())
+    p = torch.ones(4).half()
+    third = torch.full((4,), 1 / 3).half()
+    with HalfAsFloat():
+        p.add_(third)  # in place: the float32 sum rounded into the float16 tensor
+    assert p.dtype == torch.float16 and torch.equal(p, (1 + third.float()).half())
+    x = torch.randn(3, 5)
+    with HalfAsFloat():
+        assert torch.equal(x * 2, x * 2)  # float32 programs untouched
+
+
+def test_half_partials_round_every_amp_group():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(8, 4 * PARTIALS_CHUNK, generator=g).half()
+    b = torch.randn(4 * PARTIALS_CHUNK, 8, generator=g).half()
+    with HalfAsFloat("half"):
+        half = a @ b
+    chunks = [(a[:, i:i + PARTIALS_CHUNK].float() @ b[i:i + PARTIALS_CHUNK].float()).half()
+              for i in range(0, a.shape[1], PARTIALS_CHUNK)]
+    total = chunks[0]
+    for c in chunks[1:]:
+        total = (total.float() + c.float()).half()
+    assert torch.equal(half, total)
+    assert torch.equal(matmul_half_partials(a.float(), b.float()), total)
+    with HalfAsFloat("float"):
+        once = a @ b
+    assert not torch.equal(once, half)  # the partials type changes the rounding
+    with pytest.raises(ValueError, match="partials must be"):
+        HalfAsFloat("double")
+    assert not isinstance(precision_mode([torch.ones(2)]), HalfAsFloat)
+    assert isinstance(precision_mode([torch.ones(2).half()], "half"), HalfAsFloat)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(128, 10)
+
+    def forward(self, x, y):
+        out = self.b(torch.relu(self.a(x)))
+        return out, torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def test_a_half_poptorch_model_trains_in_float32_counted_at_float16():
+    torch.manual_seed(0)
+    net = _Net()
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    n32, h = copy.deepcopy(net), copy.deepcopy(net).half()
+    m32 = poptorch.trainingModel(n32, poptorch.Options(), torch.optim.SGD(n32.parameters(),
+                                                                          lr=0.1))
+    m16 = poptorch.trainingModel(h, poptorch.Options(), torch.optim.SGD(h.parameters(), lr=0.1))
+    o32, l32 = m32(x, y)
+    o16, l16 = m16(x.half(), y)
+    assert o16.dtype == torch.float16 and h.a.weight.dtype == torch.float16
+    assert l16.item() == pytest.approx(l32.item(), rel=1e-2)
+    report = m16.modelReport()
+    params = sum(p.numel() for p in h.parameters())
+    assert next(iter(report.memory.values()))["parameters"] == 2 * params  # float16 bytes
+    card = report.card_fields()
+    assert card["grad_dtype"] == "float16"
+    dtypes = {op[2] for op in card["compute_ops"][0] if op[1] in ("matmul", "conv")}
+    assert dtypes == {"float16"}  # priced at the float16 peak
+    for m in (m32, m16):
+        m.destroy()
