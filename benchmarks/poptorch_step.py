@@ -7,7 +7,12 @@
 (b) ``poprun -n 2`` with one replica per instance against
     ``torch.nn.parallel.DistributedDataParallel`` over gloo in 2 processes: same model,
     per-process batch and step count.
-(c) ``replicationFactor(4)`` in one process against 4 DDP processes.
+(c) ``replicationFactor(4)`` in one process against 4 DDP processes. A step's gradients go
+    to ``cross_replica_sum`` as one flat buffer per dtype without a name, the collectives'
+    common call: one plan per bucket for the life of the model (before: a named nest per
+    device iteration, ``--di`` x buckets plans). On the loaded 2-core VM the step time did
+    not move measurably (best of 7 alternating runs of the 4-replica worker, 1M, di 10:
+    16.7 ms against 17.5 ms before); the gain is the plans and the nest path's checks.
 (d) A pipelined model: the MLP of ``--sizes`` cut into two stages of about half the
     parameters each on two IPUs (``poptorch.BeginBlock``, ``PipelinedExecution``), G
     micro-batches per step (``--accumulation``), against the same model unsplit in the plain
