@@ -25,9 +25,20 @@ import tensorflow as tf
 from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "replica_function", "call", "local_index_scope"]
+__all__ = ["index_tensor", "replica_function", "call", "local_index_scope", "take_error"]
 
 _tracing = threading.local()
+#: the exception a bridged op raised, by local replica index, until :func:`take_error`
+#: (TensorFlow turns it into an ``UnknownError`` carrying its traceback as text)
+_errors: dict[int, BaseException] = {}
+_errors_lock = threading.Lock()
+
+
+def take_error(local_index: int) -> BaseException | None:
+    """The exception a bridged op of replica ``local_index`` raised, if any (and forget it):
+    the strategy raises it in place of TensorFlow's wrapper."""
+    with _errors_lock:
+        return _errors.pop(local_index, None)
 
 
 @contextlib.contextmanager
@@ -91,8 +102,13 @@ def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequen
     index = index_tensor(what)
 
     def in_replica(local_index, *arrays):
-        with _context_of(int(local_index)):
-            out = fn(*arrays)
+        try:
+            with _context_of(int(local_index)):
+                out = fn(*arrays)
+        except BaseException as exc:
+            with _errors_lock:
+                _errors.setdefault(int(local_index), exc)
+            raise
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(out, out_dtypes)]
 
     results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),

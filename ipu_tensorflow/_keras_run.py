@@ -165,15 +165,27 @@ def _containers(model, r):
     return fns[key]
 
 
-def _replica_fn(model, kind, r, element_spec):
-    """Replica r's traced function of ``kind`` (train/test/predict), traced now, in the
-    caller's thread (replicas never trace a Keras model at once)."""
+def _replica_fn(model, kind, r, element_spec, strategy=None):
+    """Replica r's traced function of ``kind`` (train/test/predict; train_apply: train and
+    apply the gradients at once, for a job of one replica without accumulation), traced now,
+    in the caller's thread (replicas never trace a Keras model at once)."""
     fns = model.__dict__["_ipu_fns"]
     if (kind, r) in fns:
         return fns[(kind, r)]
     loss_c, metrics_c = _containers(model, r)
 
-    if kind == "train":
+    if kind == "train_apply":
+        def fn(x, y, sw):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
+            variables = model.trainable_variables
+            grads = tape.gradient(loss, variables)
+            with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
+                model.optimizer.apply_gradients(zip(grads, variables))
+            metrics_c.update_state(y, y_pred, sw)
+            return tf.constant(0)
+    elif kind == "train":
         def fn(x, y, sw):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
@@ -193,7 +205,7 @@ def _replica_fn(model, kind, r, element_spec):
             return model(x, training=False)
     traced = tf.function(fn, autograph=True)
     concrete = traced.get_concrete_function(*element_spec)
-    if kind == "train" and "train_flops" not in fns:
+    if kind in ("train", "train_apply") and "train_flops" not in fns:
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
     fns[(kind, r)] = traced
     return traced
@@ -254,8 +266,8 @@ class _Accumulator:
 
     def add(self, grads) -> None:
         arrays = [np.asarray(g) for g in grads]
-        if self.acc is None:
-            self.acc = [a.copy() for a in arrays]
+        if self.acc is None:   # (copies only to accumulate into)
+            self.acc = arrays if self.G == 1 else [a.copy() for a in arrays]
         elif self.method is _GA.RUNNING_MEAN:
             n = self.n
             self.acc = [a * a.dtype.type(n / (n + 1)) + g * g.dtype.type(1 / (n + 1))
@@ -335,7 +347,11 @@ def fit(model, a: dict):
         logger.info("The model `%s` has been configured with only 1 steps per execution. "
                     "Consider increasing the value for the `steps_per_execution` argument "
                     "passed to the `compile()` method to improve performance.", model.name)
-    train = [] if pipelined else [_replica_fn(model, "train", r, spec) for r in range(R)]
+    # one replica in the job, no accumulation: nothing to reduce; the update joins the step
+    # (no gradients through numpy and back)
+    fused = not pipelined and G == 1 and total_replicas == 1
+    train = [] if pipelined else [_replica_fn(model, "train_apply" if fused else "train", r,
+                                              spec, strategy) for r in range(R)]
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
@@ -370,6 +386,10 @@ def fit(model, a: dict):
                     mine = [batches[(w * G + g) * R + r] for g in range(G)]
                     if pipelined:    # the pipeline runtime charges its passes itself
                         reduced = model._pipeline_train_window(mine, *_containers(model, r))
+                    elif fused:
+                        train[r](*mine[0])
+                        _keras_modelled.charge_window(mine, flops)
+                        reduced = None
                     else:
                         acc = _Accumulator(method, G)
                         for xb, yb, swb in mine:
@@ -381,7 +401,8 @@ def fit(model, a: dict):
                                             opts["metric_reduction"]) if last else None
                     return reduced, results
                 out = strategy.run_replicas(window)
-                apply(out[0][0])
+                if not fused:
+                    apply(out[0][0])
             logs = _host_logs([o[1] for o in out], opts["metric_reduction"])
             callbacks.on_train_batch_end(step + spe - 1, logs)
             if model.stop_training:

@@ -51,8 +51,9 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
             (:mod:`ipu_tensorflow._keras`).
     """
 
-    #: whether ``num_replicas_in_sync`` counts every replica of the job (PopDist), or 1
-    _replicas_in_sync_all = False
+    #: what ``num_replicas_in_sync`` counts: "one" (TF sees one replica), "replicas" (every
+    #: replica of the job, PopDist) or "processes" (the job's instances: one device each)
+    _replicas_in_sync = "one"
     #: the class name TF-IPU's messages use
     _tf_ipu_name = "IPUStrategyV1"
 
@@ -66,12 +67,15 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
 
     @property
     def num_replicas_in_sync(self) -> int:
-        """1 (IPUStrategy: TF sees one replica; Poplar replicates) or every replica of the
-        job (PopDistStrategy)."""
-        if not self._replicas_in_sync_all:
+        """1 (IPUStrategy: TF sees one replica; Poplar replicates), every replica of the job
+        (PopDistStrategy) or the job's instances (the multi-worker and Horovod strategies)."""
+        if self._replicas_in_sync == "one":
             return 1
         system = current_system()
-        return system.num_replicas if system is not None else self._numpy.num_replicas_in_sync
+        if system is None:
+            return 1
+        return system.num_replicas if self._replicas_in_sync == "replicas" else \
+            system.process_count
 
     @property
     def num_local_replicas(self) -> int:
@@ -131,9 +135,16 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
         if replica_fn is None:
             replica_fn = self._replica_fns[key] = _bridge.replica_function(
                 fn, lambda: tf.distribute.ReplicaContext(self, replica_id_in_sync_group=0))
-        results = self.run_replicas(lambda r: replica_fn(tf.constant(r, tf.int32), *args,
-                                                          **kwargs))
-        return results[-1]
+        def in_replica(r):
+            _bridge.take_error(r)
+            try:
+                return replica_fn(tf.constant(r, tf.int32), *args, **kwargs)
+            except tf.errors.OpError:
+                original = _bridge.take_error(r)   # (a collective's own error, unwrapped)
+                if original is None:
+                    raise
+                raise original from None
+        return self.run_replicas(in_replica)[-1]
 
     def run_replicas(self, fn: Callable[[int], Any]) -> list:
         """``fn(local_replica_index)`` on every local replica, each in its replica thread with

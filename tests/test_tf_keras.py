@@ -275,3 +275,21 @@ def test_fit_returns_history_and_calls_callbacks_once_per_execution(ipus):
         history = model.fit(x, y, batch_size=2, epochs=2, callbacks=[Record()], verbose=0)
     assert sorted(history.history) == ["loss", "mae"] and len(history.history["loss"]) == 2
     assert seen == [1, 3, 1, 3]   # 8 batches, 2 replicas: 4 steps each, 2 executions
+
+
+def test_one_replica_fit_equals_plain_tf_keras_fit_bit_for_bit(ipus):
+    """A job of one replica (the update joins the traced step) trains exactly as tf-keras."""
+    import tensorflow as tf
+    ipu = ipus(1)
+    x, y = _batches(8, 4)
+    with ipu.ipu_strategy.IPUStrategy().scope():
+        model = _dense_model(tf)
+        model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                      steps_per_execution=4)
+        ours = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    plain = _dense_model(tf)
+    plain.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    theirs = plain.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    for got, want in zip(model.trainable_variables, plain.trainable_variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert ours.history["loss"] == theirs.history["loss"]

@@ -14,12 +14,12 @@ LAYOUT = str(PROGRAMS / "tf_keras_layout.py")
 
 
 def _result(completed) -> tuple[str, str]:
+    """The weights and losses every instance printed (all instances alike)."""
     out = completed.stdout
     assert completed.returncode == 0, out + completed.stderr
-    weights = re.search(r"weights=([0-9a-f]+)", out)
-    losses = re.search(r"losses=(\S+)", out)
-    assert weights and losses, out + completed.stderr
-    return weights.group(1), losses.group(1)
+    found = set(zip(re.findall(r"weights=([0-9a-f]+)", out), re.findall(r"losses=(\S+)", out)))
+    assert len(found) == 1, out + completed.stderr
+    return found.pop()
 
 
 def test_keras_fit_is_bit_identical_at_every_layout_of_four_replicas():

@@ -129,3 +129,51 @@ def test_variables_made_in_scope_are_plain_and_shared_by_the_replicas(ipus):
             return v + tf.cast(ipu.replication_ops.replication_index(), tf.float32)
         assert float(strategy.run(read)) == 4.0
     assert isinstance(v, tf.Variable) and float(v) == 3.0
+
+
+def test_replicas_that_disagree_get_an_error_naming_the_op_not_a_hang(ipus):
+    import tensorflow as tf
+    from collectives.errors import CollectiveError
+    ipu = ipus(2)
+    strategy = ipu.distributed.PopDistStrategy()
+
+    @tf.function
+    def shapes():
+        index = ipu.replication_ops.replication_index()
+        return tf.cond(index == 0,
+                       lambda: ipu.cross_replica_ops.cross_replica_sum(tf.zeros([2]))[:1],
+                       lambda: ipu.cross_replica_ops.cross_replica_sum(tf.zeros([3]))[:1])
+
+    def some_only():
+        if int(ipu.replication_ops.replication_index()) == 0:
+            return ipu.cross_replica_ops.cross_replica_sum(tf.constant(1.0))
+        return tf.constant(0.0)
+
+    with strategy.scope():
+        with pytest.raises(CollectiveError, match="cross_replica_sum"):
+            strategy.run(shapes)
+        with pytest.raises(CollectiveError, match="cross_replica_sum"):
+            strategy.run(some_only)
+
+
+def test_horovod_tensorflow_on_tf_tensors_in_one_process():
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    import ipu_node
+    try:
+        hvd.init()
+        assert hvd.size() == 1 and hvd.rank() == 0
+        x = tf.constant([1.0, 2.0])
+        assert hvd.allreduce(x).numpy().tolist() == [1.0, 2.0]
+        assert hvd.allgather(x).numpy().tolist() == [1.0, 2.0]
+        assert hvd.broadcast(x, 0).numpy().tolist() == [1.0, 2.0]
+        traced = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
+        assert traced(x).numpy().tolist() == [1.0, 2.0]
+        with pytest.raises(NotImplementedError, match="The Adasum reduction is not implemented."):
+            hvd.allreduce(x, op=hvd.Adasum)
+        from tensorflow.python import ipu
+        strategy = ipu.horovod.IPUHorovodStrategy()
+        assert strategy.num_replicas_in_sync == 1
+    finally:
+        hvd.shutdown()
+        ipu_node.reset_ipu_configuration()

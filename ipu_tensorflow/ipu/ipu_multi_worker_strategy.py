@@ -28,20 +28,13 @@ class IPUMultiWorkerStrategyV1(TF1RunV2, IPUStrategyBase):
         variables_on_host: see ``collectives.strategies.IPUStrategyBase``.
     """
 
-    _replicas_in_sync_all = True
+    _replicas_in_sync = "processes"
 
     def __init__(self, cluster_resolver, ipu_device="/device:IPU:0", variables_on_host=False):
         logger.warning("IPUMultiWorkerStrategy is deprecated: Use PopDistStrategy instead.")
         super().__init__(_np.IPUMultiWorkerStrategy(cluster_resolver, ipu_device,
                                                     variables_on_host),
                          enable_keras_extensions=False)
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        """The number of workers (one device per worker, TFI ``:300-303``)."""
-        from ipu_node.runtime.system import current_system
-        system = current_system()
-        return system.process_count if system is not None else 1
 
 
 IPUMultiWorkerStrategy = IPUMultiWorkerStrategyV1

@@ -25,7 +25,7 @@ class PopDistStrategy(TF1RunV2, IPUStrategyBase):
         enable_keras_extensions: Keras models constructed in scope get the IPU extension.
     """
 
-    _replicas_in_sync_all = True
+    _replicas_in_sync = "replicas"
     _tf_ipu_name = "PopDistStrategy"
 
     def __init__(self, ipu_device="/device:IPU:0", add_ipu_cross_replica_reductions=True,
