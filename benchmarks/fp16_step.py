@@ -5,7 +5,7 @@ The same MLP (and a small transformer encoder layer) is trained three ways, one
 
   float32        the model as written (the baseline)
   float16        ``model.half()`` with float16 inputs: each float16 operation computed in
-                 float32 and rounded to float16 (poptorch._precision, issue 30 item 3)
+                 float32 and rounded to float16 (poptorch.execution._precision, issue 30 item 3)
   float16 native ``model.half()`` stepped by plain PyTorch on CPU float16 kernels (what a
                  float16 program cost before)
 

@@ -16,8 +16,11 @@ second and the breakdown (compute, pipeline bubble, host I/O, all-reduce, weight
 each. Memory per IPU is the run's: every replica holds the same.
 
 What the numbers rest on (printed under each table): the chips' datasheet figures
-(:mod:`ipu_node.chips`), compute at 0.5 of peak (an ipupod assumption), the collective cost
-model's links, and the card's FLOPs counted at this model's size. Nothing is fitted.
+(:mod:`ipu_node.chips`), the model's operations priced one by one on each POD's chip
+(:mod:`collectives.performance.compute_model`; ``--efficiency`` prices FLOPs at that share of
+peak instead), the collective cost model's links, all counted at this model's size. Nothing
+is fitted. ``examples/size_published.py bert-large`` sizes BERT-Large at Graphcore's
+published configuration and puts the published throughput beside it.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gradient-accumulation", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="training steps run here")
     p.add_argument("--efficiency", type=float, default=None,
-                   help="fraction of peak FLOP/s for the predictions (default 0.5)")
+                   help="fraction of peak FLOP/s for the predictions (default: priced per "
+                        "operation)")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)

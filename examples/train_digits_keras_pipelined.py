@@ -73,12 +73,12 @@ def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description="the seeds' Keras CNN on digits, pipelined")
     parser.add_argument("--ipus", type=int, default=4,
                         help="IPUs without poprun (default: 4, i.e. 2 replicas of 2 stages)")
-    parser.add_argument("--epochs", type=int, default=15, help="epochs (default: 15)")
+    parser.add_argument("--epochs", type=int, default=20, help="epochs (default: 20)")
     parser.add_argument("--batch-size", type=int, default=16, help="micro-batch (default: 16)")
     parser.add_argument("--gradient-accumulation", type=int, default=4,
                         help="micro-batches per weight update (default: 4)")
-    parser.add_argument("--lr", type=float, default=0.04,
-                        help="SGD learning rate of the summed micro-batches (default: 0.04)")
+    parser.add_argument("--lr", type=float, default=0.03,
+                        help="SGD learning rate of the summed micro-batches (default: 0.03)")
     parser.add_argument("--steps-per-execution", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="data split and weights seed")
     args = parser.parse_args(argv)
@@ -129,8 +129,8 @@ def main(argv=None) -> float:
         loss, accuracy = model.evaluate(ds_test, steps=steps_for(len(ds_test), replicas, spe),
                                         verbose=0)
     if first:
-        print(f"modelled step time: {step_s * 1e6:.1f} us per weight update of {replicas} "
-              f"replicas ({G} micro-batches of {args.batch_size} each)")
+        print(f"modelled step time: {step_s * 1e6:.1f} us per weight update of this "
+              f"instance's {replicas} replica(s) ({G} micro-batches of {args.batch_size} each)")
         if report is not None:
             print(f"pipeline: {report.schedule}, bubble {report.bubble_fraction:.2f}, "
                   f"stash depth per stage {report.stash_depth}")

@@ -31,7 +31,8 @@ import threading
 
 import tensorflow as tf
 
-from ipu_tensorflow.keras.pipelining.extension import PipeliningExtension
+from ipu_tensorflow.keras.pipelining.extension import (PipeliningExtension,
+                                                       refuse_overrides)
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR,
                                            parse_accumulation_reduction,
@@ -182,13 +183,7 @@ class KerasExtension(PipeliningExtension):
                                "Set `run_eagerly=False` when calling `compile`.")
         original = type(self).__original_class__
         model_class = _keras().Model
-        for name in _NOT_OVERRIDABLE:
-            if getattr(original, name) is not getattr(model_class, name):
-                raise RuntimeError(
-                    f"The function `{name}` for the model {self.name} has been overridden. "
-                    "This is not supported when using Keras within an IPUStrategy. Either "
-                    "remove the override from your model definition or set "
-                    "`enable_keras_extensions=False` when creating the IPUStrategy.")
+        refuse_overrides(self, original, [(name, model_class) for name in _NOT_OVERRIDABLE])
 
     @property
     def _ipu_strategy(self):

@@ -42,6 +42,9 @@ LISTEN_ADDRESS = "IPUPOD_LISTEN_ADDRESS"
 HEARTBEAT_TIMEOUT = "IPUPOD_HEARTBEAT_TIMEOUT_S"  # read by the coordinator and collectives
 # Set by poprun's local launcher: the instance dies with it (bootstrap sets PR_SET_PDEATHSIG).
 PARENT_PID = "IPUPOD_PARENT_PID"
+# Set in an instance of a test job (poprun.testing) while it runs its test: there, a test
+# marked @pytest.mark.poprun runs as it is instead of starting a job of its own.
+PYTEST_JOB = "IPUPOD_PYTEST_JOB"
 
 #: Variables that are secrets: never on a command line (mpirun gets them through its own
 #: environment, which Hydra propagates to every instance), never in a log.

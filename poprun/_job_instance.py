@@ -11,8 +11,9 @@ so that the launcher stops the job.
 
 A watchdog ends the instance at the job's deadline: it records ``timed out`` (unless the
 instance had written its outcome and waits in its end), writes the stacks of every thread to
-stderr (``faulthandler``) and leaves with :data:`TIMEOUT_EXIT_CODE`; should the interpreter be stuck holding the GIL, faulthandler's
-own C watchdog dumps the stacks and exits :data:`GIL_GRACE_S` later.
+stderr (``faulthandler``) and leaves with :data:`TIMEOUT_EXIT_CODE`; should the interpreter
+be stuck holding the GIL, faulthandler's own C watchdog dumps the stacks and exits
+:data:`GIL_GRACE_S` later.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from launch.errorfile import write_error_file
 from poprun._job_files import decode_value, encode_value, outcome_path, read_json, spec_path, \
     write_json
 
+__all__ = ["main", "replica_of", "TIMEOUT_EXIT_CODE", "GIL_GRACE_S"]
+
 #: exit code of an instance stopped by the job's timeout (that of coreutils' ``timeout``)
 TIMEOUT_EXIT_CODE = 124
 #: seconds between the deadline and faulthandler's C-level fallback (the GIL never came back)
 GIL_GRACE_S = 2.0
-#: set in an instance while it runs its test: the poprun marker runs the test here, not a job
-IN_JOB_VAR = "IPUPOD_PYTEST_JOB"
 
 _NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 _REPLICA_NOTE = re.compile(r"raised in the replica function of replica (\d+)")
@@ -189,12 +190,13 @@ class _Recorder:
 
 def _pytest(spec: dict, jobdir: str, index: int) -> dict:
     import pytest
-    os.environ[IN_JOB_VAR] = "1"
+    os.environ[envnames.PYTEST_JOB] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
     # the parent names the plugins it loaded from installed distributions (-p): no scan of
     # every installed distribution for entry points (poprun.pytest_plugin._plugin_args)
     recorder = _Recorder(os.environ.get(_NO_AUTOLOAD))
-    os.environ[_NO_AUTOLOAD] = "1"
+    if not spec.get("autoload", False):
+        os.environ[_NO_AUTOLOAD] = "1"
     basetemp = os.path.join(jobdir, f"tmp.{index}")   # tmp_path: removed with the job
     code = pytest.main([*spec["pytest_args"], "--basetemp", basetemp], plugins=[recorder])
     return recorder.outcome(int(code))

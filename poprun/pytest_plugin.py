@@ -21,8 +21,9 @@ replica function raised), with their tracebacks and output, and the others' stat
 :data:`poprun.testing.DEFAULT_TIMEOUT_S`) is the job's hard timeout: the instances that have
 not finished dump their stacks and are stopped, and the test fails naming them.
 
-Tests without the marker run as they always do: this module imports nothing but ``os`` and
-pytest until a marked test runs (no MPI, gRPC, numpy or torch at import).
+Tests without the marker run as they always do: this module imports nothing but ``os``,
+pytest and the names of :mod:`launch.env` until a marked test runs (no MPI, gRPC, numpy or
+torch at import).
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ import os
 
 import pytest
 
+from launch import env as envnames
+
 __all__ = ["MARKER"]
 
 MARKER = "poprun"
 #: the marker's keywords (the first may also be given by position: num_instances)
 _KEYWORDS = ("num_instances", "num_replicas", "ipus_per_replica", "transport", "system",
              "timeout")
-#: set in an instance while it runs its test (see poprun._job_instance.IN_JOB_VAR)
-_IN_JOB_VAR = "IPUPOD_PYTEST_JOB"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -79,15 +80,18 @@ def _marker_options(item: pytest.Item, marker: pytest.Mark) -> dict:
     return options
 
 
-def _plugin_args(config: pytest.Config) -> list[str]:
-    """``-p NAME`` for every plugin the parent loaded from an installed distribution (the
-    instances do not scan the installed distributions for entry points: measured here,
-    that scan is 0.37 s of every instance's start) and the ``-p`` options of the parent's
-    command line: the instances load the same plugins, so the same fixtures exist there."""
-    found = []
+def _plugin_args(config: pytest.Config) -> tuple[list[str], bool]:
+    """``-p NAME`` for every plugin the parent loaded from an installed distribution, and
+    the ``-p`` options of the parent's command line: the instances load the same plugins, so
+    the same fixtures exist there. Second: whether the instances must scan the installed
+    distributions for entry points themselves (a plugin that is not a module cannot be
+    named); otherwise they do not (measured here: 0.37 s of every instance's start)."""
+    found, scan = [], False
     for plugin, _ in config.pluginmanager.list_plugin_distinfo():
         name = getattr(plugin, "__name__", None)
-        if name and name != __name__:
+        if not isinstance(name, str) or getattr(plugin, "__file__", None) is None:
+            scan = True
+        elif name != __name__:
             found += ["-p", name]
     args = list(config.invocation_params.args)
     for k, arg in enumerate(args):
@@ -95,7 +99,7 @@ def _plugin_args(config: pytest.Config) -> list[str]:
             found += ["-p", args[k + 1]]
         elif arg.startswith("-p") and len(arg) > 2:
             found += ["-p", arg[2:]]
-    return found
+    return found, scan
 
 
 def _run_in_job(item: pytest.Item, marker: pytest.Mark) -> None:
@@ -106,13 +110,15 @@ def _run_in_job(item: pytest.Item, marker: pytest.Mark) -> None:
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
     config = item.config
+    plugins, scan = _plugin_args(config)
     args = testing.pytest_args(item.nodeid, str(config.rootpath),
                                str(config.inipath) if config.inipath else None,
-                               str(config.getoption("importmode")), _plugin_args(config))
+                               str(config.getoption("importmode")), plugins)
     from ipu_node.errors import IPUError
     from launch.errors import LaunchError
     try:
-        result = testing.start_job("pytest", {"pytest_args": args}, **options)
+        result = testing.start_job("pytest", {"pytest_args": args, "autoload": scan},
+                                   **options)
     except (ValueError, TypeError, IPUError, LaunchError) as exc:   # nothing ran
         pytest.fail(f"@pytest.mark.poprun: the job did not start: {exc}", pytrace=False)
     for o in result.outcomes:
@@ -131,7 +137,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A marked test, in the parent: its reports come from the job, not from running it
     here (no fixture is set up in the parent)."""
     marker = item.get_closest_marker(MARKER)
-    if marker is None or os.environ.get(_IN_JOB_VAR) or not isinstance(item, pytest.Function):
+    if marker is None or os.environ.get(envnames.PYTEST_JOB) \
+            or not isinstance(item, pytest.Function):
         return None
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)

@@ -459,7 +459,8 @@ def pytest_args(nodeid: str, rootdir: str, inifile: str | None, import_mode: str
     """The command line of the pytest session an instance runs for the test ``nodeid``: the
     parent's root, ini file, import mode and ``-p`` plugins, no cache (``--lf`` stays the
     parent's), no ``addopts``, output not captured (it is the instance's, tagged by the
-    launcher; pytest's own report is the parent's). The instance adds its own ``--basetemp`` in the job's directory."""
+    launcher; pytest's own report is the parent's). The instance adds its own
+    ``--basetemp`` in the job's directory."""
     args = [os.path.join(rootdir, nodeid), "--rootdir", rootdir, "-p", "no:cacheprovider",
             "-p", "poprun.pytest_plugin", "-p", "no:terminal", "-o", "addopts=",
             "--capture=no", f"--import-mode={import_mode}", *plugin_args]

@@ -4,6 +4,9 @@
 exchange in chunks) with their generated modules ``*_pb2.py``/``*_pb2_grpc.py``, produced by
 ``python -m protos.generate`` (grpcio-tools) and kept in the repository; a test fails when
 they are stale. Importing this package loads neither grpc nor protobuf.
+
+PYTEST_DONT_REWRITE: imported by the bootstrap before a program under poprun starts pytest
+(see ``launch``).
 """
 
 #: metadata key of the job token that every call carries

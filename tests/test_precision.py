@@ -1,4 +1,4 @@
-"""Float16 programs computed in float32 and rounded to float16 (poptorch._precision,
+"""Float16 programs computed in float32 and rounded to float16 (poptorch.execution._precision,
 issue 30 item 3)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import poptorch  # noqa: E402
-from poptorch._precision import (PARTIALS_CHUNK, HalfAsFloat, matmul_half_partials,  # noqa: E402
+from poptorch.execution._precision import (PARTIALS_CHUNK, HalfAsFloat, matmul_half_partials,  # noqa: E402
                                  precision_mode)
 
 

@@ -277,6 +277,24 @@ def test_the_marker_s_timeout_wins_over_the_ini_option():
         _marker_options(item, pytest.mark.poprun().mark)
 
 
+def test_instances_load_the_parent_s_plugins_by_name():
+    import json
+    from types import SimpleNamespace
+    from poprun import pytest_plugin
+
+    def config(*plugins):
+        return SimpleNamespace(
+            pluginmanager=SimpleNamespace(list_plugin_distinfo=lambda: [(p, None)
+                                                                        for p in plugins]),
+            invocation_params=SimpleNamespace(args=("-p", "xdist", "-pfoo", "-k", "x")))
+
+    # installed plugins (this one aside) and the command line's -p, no entry point scan
+    assert pytest_plugin._plugin_args(config(json, pytest_plugin)) == (
+        ["-p", "json", "-p", "xdist", "-p", "foo"], False)
+    # a plugin object that is not a module cannot be named: the instances scan themselves
+    assert pytest_plugin._plugin_args(config(json, object()))[1] is True
+
+
 def _module_level(x):
     return x
 

@@ -54,3 +54,23 @@ def test_bert_poptorch_sizes_the_model_from_its_run(capsys):
     assert out.count("samples/s:") == len(sizer.SYSTEMS)
     assert out.count("  IPU ") >= 4 and "code and exchange" in out
     assert "model card from the run: ModelCard(params=" in out
+
+
+@pytest.mark.slow  # compiles ResNet-50 (a small image) and a 4-layer BERT-Large in PopTorch
+@pytest.mark.parametrize("model,extra", [
+    ("resnet50", ["--micro-batch", "2", "--image-size", "32"]),
+    ("bert-large", ["--micro-batch", "2", "--layers", "4"]),
+])
+def test_published_configurations_side_by_side(model, extra, capsys):
+    sized = load("size_published")
+    assert sized.main([model, *extra]) == 0
+    out = capsys.readouterr().out
+    for label, system, replicas, ipus, accumulation, published, source in \
+            sized.PUBLISHED[model]:
+        line = next(line for line in out.splitlines() if line.startswith(label))
+        predicted = float(line.split()[-len(source.split()) - 3].replace(",", ""))
+        ratio = float(line.split()[-len(source.split()) - 1])
+        assert f"{published:,}" in line and source in line
+        assert ratio == pytest.approx(predicted / published, abs=0.006)
+    assert "compute by operation: matmul/conv" in out and "top operations:" in out
+    assert "compute per operation on the" in out

@@ -8,6 +8,7 @@ import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 tf = pytest.importorskip("tensorflow")
+import ipu_tensorflow.ipu  # noqa: E402,F401  (TF's inter-op threads, before TF starts)
 tf_keras = pytest.importorskip("tf_keras")
 
 from ipu_tensorflow.addons.keras import layers, optimizers  # noqa: E402

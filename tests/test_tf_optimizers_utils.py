@@ -8,6 +8,7 @@ import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 tf = pytest.importorskip("tensorflow")
+import ipu_tensorflow.ipu  # noqa: E402,F401  (TF's inter-op threads, before TF starts)
 tf_keras = pytest.importorskip("tf_keras")
 
 import ipu_node  # noqa: E402
@@ -147,16 +148,22 @@ def test_cross_replica_optimizers_take_the_mean_over_the_replicas(isolated):
         cross = optimizers.CrossReplicaOptimizer(plain)
         ga = optimizers.CrossReplicaGradientAccumulationOptimizerV2(accumulating, 2)
 
-        @tf.function
-        def step(scale):
+        def gradient(scale):
             r = tf.cast(ipu.replication_ops.replication_index(), tf.float32)
-            grad = tf.stack([r + 1.0, 10.0 * r]) * scale
-            cross.apply_gradients([(grad, w)])
-            ga.apply_gradients([(grad, w)])
-        strategy.run(step, args=(tf.constant(1.0),))
+            return tf.stack([r + 1.0, 10.0 * r]) * scale
+
+        @tf.function
+        def cross_step(scale):
+            cross.apply_gradients([(gradient(scale), w)])
+
+        @tf.function
+        def ga_step(scale):
+            ga.apply_gradients([(gradient(scale), w)])
+        strategy.run(cross_step, args=(tf.constant(1.0),))
         np.testing.assert_array_equal(plain.seen.numpy(), [1.5, 5.0])
+        strategy.run(ga_step, args=(tf.constant(1.0),))
         assert int(accumulating.calls.numpy()) == 0
-        strategy.run(step, args=(tf.constant(2.0),))
+        strategy.run(ga_step, args=(tf.constant(2.0),))
         # replica r accumulates g_r(1) + g_r(2) = 3 g_r(1); the mean over r = 3 * [1.5, 5]
         np.testing.assert_array_equal(accumulating.seen.numpy(), [4.5, 15.0])
         assert int(accumulating.calls.numpy()) == 2   # once per replica

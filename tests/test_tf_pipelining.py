@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 tf = pytest.importorskip("tensorflow")
+import ipu_tensorflow.ipu  # noqa: E402,F401  (TF's inter-op threads, before TF starts)
 tf_keras = pytest.importorskip("tf_keras")
 
 import collectives  # noqa: E402
@@ -347,3 +348,43 @@ def test_pipelined_fit_equals_the_unpipelined_fit_bit_for_bit(isolated):
     assert history.history == plain_history.history
     assert logs == plain_logs
     np.testing.assert_array_equal(predicted, plain_predicted)
+
+
+def test_a_pipelined_model_may_not_override_its_step_functions(isolated):
+    class Evaluating(PModel):
+        def test_step(self, data):
+            return {}
+    _configure(2)
+    tf_keras.utils.set_random_seed(0)
+    x = tf_keras.Input((4,))
+    m = Evaluating(x, tf_keras.layers.Dense(2)(tf_keras.layers.Dense(3)(x)))
+    assert not m._is_pipelined()
+    _assign(m, [0, 1])
+    with pytest.raises(RuntimeError, match="The function `test_step` for the model "
+                                           f"{m.name} has been overridden."):
+        m._ensure_pipeline_layout()
+
+
+def test_each_stage_weights_and_stash_are_accounted_on_its_ipu(isolated):
+    """The runtime's memory of each IPU holds its stage's weights (the ipu_node Variables
+    standing for the tf.Variables) and, at peak, the stashed activations."""
+    _configure(2)
+    m = _functional()
+    _assign(m, [0, 0, 1, 1])
+    m.set_pipelining_options(4)
+    m._ensure_pipeline_layout()
+    elements = _elements(4)
+
+    def body():
+        m._pipeline_window(elements, True)
+        ctx = ipu_node.current_replica_context()
+        memory = ipu_node.get_system().memory
+        return [(memory[ipu.id].tensors(), memory[ipu.id].peak_bytes) for ipu in ctx.ipus]
+    (t0, peak0), (t1, peak1) = ipu_node.get_system().run_replicas(body, [()], [{}])[0]
+    weights0 = sum(v.numpy().nbytes for v in m.get_layer("d0").weights +
+                   m.get_layer("d1").weights)
+    weights1 = sum(v.numpy().nbytes for v in m.get_layer("d2").weights)
+    assert sum(n for k, n in t0.items() if not k.startswith("pipeline")) >= weights0
+    assert sum(n for k, n in t1.items() if not k.startswith("pipeline")) >= weights1
+    assert not any("stash" in k for k in list(t0) + list(t1))      # freed after the run
+    assert peak0 > weights0                                           # the stash was there

@@ -249,7 +249,7 @@ def vector_time(chip: Chip, kind: str, nbytes: float) -> OpTime:
 def op_time(chip: Chip, op: OpRecord, *, dtype: str | None = None,
             partials: str = "float32") -> OpTime:
     """Modelled seconds of ``op`` on ``chip``; ``dtype`` overrides the op's own (a float16
-    program run in float32 on the CPU, :mod:`poptorch._precision`), scaling its bytes."""
+    program run in float32 on the CPU, :mod:`poptorch.execution._precision`), scaling its bytes."""
     own = _name(op.dtype)
     use = _name(dtype) if dtype else own
     if op.kind in ("matmul", "conv") and not op.dims:  # shape unknown: FLOPs at peak
@@ -332,23 +332,25 @@ class ComputeProfile:
 
     def price(self, chip: Chip, *, dtype: str | None = None, partials: str = "float32",
               scale: float = 1.0, top: int = 8) -> PricedProfile:
-        """The pass's modelled time on ``chip`` (:func:`op_time` of every op times its
-        count, times ``scale``: e.g. a micro-batch's multiple of the profiled one)."""
+        """The pass's modelled time on ``chip``: :func:`op_time` of every op times its
+        count; ``scale`` multiplies the work (AMP, vector and exchange seconds, FLOPs) and
+        not the syncs: the same pass at ``scale`` times the profiled micro-batch has the same
+        supersteps (ipupod assumption: its shapes keep their efficiency)."""
         cats = dict.fromkeys(CATEGORIES, 0.0)
         kinds: dict[str, float] = {}
         per_op: dict[tuple[str, str], list] = {}
         flops = 0.0
         for op, count in self.ops:
             t = op_time(chip, op, dtype=dtype, partials=partials)
-            w = count * scale
+            seconds = (t.amp + t.vector + t.exchange) * scale + t.sync
             for c in CATEGORIES:
-                cats[c] += getattr(t, c) * w
+                cats[c] += getattr(t, c) * count * (1 if c == "sync" else scale)
             label = _KIND_LABEL[op.kind]
-            kinds[label] = kinds.get(label, 0.0) + t.total * w
+            kinds[label] = kinds.get(label, 0.0) + seconds * count
             entry = per_op.setdefault((op.name, label), [0, 0.0])
             entry[0] += count
-            entry[1] += t.total * w
-            flops += op.flops * w
+            entry[1] += seconds * count
+            flops += op.flops * count * scale
         ranked = sorted(((n, k, c, s) for (n, k), (c, s) in per_op.items() if s > 0),
                         key=lambda x: -x[3])
         return PricedProfile(total_s=sum(cats.values()), by_category=cats, by_kind=kinds,

@@ -15,8 +15,9 @@ items, then one all-reduce of the gradients and one weight update:
   replica) is priced per operation on the system's chip
   (:mod:`collectives.performance.compute_model`: matmuls and convolutions on the AMP units
   by shape, the other operations by the bytes they move, each superstep's exchange and sync),
-  in the card's ``grad_dtype``, scaled linearly from the micro-batch it was counted at to the
-  config's (ipupod assumption: the shapes' efficiency at the counted micro-batch holds);
+  in the card's ``grad_dtype``, its work scaled linearly from the micro-batch it was counted
+  at to the config's, its syncs not (ipupod assumption: the shapes' efficiency at the
+  counted micro-batch holds);
   ``efficiency`` given overrides it. Otherwise, and for hand-written cards:
   ``share_j * flops_per_item * micro_batch / (peak(dtype) * efficiency)`` for stage ``j``
   on its own IPU (``stage_shares``; one stage: the whole replica on one IPU). ``dtype`` is

@@ -1,6 +1,7 @@
 """Execution: ``PoplarExecutor`` (``trainingModel``/``inferenceModel``), compiling, the
 replicas on emulated IPUs (``_device``, ``_replicas``, ``_runner``), a step per replica
-(``_step``), optimizers on the device (``_device_optim``), weights, information and export.
+(``_step``), optimizers on the device (``_device_optim``), weights, information and export,
+float16 programs computed in float32 (``_precision``).
 Imports every other part.
 """
 

@@ -27,7 +27,7 @@ from poptorch.pipelining._pipeline import PipelinedStages, schedule_of
 from poptorch.modelling._profile import profile_forward
 from poptorch.execution._step import SingleStage
 from poptorch.pipelining._strategies import PipelinedExecution
-from poptorch._precision import partials_of, precision_mode
+from poptorch.execution._precision import partials_of, precision_mode
 from poptorch._tracing import ReplicaRNG
 
 __all__ = ["ExecutorStages", "RECOMPUTATION_OPTION"]
@@ -47,7 +47,7 @@ class ExecutorStages:
         return strategy
 
     def _precision(self, module, inputs=()):
-        """The float16-as-float32 mode of ``module`` (:mod:`poptorch._precision`): active when
+        """The float16-as-float32 mode of ``module`` (:mod:`poptorch.execution._precision`): active when
         its parameters, buffers or ``inputs`` hold float16; partials as
         ``Precision.setPartialsType`` set them."""
         tensors = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor)]

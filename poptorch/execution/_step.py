@@ -159,18 +159,17 @@ def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
         plan.stage.train_step(module, plan, d, r, rng, params)
         if plan.clock is not None:
             plan.clock.pipeline(r)
-        _reduce_gradients(params, layout.G, plan, runner, d, plan.running)
+        _reduce_gradients(params, layout.G, plan, runner, plan.running)
         optimizer.step()
         if plan.clock is not None:
             plan.clock.weight_update(r)
 
 
 @torch.no_grad()
-def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, step: int,
-                      running: bool) -> None:
+def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, running: bool) -> None:
     local = [p.grad for p in params]
     grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(local, params)]
-    summed = runner.reduce(grads, f"gradients/step{step}")
+    summed = runner.reduce(grads)
     if plan.reduction == enums.ReductionType.Mean:
         divisor = plan.global_replicas * (1 if running else G) * plan.loss_scaling
     else:

@@ -12,7 +12,7 @@ One training step (device iteration) of a replica, in modelled seconds:
    computes its stage's operations as the per-operation compute model prices them on the
    system's chip (:mod:`collectives.performance.compute_model`: matmuls and convolutions on
    the AMP units by shape, the other operations by the bytes they move, each superstep's
-   exchange and sync; the operations recorded by :class:`poptorch._op_ledger.OpLedger`), or,
+   exchange and sync; the operations recorded by :class:`poptorch.modelling._op_ledger.OpLedger`), or,
    when ``IPUConfig.execution.compute_efficiency`` is set (the override), its FLOPs at the
    chip's peak for the stage's dtype times that efficiency
    (:func:`ipu_node.clock.compute_efficiency`; the chip's figures in :mod:`ipu_node.chips`);

@@ -32,7 +32,7 @@ from torch.utils.flop_counter import flop_registry
 
 from collectives.performance.compute_model import ComputeProfile
 from poptorch._nest import flatten
-from poptorch._op_ledger import OpLedger
+from poptorch.modelling._op_ledger import OpLedger
 from poptorch.pipelining._stage_trace import StagePlan, StageTrace
 from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._tracing import ReplicaRNG
@@ -97,7 +97,7 @@ class StageCounts:
         notes: recorded-only annotations: ``(kind, value)``.
         forward_ops, backward_ops: the leaf ATen operations of its forward and backward
             passes (:class:`~collectives.performance.compute_model.ComputeProfile`, from
-            :class:`poptorch._op_ledger.OpLedger`): what the per-operation compute model prices.
+            :class:`poptorch.modelling._op_ledger.OpLedger`): what the per-operation compute model prices.
     """
 
     forward_flops: float = 0.0

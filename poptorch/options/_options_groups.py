@@ -88,7 +88,7 @@ class TrainingOptions(OptionsDict):
 class PrecisionOptions(OptionsDict):
     """``opts.Precision``: floating-point behaviour of the device. ipupod computes in the
     dtypes of the user's PyTorch model on the CPU, a float16 model's operations in float32
-    rounded to float16 (:mod:`poptorch._precision`); ``setPartialsType`` acts on that
+    rounded to float16 (:mod:`poptorch.execution._precision`); ``setPartialsType`` acts on that
     rounding, every other option here is accepted, recorded in the run report and has no
     effect."""
 
@@ -116,7 +116,7 @@ class PrecisionOptions(OptionsDict):
     def setPartialsType(self, dtype: torch.dtype) -> "PrecisionOptions":
         """Data type of matmul/convolution partials (``torch.float`` or ``torch.half``).
         ipupod: a float16 model's matmuls accumulate in float16 partials with ``torch.half``
-        (:mod:`poptorch._precision`); float32 models are not affected.
+        (:mod:`poptorch.execution._precision`); float32 models are not affected.
 
         Raises:
             ValueError: another dtype.

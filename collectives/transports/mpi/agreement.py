@@ -42,19 +42,19 @@ import time
 import numpy as np
 from mpi4py import MPI  # (imported only when the MPI transport is created)
 
-from collectives.errors import CollectiveTimeoutError
+from collectives.errors import CollectiveTimeoutError, TransportError
 from collectives.options import fits_cores
-from collectives.errors import TransportError
 from collectives.transports.base import AGREE_HEADER_BYTES, CARRIED_MAX_BYTES, agree_block_bytes
 from collectives.transports.mpi.requests import NOTICE_EVERY, cancel
 from collectives.waiting import Patience
 
-__all__ = ["BLOCK_CAPACITY", "MAX_LAYOUTS", "NOTICE_EVERY", "NOTICE_POLLS", "PRESENCE_AFTER_S",
-           "SPIN_POLLS", "TAG_ROUND", "Layout", "RoundWaits", "Rounds", "quiet_s", "read_blocks"]
+__all__ = ["BLOCK_CAPACITY", "MAX_LAYOUTS", "NOTICE_POLLS", "PRESENCE_AFTER_S", "SPIN_POLLS",
+           "TAG_ROUND", "Layout", "RoundWaits", "Rounds", "quiet_s", "read_blocks"]
 
 logger = logging.getLogger(__name__)
 
-#: the rounds of an agreement use tags TAG_ROUND + round
+#: the rounds of an agreement use tags TAG_ROUND + round (Bruck's general loop and the
+#: layouts it learns)
 TAG_ROUND = 0x1A40
 #: the most bytes of one block (header and padded payload)
 BLOCK_CAPACITY = agree_block_bytes(CARRIED_MAX_BYTES)

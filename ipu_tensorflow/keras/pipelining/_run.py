@@ -4,8 +4,9 @@ accumulation and the modelled clock the numpy and PopTorch pipelines use).
 
 Each stage of the :class:`~ipu_tensorflow.keras.pipelining._cut.StageCut` becomes an
 ``ipu_node`` ``Stage``: its forward runs the stage's layer calls under a
-``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs
-and the stash); its backward is ``tape.gradient`` of the stage's outputs with the gradients
+``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs;
+the stash it accounts is the stage's activations: its inputs and every layer output, held
+until the backward pass); its backward is ``tape.gradient`` of the stage's outputs with the gradients
 the next stage sent back, keyed by an ``ipu_node.Variable`` that stands for each
 ``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last stage computes
 the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the micro-batch
@@ -113,6 +114,7 @@ class PipelineRun:
         self._update = _KerasWeightUpdate(self)
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
+        self._shared_lock = threading.Lock()
 
     # -- the stages -----------------------------------------------------------------------
     def _proxy(self, var: tf.Variable) -> Variable:
@@ -146,12 +148,14 @@ class PipelineRun:
     def _stage(self, s: int, training: bool) -> Stage | Callable:
         cut, last = self.cut, s == self.cut.num_stages - 1
 
-        def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None):
+        def run(args: tuple, kwargs: dict, tape: tf.GradientTape | None, held=None):
             live, y, sw = self._live_of(s, args, dict(kwargs))
             inputs = dict(live)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
             live = cut.run_stage(s, live, training)
+            if held is not None:   # the activations the backward pass keeps (the stash)
+                held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
             if last:
                 y_pred = cut.model_outputs(live)
                 if y is None:             # predict
@@ -181,11 +185,12 @@ class PipelineRun:
 
         def forward(*args, **kwargs):
             with tf.GradientTape() as tape:
-                inputs, outputs, targets = run(args, kwargs, tape)
-            return outputs, (tape, inputs, targets)
+                held: list = []
+                inputs, outputs, targets = run(args, kwargs, tape, held)
+            return outputs, (tape, inputs, targets, held)
 
         def backward(saved, output_grads):
-            tape, inputs, targets = saved
+            tape, inputs, targets, _ = saved
             if last:
                 pairs = [(targets[0], tf.convert_to_tensor(output_grads[0]))]
             else:
@@ -207,6 +212,14 @@ class PipelineRun:
 
     def _metrics(self, loss, y, y_pred, sw) -> None:
         self._local.compute_metrics(None, _tensors(y), _tensors(y_pred), _tensors(sw))
+
+    def _shared(self, fn: Callable) -> Callable:
+        """``fn`` (the model's own loss or metrics, which every replica would update)
+        called by one replica at a time."""
+        def locked(*args):
+            with self._shared_lock:
+                return fn(*args)
+        return locked
 
     # -- the weight update ----------------------------------------------------------------
     def apply_gradients(self, grads_and_vars) -> None:
@@ -246,8 +259,9 @@ class PipelineRun:
                 schedule's overlap length, device_mapping, ...; reference §5.3).
         """
         outfeed = _Outfeed()
-        self._local.compute_loss = compute_loss or self.model.compute_loss
-        self._local.compute_metrics = compute_metrics or self.model.compute_metrics
+        self._local.compute_loss = compute_loss or self._shared(self.model.compute_loss)
+        self._local.compute_metrics = compute_metrics or self._shared(
+            self.model.compute_metrics)
         stages = [self._stage(s, training) for s in range(self.cut.num_stages)]
 
         def optimizer_function(loss, *rest):

@@ -26,7 +26,7 @@ from ipu_tensorflow.keras.pipelining.pipeline_stage_assignment import (
     SequentialLayerPipelineStageAssignment, SequentialNestedModelPipelineStageAssignment,
     stage_of_node)
 
-__all__ = ["PipeliningExtension", "replication_factor"]
+__all__ = ["PipeliningExtension", "replication_factor", "refuse_overrides"]
 
 #: ``pipelining_kwargs`` keys that ``set_pipelining_options`` refuses (GK
 #: ``extensions_base.py:1223-1311``), with the message's tail
@@ -58,6 +58,23 @@ def replication_factor(num_ipus: int, shards: int) -> int:
         raise ValueError(f"Current device has {num_ipus} IPUs attached, however the current "
                          f"model requires a multiple of {needed} IPUs.")
     return num_ipus // needed
+
+
+def refuse_overrides(model: Any, original: type, checks: list) -> None:
+    """Refuse a model class that overrides one of ``checks`` (``(method name, the class
+    whose method it must be)``).
+
+    Raises:
+        RuntimeError: GK's message, the method's name substituted (``extensions_base.py:
+            1042-1054,1089-1095,1126-1132``; reference §4.6).
+    """
+    for name, owner in checks:
+        if getattr(original, name) is not getattr(owner, name):
+            raise RuntimeError(
+                f"The function `{name}` for the model {model.name} has been overridden. "
+                "This is not supported when using Keras within an IPUStrategy. Either "
+                "remove the override from your model definition or set "
+                "`enable_keras_extensions=False` when creating the IPUStrategy.")
 
 
 def _positive_g(value: Any) -> None:
@@ -322,12 +339,30 @@ class PipeliningExtension:
         from ipu_node import get_system
         from ipu_node.runtime.system import widen_replicas
 
+        self._pipeline_check_overrides()
         system = get_system()
         factor = self._get_replication_factor(len(system.devices[0].ipus))
         per_replica = len(system.devices[0].ipus) // factor
         if system.ipus_per_replica < per_replica:
             widen_replicas(per_replica)
         return factor
+
+    def _pipeline_check_overrides(self) -> None:
+        """A pipelined model runs its layer calls stage by stage, not its own step functions
+        or ``call`` (GK ``extensions_base.py:1098-1103,1135-1140``,
+        ``functional_extensions.py:623-630``).
+
+        Raises:
+            RuntimeError: ``test_step``, ``predict_step`` or ``call`` overridden
+                (:func:`refuse_overrides`).
+        """
+        from tf_keras.src.engine import functional, sequential, training
+
+        original = getattr(type(self), "__original_class__", type(self))
+        base = sequential.Sequential if self._is_sequential_model() else functional.Functional
+        checks = [("test_step", training.Model), ("predict_step", training.Model),
+                  ("call", base)]
+        refuse_overrides(self, original, checks)
 
     # -- execution ----------------------------------------------------------------------------
     def _pipeline_cut(self) -> StageCut:

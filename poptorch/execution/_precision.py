@@ -10,7 +10,7 @@ copies of its float16 operands and its floating results are rounded back to floa
 (operations that write into an operand, ``add_`` and the like, write the rounded result into
 the float16 tensor). The tensors the program sees stay float16: parameters, activations and
 gradients are float16, so the memory plan counts them at 2 bytes, and the compute model
-prices their operations in float16 (:class:`poptorch._op_ledger.OpLedger` sees the float16
+prices their operations in float16 (:class:`poptorch.modelling._op_ledger.OpLedger` sees the float16
 operations: this mode sits below it). What is rounded, and where, is the IPU's:
 
 * ``Precision.setPartialsType(torch.float)`` (the default, PopART's ``partialsTypeMatMuls``

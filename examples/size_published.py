@@ -1,0 +1,149 @@
+"""Size standard models written in PyTorch at Graphcore's published configurations, and put
+the prediction beside the published throughput.
+
+    python examples/size_published.py resnet50            # ResNet-50 v1.5, micro-batch 20
+    python examples/size_published.py bert-large          # BERT-Large phase 1, micro-batch 8
+    python examples/size_published.py resnet50 --micro-batch 2 --image-size 64   # quick look
+
+Each model is built here in plain PyTorch (:mod:`standard_models`), in float16 as published
+(``model.half()``: ipupod computes each float16 operation in float32 and rounds it,
+:mod:`poptorch.execution._precision`), wrapped in ``poptorch.trainingModel`` and compiled: one
+micro-batch's forward and backward run on the CPU, and ipupod records every operation of
+each pipeline stage (ResNet-50 at micro-batch 8, :data:`COUNT_AT`; its published 20 does
+not fit one IPU in ipupod's memory plan; the work is scaled to the published micro-batch,
+the syncs are not). ``ModelCard.from_run(run=model.modelReport())`` makes the run a model
+card, and :func:`collectives.step_model.predict` prices the published configurations from it:
+each operation by the per-operation compute model on the system's chip
+(:mod:`collectives.performance.compute_model`), the gradient all-reduce on the POD's links,
+the weight update, the host I/O. Nothing is fitted to the published figures; the ratio
+predicted / published is printed as it comes out.
+
+Published figures (the configurations are Graphcore's; where the source gives only the
+global batch, the split into replicas, micro-batch and gradient accumulation is ipupod's
+reading, marked "reading"):
+
+* ResNet-50 v1.5, IPU-POD16 (GC200), MLPerf Training v1.0: 27,527 images/s at micro-batch
+  20, 16 replicas of 1 IPU (issue 30 of this project, from Graphcore's MLPerf v1.0
+  submission); gradient accumulation 10 (reading, as examples/size_resnet50.py);
+* ResNet-50 v1.5 on Bow Pod16 / Pod64 / Pod256 (TensorFlow 1, global batch 1,920 / 2,560 /
+  10,240): 42,029 / 145,287 / 425,514 images/s (graphcore.ai/performance-results, "Bow
+  Platform - Training", Pre-SDK 2.5); 1 IPU per replica, micro-batch 20, gradient
+  accumulation 6 / 2 / 2 (reading: global batch / replicas / 20);
+* BERT-Large phase 1 pre-training (sequence length 128), Bow Pod16 / Pod64 (PopART, global
+  batch 65,536): 5,179 / 19,353 sequences/s (the same page); 4 IPUs per replica (the
+  embedding and 3 layers, then 7, 7 and 7 layers with the heads; Graphcore's BERT-Large
+  pipeline), 4 / 16 replicas, micro-batch 8, gradient accumulation 2,048 / 512 (reading);
+  LAMB with its state in Streaming Memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import poptorch  # noqa: E402
+from collectives.step_model import ModelCard, StepConfig, predict  # noqa: E402
+from standard_models import Bert, resnet50  # noqa: E402
+
+_PERF = "graphcore.ai/performance-results (Bow Platform - Training, Pre-SDK 2.5)"
+#: model -> [(label, system, replicas, IPUs per replica, gradient accumulation, published
+#: items/s, source)], micro-batch as the model's default.
+PUBLISHED = {
+    "resnet50": [
+        ("IPU-POD16 MLPerf v1.0", "POD16", 16, 1, 10, 27_527,
+         "MLPerf Training v1.0, Graphcore (issue 30)"),
+        ("Bow Pod16", "BOW-POD16", 16, 1, 6, 42_029, _PERF),
+        ("Bow Pod64", "BOW-POD64", 64, 1, 2, 145_287, _PERF),
+        ("Bow Pod256", "BOW-POD256", 256, 1, 2, 425_514, _PERF),
+    ],
+    "bert-large": [
+        ("Bow Pod16 phase 1", "BOW-POD16", 4, 4, 2048, 5_179, _PERF),
+        ("Bow Pod64 phase 1", "BOW-POD64", 16, 4, 512, 19_353, _PERF),
+    ],
+}
+#: The published micro-batch of each model (the step is priced at it).
+MICRO_BATCH = {"resnet50": 20, "bert-large": 8}
+#: The micro-batch each model is counted at by default: ResNet-50's 20 does not fit one IPU
+#: in ipupod's memory plan (1.5 GB: 1.27 GB of activations kept for the backward pass; the
+#: published runs recompute, a single-stage PopTorch model here does not), 8 does.
+COUNT_AT = {"resnet50": 8, "bert-large": 8}
+
+
+def _resnet(micro_batch: int, image_size: int):
+    model = resnet50().half()
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(micro_batch, 3, image_size, image_size, generator=g).half()
+    labels = torch.randint(0, 1000, (micro_batch,), generator=g)
+    opts = poptorch.Options()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return poptorch.trainingModel(model, opts, optimizer), (images, labels)
+
+
+class _PretrainingLoss(Bert):
+    """BERT whose MLM + NSP loss is PopTorch's one final loss (``identity_loss``)."""
+
+    def forward(self, *inputs):
+        return poptorch.identity_loss(super().forward(*inputs), reduction="none")
+
+
+def _bert(micro_batch: int, layers: int, accumulation: int = 8):
+    model = _PretrainingLoss(layers=layers).half()
+    cuts = [round(layers * c / 24) for c in (3, 10, 17)]  # 3, 7, 7, 7 layers of 24
+    for ipu, first in enumerate(cuts, start=1):
+        poptorch.BeginBlock(model.layers[first], f"layers{first}", ipu_id=ipu)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    opts.TensorLocations.setOptimizerLocation(
+        poptorch.TensorLocationSettings().useOnChipStorage(False))
+    optimizer = poptorch.optim.LAMB(model.parameters(), lr=1e-3)
+    batch = Bert.batch(micro_batch * accumulation)
+    return poptorch.trainingModel(model, opts, optimizer), batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", choices=sorted(PUBLISHED))
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="micro-batch to count at (default: 8; the step is priced at the "
+                        "published one)")
+    p.add_argument("--image-size", type=int, default=224, help="ResNet-50's input size")
+    p.add_argument("--layers", type=int, default=24, help="BERT's encoder layers")
+    args = p.parse_args(argv)
+    micro = args.micro_batch or COUNT_AT[args.model]
+    torch.manual_seed(0)
+    if args.model == "resnet50":
+        training, inputs = _resnet(micro, args.image_size)
+    else:
+        training, inputs = _bert(micro, args.layers)
+    training.compile(*inputs)
+    report = training.modelReport()
+    print(report.table())
+    card = ModelCard.from_run(run=report)
+    published_micro = MICRO_BATCH[args.model]
+    print(f"\n{args.model}: {card.params:,} parameters, counted at micro-batch "
+          f"{card.compute_micro_batch}, priced at {published_micro}\n")
+    rows, first = [], None
+    for label, system, replicas, ipus, accumulation, published, source in \
+            PUBLISHED[args.model]:
+        est = predict(card, StepConfig(system, replicas, ipus_per_replica=ipus,
+                                       micro_batch=published_micro,
+                                       gradient_accumulation=accumulation))
+        first = first or est
+        rows.append((label, est.samples_per_s, published, source))
+    print(f"{'configuration':<24}{'predicted/s':>13}{'published/s':>13}{'ratio':>8}  source")
+    for label, predicted, published, source in rows:
+        print(f"{label:<24}{predicted:>13,.0f}{published:>13,}{predicted / published:>8.2f}"
+              f"  {source}")
+    print()
+    print(first.table())
+    training.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
