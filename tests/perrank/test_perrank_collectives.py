@@ -19,6 +19,7 @@ from collectives._engine.tree import block_nodes
 from poprun import popdist
 from tests.collective_cases import Case, all_cases, assert_same, oracle, run_case
 from tests.collective_cases import check_cases
+from tests.kept_results import check_kept_results
 
 pytestmark = pytest.mark.skipif(not popdist.isPopdistEnvSet(),
                                 reason="per-rank suite: run under poprun")
@@ -303,3 +304,9 @@ def test_more_index_sizes_than_the_agreement_keeps(strategy):
         for local, got in enumerate(strategy.run(lambda: C.reduce_scatter(x))):
             r = popdist.getReplicaIndexOffset() + local
             assert np.array_equal(got, x[r * c:(r + 1) * c] * R), c
+
+
+def test_kept_results_stay_what_they_were_across_instances(strategy):
+    # small calls carried in the agreement, large ones exchanged; one local replica per
+    # instance takes the common call (collectives._engine.plan.common)
+    check_kept_results(strategy)
