@@ -6,7 +6,10 @@ CPU PyTorch's float16 kernels are many times slower than its float32 ones (a 2-l
 times), so a PopTorch program written for the IPU in float16 (``model.half()``, float16
 inputs) would take minutes a step here. :class:`HalfAsFloat` is a ``TorchDispatchMode``
 under autograd: every ATen operation that has a float16 tensor operand runs on float32
-copies of its float16 operands and its floating results are rounded back to float16
+copies of its float16 operands (one copy per float16 storage while it is unchanged, made
+the first time an operation reads it: an activation read by its backward, or a parameter
+read by the forward, the backward and the optimizer, is converted once a step) and its
+floating results are rounded back to float16
 (operations that write into an operand, ``add_`` and the like, write the rounded result into
 the float16 tensor). The tensors the program sees stay float16: parameters, activations and
 gradients are float16, so the memory plan counts them at 2 bytes, and the compute model
