@@ -123,6 +123,22 @@ def test_an_instance_without_python_that_fails_ends_the_job_with_its_status(job,
         describe(result)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("mode, code, how", [("_exit3", 3, "exit code 3"),
+                                             ("kill", 137, "killed by SIGKILL")])
+def test_a_python_instance_that_dies_without_a_word_ends_the_job_with_its_status(job, launcher,
+                                                                              mode, code, how):
+    """``os._exit(3)`` or SIGKILL before the first collective: no Python clean-up runs and
+    no error file is written by the program. Hydra does not end a job whose instance
+    failed before it started MPI; the guard that mpirun's instances run under records it."""
+    result = job.run(launcher, "python", SAFETY, mode, "1", job.marker)
+    assert result.returncode == code, describe(result)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"poprun: instance 1 failed ({how}); the other instances were stopped"), \
+        describe(result)
+
+
 # -- signals to poprun ------------------------------------------------------------------------
 
 @pytest.mark.slow
