@@ -9,6 +9,12 @@ own supervisor) then stops the other instances. Started by poprun's local launch
 (``IPUPOD_PARENT_PID`` set), the instance also dies with poprun (PR_SET_PDEATHSIG), so no
 instance outlives a poprun that was killed.
 
+Under mpirun, which ends a job only when a process that started MPI fails, the program runs
+behind a guard: ``--guard`` (a Python program: the bootstrap forks, the child runs the program,
+the parent waits for it) or ``--exec program`` (any other program, run as a child). The guard
+records an end that the program could not record itself (``os._exit``, a signal) in the error
+file and ends the same way, so that poprun stops the job within about a second.
+
 An instance of an MPI job (``IPUPOD_TRANSPORT=mpi``, two or more instances) whose program
 ended without starting MPI (it never called a collective) starts it then: the others'
 ``MPI_Init`` waits for every instance, so without it an instance that calls its first

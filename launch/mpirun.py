@@ -4,7 +4,8 @@ Each instance is one MPMD block with its own environment
 (``mpirun -n 1 -env K V prog : -n 1 -env K V2 prog``). Every program runs under a guard of
 :mod:`launch.bootstrap` that records how an instance failed in its error file, however it
 ended (an exception, ``os._exit``, a signal), so that poprun stops the others at once: Hydra
-itself ends a job only when a process that started MPI fails. Each instance's stdout and stderr go to files that poprun follows and tags by line.
+itself ends a job only when a process that started MPI fails. Each instance's stdout and
+stderr go to files that poprun follows and tags by line.
 """
 
 from __future__ import annotations
