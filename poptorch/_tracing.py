@@ -101,7 +101,21 @@ class Trace(TorchFunctionMode):
     def suspend(self) -> None:
         """Step out of this trace inside its ``with`` block (a forward pass that pauses lets
         other code run in its thread: the mode stack and the current trace are the thread's),
-        :meth:`resume` steps back in."""
+        :meth:`resume` steps back in.
+
+        Raises:
+            poptorch.Error: this trace is not the thread's innermost torch function mode or
+                its current trace (a mode entered inside a block and still active where the
+                forward pass pauses, at the next block): stepping out would drop that one.
+        """
+        depth = torch._C._len_torch_function_stack()
+        top = torch._C._get_function_stack_at(depth - 1) if depth else None
+        if top is not self or getattr(_current, "trace", None) is not self:
+            raise createPoptorchError(
+                "A pipelined forward pass pauses at the start of a block with "
+                f"{type(top).__name__ if top is not None else 'no torch function mode'} "
+                "active inside it: leave every TorchFunctionMode (and poptorch context) "
+                "entered in a block before the next block begins")
         _current.trace = self._previous
         super().__exit__(None, None, None)
 

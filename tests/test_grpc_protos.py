@@ -19,6 +19,7 @@ def _normal(text: str) -> str:
     return _VERSION_LINES.sub("", text)
 
 
+@pytest.mark.slow  # protoc runs in a process of its own (protos.generate)
 def test_generated_modules_are_not_stale(tmp_path):
     pytest.importorskip("grpc_tools", reason="the staleness check needs grpcio-tools")
     for fresh in generate(tmp_path):

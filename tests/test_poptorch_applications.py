@@ -243,3 +243,36 @@ def test_the_calls_the_applications_make_act_or_are_recorded():
     offline.compile(x, y)
     assert offline.isCompiled() and not offline.isAttachedToDevice()
     model.destroy()
+
+
+def test_a_mode_left_open_across_blocks_is_named_not_dropped():
+    """The pause of a pipelined forward pass steps out of its own trace only: a torch
+    function mode the model enters in one block and leaves in the next is an error naming
+    it (before, the pause popped it instead of the trace)."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    from tests.poptorch_chain import Chain, data, training
+
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Spanning(Chain):
+        def forward(self, x, y):
+            with Counting():
+                with poptorch.Block(ipu_id=0):
+                    x = torch.tanh(self.layers[0](x))
+                with poptorch.Block(ipu_id=1):
+                    out = self.head(torch.tanh(self.layers[1](x)))
+            return out, F.cross_entropy(out, y)
+
+    x, y = data(3)
+    model = training(Spanning(2), G=3, strategy=poptorch.PipelinedExecution(
+        poptorch.AutoStage.AutoIncrement))
+    try:
+        model(x, y)
+    except poptorch.Error as exc:
+        assert "Counting" in exc.message, exc.message
+    else:
+        raise AssertionError("the pause stepped out of a mode that is not its own")

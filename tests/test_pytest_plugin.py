@@ -360,3 +360,14 @@ def test_the_readme_s_example_test_file_passes():
     assert "4 passed" in result.stdout, describe(result)
     assert wait_no_processes(_INSTANCE, 10) == []
     assert left_in_shm(segments) == set()
+
+
+@pytest.mark.slow
+def test_the_plugin_imports_nothing_heavy():
+    # it is loaded in every pytest run of an environment where ipupod is installed
+    code = ("import sys, poprun.pytest_plugin, poprun.testing; print(sorted(m for m in "
+            "('mpi4py', 'grpc', 'torch', 'tensorflow', 'numpy', 'ipu_node', 'collectives') "
+            "if m in sys.modules))")
+    result = run([PYTHON, "-c", code], timeout_s=60, env=child_env(), cwd=ROOT)
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.strip() == "[]", describe(result)
