@@ -3,7 +3,6 @@ and the model card of a TF run (issue 32 item 6; :mod:`ipu_tensorflow._keras_mem
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -106,16 +105,20 @@ _PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_ipupod_report_reads_a_one_process_keras_runs_report(tmp_path, capsys):
+@pytest.mark.parametrize("asked_by", ["IPUPOD_REPORT_DIR", "POPLAR_ENGINE_OPTIONS"])
+def test_ipupod_report_reads_a_one_process_keras_runs_report(tmp_path, capsys, asked_by):
     from collectives.performance import report_cli
+    from tests.procs import child_env, run
     script = tmp_path / "prog.py"
     script.write_text(_PROGRAM)
-    env = {**os.environ, "IPUPOD_REPORT_DIR": str(tmp_path / "reports"),
-           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=240)
+    reports = tmp_path / "reports"
+    env = child_env(IPUPOD_REPORT_DIR=str(reports)) if asked_by == "IPUPOD_REPORT_DIR" else \
+        child_env(IPUPOD_REPORT_DIR="", POPLAR_ENGINE_OPTIONS=json.dumps(
+            {"autoReport.all": "true", "autoReport.directory": str(reports)}))
+    done = run([sys.executable, str(script)], 240, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    path = tmp_path / "reports" / "report-0.json"
+    assert (reports / "trace-0.json").is_file()
+    path = reports / "report-0.json"
     report = json.loads(path.read_text())
     (entry,) = report["sections"]["tensorflow"]["models"]
     assert entry["name"] == "small" and entry["steps"] == 8
