@@ -22,7 +22,9 @@ gets, in ipu_node's SRAM accounting (:class:`ipu_node.IPUMemory` of the configur
 A model that does not fit raises :class:`ipu_node.IPUOutOfMemoryError` (the IPU, the bytes
 needed and available, the largest tensors on it) before its first step, and leaves nothing
 placed. Pipelined models (``PipelineStage``, ``set_pipeline_stage_assignment``) are not planned
-here yet: their stages run in the pipeline runtime.
+here: ipu_node's pipeline runtime counts their stages' weights (as ``ipu_node.Variable``) and
+stashes on each stage's IPU as they run, with the same error; their optimizer state and a
+:class:`ModelReport` of their own are not there yet.
 
 The account (:func:`model_report`) goes into the run report's ``tensorflow`` section
 (:func:`collectives.performance.run_report.add_report_section`) with each model's stages,
