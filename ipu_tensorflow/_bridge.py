@@ -25,7 +25,8 @@ import tensorflow as tf
 from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "replica_function", "call", "local_index_scope", "take_error"]
+__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "local_index_scope",
+           "take_error"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -50,6 +51,11 @@ def local_index_scope(index: tf.Tensor):
         yield
     finally:
         _tracing.index = previous
+
+
+def has_index_tensor() -> bool:
+    """Whether a replica function is being traced in this thread (its index tensor set)."""
+    return getattr(_tracing, "index", None) is not None and not tf.executing_eagerly()
 
 
 def index_tensor(what: str) -> tf.Tensor:
