@@ -74,8 +74,8 @@ def replica_function(fn: Callable[..., Any],
                      context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., Any]:
     """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
     collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
-    when ``fn`` is a ``tf.function``, else a Python function running ``fn`` eagerly; either
-    way inside ``context()`` (e.g. the strategy's TF replica context, entered in the trace's
+    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None), else a
+    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the strategy's TF replica context, entered in the trace's
     graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
@@ -86,7 +86,11 @@ def replica_function(fn: Callable[..., Any],
 
     def traced(local_index, *args, **kwargs):
         with local_index_scope(local_index), context():
-            return python_fn(*args, **kwargs)
+            result = python_fn(*args, **kwargs)
+        # an Operation returned (``return loops.repeat(...)`` without carried values) is
+        # None, as TF 2.6's tf.function made it (it runs: the function's control outputs)
+        return tf.nest.map_structure(
+            lambda v: None if isinstance(v, tf.Operation) else v, result)
     return tf.function(traced, autograph=getattr(fn, "_autograph", True))
 
 
