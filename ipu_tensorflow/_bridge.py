@@ -75,8 +75,8 @@ def replica_function(fn: Callable[..., Any],
     """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
     collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
     when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None), else a
-    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the strategy's TF replica context, entered in the trace's
-    graph)."""
+    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the
+    strategy's TF replica context, entered in the trace's graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
         def eager(local_index, *args, **kwargs):

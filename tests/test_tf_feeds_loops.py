@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.procs import PROGRAMS, ROOT, child_env, poprun, run
-from tests.tf_helpers import TF_MARKS, ipus  # noqa: F401
+from tests.tf_helpers import TF_MARKS, ipus, layout_result  # noqa: F401
 
 pytestmark = TF_MARKS
 
@@ -215,16 +215,8 @@ def test_compile_runs_on_the_ipu_scope_and_refuses_no_placement(ipus):
         assert float(strategy.run(step, args=(tf.constant(3.0),))) == 6.0
 
 
-def _layout(completed) -> tuple[str, str]:
-    out = completed.stdout
-    assert completed.returncode == 0, out + completed.stderr
-    found = set(zip(re.findall(r"weights=([0-9a-f]+)", out), re.findall(r"losses=(\S+)", out)))
-    assert len(found) == 1, out + completed.stderr
-    return found.pop()
-
-
 def test_a_custom_loop_on_four_replicas_is_bit_identical_under_poprun():
     program = str(PROGRAMS / "tf_custom_loop_layout.py")
-    alone = _layout(run([sys.executable, program], 240, env=child_env(), cwd=ROOT))
-    two = _layout(poprun(["-n", "2", "--num-replicas", "4", sys.executable, program], 300))
+    alone = layout_result(run([sys.executable, program], 240, env=child_env(), cwd=ROOT))
+    two = layout_result(poprun(["-n", "2", "--num-replicas", "4", sys.executable, program], 300))
     assert alone == two

@@ -9,20 +9,14 @@ replica's losses, in global order>`` on every instance."""
 import hashlib
 
 import numpy as np
-import popdist
-import popdist.tensorflow
 import tensorflow as tf
 from tensorflow.python import ipu
 
+from tests.programs.tf_job import popdist_strategy
+
 REPLICAS, STEPS, BATCH = 4, 6, 4
 
-cfg = ipu.config.IPUConfig()
-if popdist.isPopdistEnvSet():
-    popdist.tensorflow.set_ipu_config(cfg, ipus_per_replica=1)
-else:
-    cfg.auto_select_ipus = REPLICAS
-cfg.configure_ipu_system()
-strategy = ipu.distributed.PopDistStrategy()
+strategy, offset = popdist_strategy(REPLICAS)
 
 rng = np.random.default_rng(3)
 x = rng.normal(size=(STEPS * REPLICAS * BATCH, 5)).astype(np.float32)
@@ -50,7 +44,6 @@ with strategy.scope():
     w, b = strategy.run(train, args=(w0, b0))
 
 local = outfeed.dequeue().numpy().reshape(STEPS, -1)   # [STEPS, local replicas]
-offset = popdist.getReplicaIndexOffset() if popdist.isPopdistEnvSet() else 0
 placed = np.zeros([STEPS, REPLICAS], np.float32)
 placed[:, offset:offset + local.shape[1]] = local
 every = strategy.reduce("SUM", tf.constant(placed))   # (x + 0 is exact: every loss as is)
