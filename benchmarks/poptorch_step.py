@@ -8,11 +8,13 @@
     ``torch.nn.parallel.DistributedDataParallel`` over gloo in 2 processes: same model,
     per-process batch and step count.
 (c) ``replicationFactor(4)`` in one process against 4 DDP processes. A step's gradients go
-    to ``cross_replica_sum`` as one flat buffer per dtype without a name, the collectives'
-    common call: one plan per bucket for the life of the model (before: a named nest per
-    device iteration, ``--di`` x buckets plans). On the loaded 2-core VM the step time did
-    not move measurably (best of 7 alternating runs of the 4-replica worker, 1M, di 10:
-    16.7 ms against 17.5 ms before); the gain is the plans and the nest path's checks.
+    to ``cross_replica_sum`` as a list under one name at every step (the collectives fuse it
+    per dtype): one plan per fused buffer for the life of the model, where a name with the
+    step index made ``--di`` x buffers. Alternating runs of the 4-replica worker (1M, di 10,
+    the 2-core VM at load 2-6): best 14.3 ms per step against 15.1 ms before; one flat
+    buffer per dtype through the common call was slower (15.6 against 14.8 ms: a result of
+    the common call needed a copy of its own, the array handed to a replica being reusable
+    by the plan at the next step).
 (d) A pipelined model: the MLP of ``--sizes`` cut into two stages of about half the
     parameters each on two IPUs (``poptorch.BeginBlock``, ``PipelinedExecution``), G
     micro-batches per step (``--accumulation``), against the same model unsplit in the plain

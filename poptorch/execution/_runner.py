@@ -35,10 +35,9 @@ class Runner:
     def run(self, fn: Callable[[int], Any]) -> list:
         raise NotImplementedError
 
-    def reduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def reduce(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
         """The sum of ``tensors`` over every replica of the job (call inside ``run``): tensors
-        this replica owns (its inputs, or views of a new buffer), which the caller may change
-        in place."""
+        this replica owns (its inputs, or new ones), which the caller may change in place."""
         return tensors
 
     def close(self) -> None:
@@ -91,31 +90,11 @@ class JobRunner(Runner):
         indices = self._per_replica(list(range(self.num_replicas)))
         return self._strategy.run(in_replica, args=(indices,))
 
-    def reduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One ``cross_replica_sum`` per dtype (a bucket) of one flat buffer of the tensors
-        in order, without a name: the collectives' common call, whose plan (one per bucket)
-        serves every step for the life of the model. The results are views of the summed
-        buffer. Element by element the sum is the per-tensor sum, in the same tree order:
-        the same bits."""
+    def reduce(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+        """``cross_replica_sum`` of the list: the collectives fuse it into few buffers per
+        dtype (their nest path), one plan per buffer and ``name``; the caller's name is the
+        same at every step, so those plans serve the life of the model."""
         from collectives import cross_replica_sum
-        out: list = [None] * len(tensors)
-        for indices in _buckets(tensors):
-            parts = [tensors[i].detach().reshape(-1) for i in indices]
-            flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-            result = cross_replica_sum(flat.numpy())
-            # (a copy: a result may be a buffer of the plan's, which the next step's early
-            # replicas write while this one still steps with it)
-            summed = torch.from_numpy(np.array(result, copy=True))
-            offset = 0
-            for i, part in zip(indices, parts):
-                out[i] = summed[offset:offset + part.numel()].view(tensors[i].shape)
-                offset += part.numel()
-        return out
-
-
-def _buckets(tensors: list[torch.Tensor]) -> list[list[int]]:
-    """The indices of ``tensors`` by dtype, in order of first appearance."""
-    found: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        found.setdefault(t.dtype, []).append(i)
-    return list(found.values())
+        arrays = [t.detach().numpy() for t in tensors]
+        summed = cross_replica_sum(arrays, name=name)
+        return [torch.from_numpy(np.asarray(a)) for a in summed]

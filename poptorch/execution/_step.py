@@ -165,11 +165,17 @@ def train_replica(r: int, plan: TrainPlan, module: torch.nn.Module, optimizer,
             plan.clock.weight_update(r)
 
 
+#: the name of every step's gradient reduction (the same at every step: one plan per fused
+#: buffer for the life of the model, where a name with the step index made one per device
+#: iteration and buffer)
+GRADIENTS = "poptorch gradients"
+
+
 @torch.no_grad()
 def _reduce_gradients(params: list, G: int, plan: TrainPlan, runner, running: bool) -> None:
     local = [p.grad for p in params]
     grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(local, params)]
-    summed = runner.reduce(grads)
+    summed = runner.reduce(grads, GRADIENTS)
     if plan.reduction == enums.ReductionType.Mean:
         divisor = plan.global_replicas * (1 if running else G) * plan.loss_scaling
     else:
