@@ -25,7 +25,8 @@ import tensorflow as tf
 from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "replica_function", "call", "local_index_scope", "take_error"]
+__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "local_index_scope",
+           "take_error"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -52,6 +53,11 @@ def local_index_scope(index: tf.Tensor):
         _tracing.index = previous
 
 
+def has_index_tensor() -> bool:
+    """Whether a replica function is being traced in this thread (its index tensor set)."""
+    return getattr(_tracing, "index", None) is not None and not tf.executing_eagerly()
+
+
 def index_tensor(what: str) -> tf.Tensor:
     """The local replica index of the replica this op runs for (int32 scalar).
 
@@ -68,9 +74,9 @@ def replica_function(fn: Callable[..., Any],
                      context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., Any]:
     """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
     collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
-    when ``fn`` is a ``tf.function``, else a Python function running ``fn`` eagerly; either
-    way inside ``context()`` (e.g. the strategy's TF replica context, entered in the trace's
-    graph)."""
+    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None), else a
+    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the
+    strategy's TF replica context, entered in the trace's graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
         def eager(local_index, *args, **kwargs):
@@ -80,7 +86,11 @@ def replica_function(fn: Callable[..., Any],
 
     def traced(local_index, *args, **kwargs):
         with local_index_scope(local_index), context():
-            return python_fn(*args, **kwargs)
+            result = python_fn(*args, **kwargs)
+        # an Operation returned (``return loops.repeat(...)`` without carried values) is
+        # None, as TF 2.6's tf.function made it (it runs: the function's control outputs)
+        return tf.nest.map_structure(
+            lambda v: None if isinstance(v, tf.Operation) else v, result)
     return tf.function(traced, autograph=getattr(fn, "_autograph", True))
 
 

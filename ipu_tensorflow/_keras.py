@@ -189,6 +189,24 @@ class KerasExtension(PipeliningExtension):
     def _ipu_strategy(self):
         return self.distribute_strategy
 
+    def modelReport(self):
+        """ipupod's account of this model (an ipupod extension, PopTorch's
+        ``model.modelReport()`` for Keras): its stage, memory per IPU (bytes by kind, and the
+        IPU's capacity) and modelled step (seconds), a
+        :class:`collectives.performance.model_report.ModelReport`
+        (:mod:`ipu_tensorflow._keras_memory`); ``ModelCard.from_run(run=model.modelReport())``
+        prices it on any POD.
+
+        Raises:
+            RuntimeError: the model has not been fitted since it was compiled.
+        """
+        from ipu_tensorflow._keras_memory import model_report
+        report = model_report(self)
+        if report is None:
+            raise RuntimeError(f"model {self.name!r} has no report yet: call `fit` first "
+                               "(its memory and modelled step are planned at its first step)")
+        return report
+
     # -- the three entry points ------------------------------------------------------------
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,

@@ -12,9 +12,10 @@ ends price theirs:
 4. the weight update: ``WEIGHT_UPDATE_FLOPS_PER_PARAM`` per trainable parameter
    (:mod:`collectives.step_model`, an ipupod assumption) at the float32 peak.
 
-What is not modelled yet: the memory of the model on each IPU (SRAM accounting and the
-out-of-memory error), recomputation, and a per-operation price (matmuls on the AMP units by
-shape): the compute term is FLOPs at an efficiency, as :func:`ipu_node.clock.compute_time_s`.
+The memory of the model on each IPU and the out-of-memory error are
+:mod:`ipu_tensorflow._keras_memory`'s. What is not modelled yet: recomputation, and a
+per-operation price (matmuls on the AMP units by shape): the compute term is FLOPs at an
+efficiency, as :func:`ipu_node.clock.compute_time_s`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from collectives import all_gather, cross_replica_mean, cross_replica_sum
 
-from ipu_tensorflow import _keras_modelled
+from ipu_tensorflow import _keras_memory, _keras_modelled
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR)
 
@@ -207,6 +207,7 @@ def _replica_fn(model, kind, r, element_spec, strategy=None):
     concrete = traced.get_concrete_function(*element_spec)
     if kind in ("train", "train_apply") and "train_flops" not in fns:
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
+        fns["train_concrete"] = concrete
     fns[(kind, r)] = traced
     return traced
 
@@ -355,6 +356,8 @@ def fit(model, a: dict):
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    if not pipelined and "model_facts" not in model.__dict__["_ipu_fns"]:
+        _compile_memory(model, strategy, spec, flops, batch, G, spe)
     verbose = _verbosity(a["verbose"])
     callbacks = a["callbacks"]
     if not isinstance(callbacks, callbacks_module.CallbackList):
@@ -403,6 +406,7 @@ def fit(model, a: dict):
                 out = strategy.run_replicas(window)
                 if not fused:
                     apply(out[0][0])
+                _keras_memory.count_steps(model, G)
             logs = _host_logs([o[1] for o in out], opts["metric_reduction"])
             callbacks.on_train_batch_end(step + spe - 1, logs)
             if model.stop_training:
@@ -416,7 +420,21 @@ def fit(model, a: dict):
         if model.stop_training:
             break
     callbacks.on_train_end(logs=epoch_logs if a["epochs"] > a["initial_epoch"] else logs)
+    _keras_memory.offer_card(model)
     return model.history
+
+
+def _compile_memory(model, strategy, spec, train_flops, batch, G, spe) -> None:
+    """At compile (the first ``fit``): the model's memory on every local replica's IPU
+    (raises ``ipu_node.IPUOutOfMemoryError`` before any step when it does not fit) and the
+    facts of its report (:mod:`ipu_tensorflow._keras_memory`)."""
+    fns = model.__dict__["_ipu_fns"]
+    forward = tf.function(lambda x: model(x, training=True)).get_concrete_function(spec[0])
+    input_bytes = int(sum(np.prod(t.shape.as_list()) * t.dtype.size
+                          for t in tf.nest.flatten(spec) if isinstance(t, tf.TensorSpec)))
+    _keras_memory.compile_facts(model, strategy, fns["train_concrete"],
+                                _keras_modelled.graph_flops(forward), train_flops, batch,
+                                input_bytes, G, spe)
 
 
 def _evaluate_logs(model, x, y, sample_weight, batch_size, steps, callbacks,

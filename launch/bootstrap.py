@@ -9,6 +9,12 @@ own supervisor) then stops the other instances. Started by poprun's local launch
 (``IPUPOD_PARENT_PID`` set), the instance also dies with poprun (PR_SET_PDEATHSIG), so no
 instance outlives a poprun that was killed.
 
+Under mpirun, which ends a job only when a process that started MPI fails, the program runs
+behind a guard: ``--guard`` (a Python program: the bootstrap forks, the child runs the program,
+the parent waits for it) or ``--exec program`` (any other program, run as a child). The guard
+records an end that the program could not record itself (``os._exit``, a signal) in the error
+file and ends the same way, so that poprun stops the job within about a second.
+
 An instance of an MPI job (``IPUPOD_TRANSPORT=mpi``, two or more instances) whose program
 ended without starting MPI (it never called a collective) starts it then: the others'
 ``MPI_Init`` waits for every instance, so without it an instance that calls its first
@@ -22,19 +28,21 @@ have ended by its MPI transport, :meth:`collectives.transports.mpi.transport.MPI
 from __future__ import annotations
 
 import os
+import resource
 import runpy
 import signal
 import sys
 import time
 import traceback
+from typing import Callable, NoReturn
 
 from launch import env as envnames
 from launch.errorfile import write_error_file
 from launch.supervise import die_with_parent
 from protos import mpi_notice
 
-USAGE = ("usage: python -m launch.bootstrap (script.py | -m module | -c command | "
-         "--exec program) [args...]")
+USAGE = ("usage: python -m launch.bootstrap [--guard] (script.py | -m module | -c command) "
+         "[args...] | --exec program [args...]")
 #: signals the guard of a non-Python program passes on to it
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -66,13 +74,48 @@ def _fail(exit_code: int, error: str, tb: str) -> None:
     os._exit(exit_code)
 
 
-def _guard(argv: list[str]) -> int:
-    """Run a non-Python program as a child and end the way it ended, recording a failure
-    in the error file first (the launcher learns it at once, with the exit code or signal).
+def _watch(send: Callable[[int], None], wait: Callable[[], int]) -> NoReturn:
+    """The guard's part: pass the signals in :data:`_FORWARDED` on with ``send(signum)``,
+    wait for the program (``wait()``: its status, negative for the signal that killed it),
+    record a failure in the error file unless one is there already (the program's own
+    bootstrap writes why it raised; ``os._exit``, a signal or a non-Python program write
+    nothing), and end the way the program ended, so mpirun sees the same status as without
+    the guard. A death by a signal that this guard passed on (mpirun or poprun stopping the
+    job) is not recorded: it is not this instance's failure.
+    """
+    forwarded: set[int] = set()
 
-    Signals in :data:`_FORWARDED` are passed on; the child dies with this guard
-    (PR_SET_PDEATHSIG), and the guard dies of the child's signal, so mpirun sees the same
-    status as without it. Inherited file descriptors stay open (MPI programs need PMI's).
+    def forward(signum, _frame):
+        forwarded.add(signum)
+        send(signum)
+
+    for signum in _FORWARDED:
+        signal.signal(signum, forward)
+    code = wait()
+    path = os.environ.get(envnames.ERROR_FILE)
+    recorded = bool(path) and os.path.exists(path)
+    if code > 0:
+        if not recorded:
+            _record(code, "", "")
+        os._exit(code)
+    if code < 0:
+        signum = -code
+        if not recorded and signum not in forwarded:
+            _record(0, "", "", signum=signum)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)   # a signal that does not end a process by default
+    os._exit(0)
+
+
+def _guard(argv: list[str]) -> NoReturn:
+    """Run a non-Python program as a child and end the way it ended (:func:`_watch`).
+
+    The child dies with this guard (PR_SET_PDEATHSIG). Inherited file descriptors stay
+    open (MPI programs need PMI's).
     """
     import subprocess
     try:
@@ -81,17 +124,34 @@ def _guard(argv: list[str]) -> int:
     except OSError as exc:
         print(f"bootstrap: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr)
         _fail(127, f"cannot run {argv[0]!r}: {exc.strerror}", "")
-    for signum in _FORWARDED:
-        signal.signal(signum, lambda s, _f: proc.send_signal(s))
-    code = proc.wait()
-    if code > 0:
-        _fail(code, "", "")
-    if code < 0:
-        _record(0, "", "", signum=-code)
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code
+    _watch(proc.send_signal, proc.wait)
+
+
+def _fork_guard() -> None:
+    """``--guard``: fork; the child returns and runs the Python program in this interpreter
+    (nothing but the standard library and :mod:`launch` is imported yet, no thread runs),
+    and the parent stays behind as its guard (:func:`_watch`) and never returns.
+
+    Without it, an instance whose process ends without a word (``os._exit``, a signal, the
+    kernel's OOM killer) before it started MPI would leave the job running for ever: Hydra
+    ends a job only when a process that started MPI fails, and nothing else tells poprun.
+    The child dies with the guard (PR_SET_PDEATHSIG) and so with mpirun.
+    """
+    guard = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != guard:   # the guard died before the line above
+            os._exit(128 + signal.SIGKILL)
+        return
+
+    def send(signum: int) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    _watch(send, lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 
 
 def _run(argv: list[str]) -> None:
@@ -100,7 +160,7 @@ def _run(argv: list[str]) -> None:
     if argv[0] == "--exec":
         if len(argv) < 2:
             raise SystemExit(USAGE)
-        raise SystemExit(_guard(argv[1:]))
+        _guard(argv[1:])
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit(USAGE)
@@ -185,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the program; returns 0 on success (failures never return)."""
     argv = sys.argv[1:] if argv is None else argv
     _follow_parent()
+    if argv[:1] == ["--guard"]:
+        argv = argv[1:]
+        if not argv:
+            raise SystemExit(USAGE)
+        _fork_guard()
     try:
         _run(argv)
     except SystemExit as exc:

@@ -1,9 +1,11 @@
 """Start and supervise a job through MPICH's ``mpirun`` (Hydra).
 
 Each instance is one MPMD block with its own environment
-(``mpirun -n 1 -env K V prog : -n 1 -env K V2 prog``). Python programs run under
-:mod:`launch.bootstrap`, so a failing instance ends the job at once; Hydra then stops the
-others. Each instance's stdout and stderr go to files that poprun follows and tags by line.
+(``mpirun -n 1 -env K V prog : -n 1 -env K V2 prog``). Every program runs under a guard of
+:mod:`launch.bootstrap` that records how an instance failed in its error file, however it
+ended (an exception, ``os._exit``, a signal), so that poprun stops the others at once: Hydra
+itself ends a job only when a process that started MPI fails. Each instance's stdout and
+stderr go to files that poprun follows and tags by line.
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ def instance_command(command: Sequence[str], guard: bool = False) -> list[str]:
 
     ``python [interpreter options] (script | -m mod | -c cmd) args`` becomes
     ``python [interpreter options] -m launch.bootstrap (script | -m mod | -c cmd) args``;
-    any other program is left as it is, or with ``guard`` (mpirun, which does not end a job
-    when an instance exits non-zero) runs under ``python -m launch.bootstrap --exec``, which
-    records how it ended in the error file that the launcher watches.
+    any other program is left as it is. With ``guard`` (mpirun, which does not end a job when
+    an instance that has not started MPI exits non-zero or is killed) a Python program runs
+    under ``python -m launch.bootstrap --guard``, which forks and keeps a guard process that
+    waits for it, and any other program under ``python -m launch.bootstrap --exec``: either
+    guard records how the program ended (an ``os._exit``, a signal, an exit code) in the error
+    file that the launcher watches, so the launcher stops the job at once.
     A bare ``python``/``python3`` (no directory) means the interpreter running poprun, the
     one ipupod is installed in, whether or not its environment is activated.
     """
@@ -76,7 +81,8 @@ def instance_command(command: Sequence[str], guard: bool = False) -> list[str]:
         i += 2 if command[i] in _FLAGS_WITH_ARG else 1
     if i >= len(command):
         return command  # an interactive interpreter: nothing to wrap
-    return [*command[:i], "-m", "launch.bootstrap", *command[i:]]
+    return [*command[:i], "-m", "launch.bootstrap", *(["--guard"] if guard else []),
+            *command[i:]]
 
 
 _SHM_DIR = "/dev/shm"

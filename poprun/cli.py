@@ -254,7 +254,8 @@ def _dry_run(plan: LaunchPlan, model: SystemModel) -> int:
             mpirun = find_mpirun()
         except LaunchError:
             mpirun = "mpirun"
-        cmd = mpirun_command_line(plan, mpirun, "<workdir>", instance_command(plan.command))
+        cmd = mpirun_command_line(plan, mpirun, "<workdir>",
+                                  instance_command(plan.command, guard=True))
         print("mpirun command line: " + " ".join(cmd))
     else:
         print("instances started by poprun itself: " + " ".join(instance_command(plan.command)))

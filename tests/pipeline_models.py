@@ -17,7 +17,7 @@ class ListInfeed:
     def __init__(self, elements):
         self._it = iter(list(elements))
 
-    def _dequeue(self):
+    def next_element(self):
         return next(self._it)
 
 

@@ -108,15 +108,28 @@ def test_a_python_instance_that_raises_before_its_first_collective_ends_the_job(
         describe(result)
 
 
+#: how an instance dies without a word, by exit code: in Python, in a shell
+_DEATHS = {3: ("_exit3", "exit 3"), 137: ("kill", "kill -9 $$")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-@pytest.mark.parametrize("action, code, how", [("exit 3", 3, "exit code 3"),
-                                               ("kill -9 $$", 137, "killed by SIGKILL")])
-def test_an_instance_without_python_that_fails_ends_the_job_with_its_status(job, launcher,
-                                                                          action, code, how):
-    script = (f'[ "$IPUPOD_INSTANCE_INDEX" = 1 ] && {action}; '
-              f'exec python3 -c "import time; time.sleep(300)" {job.marker}')
-    result = job.run(launcher, "sh", "-c", script, "sh")
+@pytest.mark.parametrize("language", ["python", "sh"])
+@pytest.mark.parametrize("code, how", [(3, "exit code 3"), (137, "killed by SIGKILL")])
+def test_an_instance_that_dies_without_a_word_ends_the_job_with_its_status(job, launcher,
+                                                                         language, code, how):
+    """Instance 1 ends with exit code 3 (in Python ``os._exit(3)``: no clean-up, no error
+    file from the program) or is killed by SIGKILL, before any collective. Hydra does not
+    end a job whose instance failed before it started MPI: the guard that mpirun's
+    instances run under records it for poprun."""
+    in_python, in_shell = _DEATHS[code]
+    if language == "python":
+        program = ["python", SAFETY, in_python, "1", job.marker]
+    else:
+        program = ["sh", "-c", f'[ "$IPUPOD_INSTANCE_INDEX" = 1 ] && {in_shell}; '
+                               f'exec python3 -c "import time; time.sleep(300)" {job.marker}',
+                   "sh"]
+    result = job.run(launcher, *program)
     assert result.returncode == code, describe(result)
     assert result.stderr.strip().splitlines()[-1] == (
         f"poprun: instance 1 failed ({how}); the other instances were stopped"), \

@@ -86,3 +86,77 @@ def test_a_half_poptorch_model_trains_in_float32_counted_at_float16():
     assert dtypes == {"float16"}  # priced at the float16 peak
     for m in (m32, m16):
         m.destroy()
+
+
+class _Reference(torch.utils._python_dispatch.TorchDispatchMode):
+    """The rule spelt out plainly: every op with a float16 operand runs on ``.float()``
+    copies and its float16 results are its float32 results rounded; views and casts as
+    they are; an in-place op's result copied into the float16 tensor it wrote."""
+
+    _as_is = {"_to_copy", "copy_", "detach", "empty_like", "zeros_like", "ones_like",
+              "full_like", "clone"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.name.split("::")[1] in self._as_is or func.is_view:
+            return func(*args, **kwargs)
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float16 for t in flat):
+            return func(*args, **kwargs)
+        up = [t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.float16 else
+              torch.float32 if t is torch.float16 else t for t in flat]
+        up_args, up_kwargs = torch.utils._pytree.tree_unflatten(up, spec)
+        out = func(*up_args, **up_kwargs)
+        if any(a.alias_info is not None and a.alias_info.is_write
+               for a in func._schema.arguments):
+            for orig, new in zip(args, up_args):
+                if isinstance(orig, torch.Tensor) and orig is not new:
+                    orig.copy_(new)
+            return args[0]
+        return torch.utils._pytree.tree_map(
+            lambda t: t.half() if isinstance(t, torch.Tensor) and t.dtype == torch.float32
+            else t, out)
+
+
+class _Block(torch.nn.Module):
+    """Views of one projection (q, k, v), a transpose, a norm, an in-place op, ops whose
+    float32 results are float16 values."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm = torch.nn.Linear(32, 96), torch.nn.LayerNorm(32)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x, y):
+        q, k, v = self.proj(x).chunk(3, dim=-1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / 32 ** 0.5, dim=-1) @ v
+        h = self.norm(att + x)
+        h = h.relu_()
+        h = torch.relu(h - 0.5) + torch.maximum(-h, h.abs() - 1)  # (float32 results kept)
+        out = self.head(h[:, 0])
+        return out, torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def test_kept_float32_copies_give_the_plain_rules_bits():
+    """Forward, backward and two optimizer steps (momentum) under :class:`HalfAsFloat`, whose
+    float32 copies are kept across ops, equal bit for bit the plain rule's."""
+    torch.manual_seed(0)
+    net = _Block().half()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(4, 6, 32, generator=g).half(), torch.randint(0, 10, (4,), generator=g)
+    results = []
+    for mode in (HalfAsFloat, _Reference):
+        model = copy.deepcopy(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with mode():
+            for _ in range(2):
+                opt.zero_grad()
+                out, loss = model(x, y)
+                loss.backward()
+                grads = [p.grad.clone() for p in model.parameters()]
+                opt.step()
+        results.append((out, loss, grads, [p.detach().clone() for p in model.parameters()]))
+    (out, loss, grads, params), (r_out, r_loss, r_grads, r_params) = results
+    assert out.dtype == torch.float16 and torch.equal(out, r_out) and torch.equal(loss, r_loss)
+    for a, b in zip(grads + params, r_grads + r_params):
+        assert a.dtype == torch.float16 and torch.equal(a, b)

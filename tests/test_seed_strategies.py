@@ -91,7 +91,7 @@ def _two_stage_pipeline(W1, W2, device_mapping=None):
         return {W2: h.T @ np.ones((len(h), 1))}, (np.ones((len(h), 1)) @ W2.T,)
 
     class Feed:
-        def _dequeue(self):
+        def next_element(self):
             return np.ones((2, 3))
 
     opt = GradientDescentOptimizer(0.1)

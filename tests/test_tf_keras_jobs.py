@@ -6,26 +6,17 @@ import re
 import sys
 
 from tests.procs import PROGRAMS, ROOT, child_env, poprun, run
-from tests.tf_helpers import TF_MARKS
+from tests.tf_helpers import TF_MARKS, layout_result
 
 pytestmark = TF_MARKS
 
 LAYOUT = str(PROGRAMS / "tf_keras_layout.py")
 
 
-def _result(completed) -> tuple[str, str]:
-    """The weights and losses every instance printed (all instances alike)."""
-    out = completed.stdout
-    assert completed.returncode == 0, out + completed.stderr
-    found = set(zip(re.findall(r"weights=([0-9a-f]+)", out), re.findall(r"losses=(\S+)", out)))
-    assert len(found) == 1, out + completed.stderr
-    return found.pop()
-
-
 def test_keras_fit_is_bit_identical_at_every_layout_of_four_replicas():
-    alone = _result(run([sys.executable, LAYOUT], 240, env=child_env(), cwd=ROOT))
-    two = _result(poprun(["-n", "2", "--num-replicas", "4", sys.executable, LAYOUT], 300))
-    four = _result(poprun(["-n", "4", "--num-replicas", "4", sys.executable, LAYOUT], 400))
+    alone = layout_result(run([sys.executable, LAYOUT], 240, env=child_env(), cwd=ROOT))
+    two = layout_result(poprun(["-n", "2", "--num-replicas", "4", sys.executable, LAYOUT], 300))
+    four = layout_result(poprun(["-n", "4", "--num-replicas", "4", sys.executable, LAYOUT], 400))
     assert alone == two == four, (alone, two, four)
 
 

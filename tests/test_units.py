@@ -223,6 +223,10 @@ def test_python_programs_run_under_the_bootstrap():
     assert instance_command(["/usr/bin/python3", "-X", "dev", "-m", "pytest", "-q"]) == \
         ["/usr/bin/python3", "-X", "dev", "-m", "launch.bootstrap", "-m", "pytest", "-q"]
     assert instance_command(["echo", "hi"]) == ["echo", "hi"]
+    assert instance_command(["python", "-u", "t.py"], guard=True) == \
+        [sys.executable, "-u", "-m", "launch.bootstrap", "--guard", "t.py"]
+    assert instance_command(["echo", "hi"], guard=True) == \
+        [sys.executable, "-m", "launch.bootstrap", "--exec", "echo", "hi"]
 
 
 def test_ipu_config_rejects_unknown_options_and_bad_values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -31,3 +32,12 @@ def ipus():
 
     yield make
     ipu_node.reset_ipu_configuration()
+
+
+def layout_result(completed) -> tuple[str, str]:
+    """The ``weights=`` and ``losses=`` a layout program printed (every instance alike)."""
+    out = completed.stdout
+    assert completed.returncode == 0, out + completed.stderr
+    found = set(zip(re.findall(r"weights=([0-9a-f]+)", out), re.findall(r"losses=(\S+)", out)))
+    assert len(found) == 1, out + completed.stderr
+    return found.pop()

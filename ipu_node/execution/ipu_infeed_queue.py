@@ -31,7 +31,7 @@ import numpy as np
 from ipu_node import nest as _nest
 from ipu_node.errors import InvalidArgumentError, OutOfRangeError
 from ipu_node.execution.data import as_dataset
-from ipu_node.execution.loops import _body_arguments
+from ipu_node.execution.loops import body_arguments
 from ipu_node.execution.operation import Operation
 from ipu_node.runtime.replica import current_replica_context
 
@@ -181,7 +181,7 @@ class IPUInfeedQueue:
     @property
     def number_of_tuple_elements(self) -> int:
         """How many arguments an element adds to a loop body (a dict element: one per key)."""
-        args, kwargs = _body_arguments(self._structure)
+        args, kwargs = body_arguments(self._structure)
         return len(args) + len(kwargs)
 
     @property
@@ -209,8 +209,9 @@ class IPUInfeedQueue:
         if self._iterator is None and not self._exhausted:
             self._iterator = iter(self._dataset)
 
-    def _dequeue(self) -> Any:
-        """The calling replica's next element (loops call this once per iteration).
+    def next_element(self) -> Any:
+        """The calling replica's next element (loops call this once per iteration; front
+        ends' loops too, converting it at their boundary).
 
         Raises:
             OutOfRangeError: the dataset has no element left for this replica (names the feed,

@@ -30,7 +30,8 @@ import numpy as np
 
 from ipu_node.execution.operation import Operation
 
-__all__ = ["repeat", "while_loop", "current_loop", "current_step", "LoopInfo", "frame"]
+__all__ = ["repeat", "while_loop", "current_loop", "current_step", "LoopInfo", "frame",
+           "body_arguments", "check_arity"]
 
 _local = threading.local()
 _serials = itertools.count()
@@ -112,8 +113,9 @@ def _as_list(values: Any) -> list:
     return list(values) if isinstance(values, (list, tuple)) else [values]
 
 
-def _body_arguments(element: Any) -> tuple[list, dict]:
-    """TF's ``_body_arguments``: a dict (or a 1-sequence of a dict) becomes keyword args."""
+def body_arguments(element: Any) -> tuple[list, dict]:
+    """TF's ``_body_arguments``: a dict (or a 1-sequence of a dict) becomes keyword args.
+    Returns ``(args, kwargs)``; any front end's loops call it (the TF one on TF tensors)."""
     items = _as_list(element)
     if len(items) == 1 and isinstance(items[0], dict):
         return [], dict(items[0])
@@ -141,7 +143,14 @@ def _needs(fn: Callable, count: int) -> str | None:
     return None
 
 
-def _check_arity(what: str, fn: Callable, inputs: list, infeed_queue: Any) -> None:
+def check_arity(what: str, fn: Callable, inputs: list, infeed_queue: Any) -> None:
+    """Whether ``fn`` (the loop ``what``: "body" or "condition") takes ``inputs`` plus the
+    infeed element's ``number_of_tuple_elements`` arguments.
+
+    Raises:
+        TypeError: it cannot, with TF's message ("Supplied loop body function cannot be
+            called with the specified inputs. ...").
+    """
     extra = infeed_queue.number_of_tuple_elements if infeed_queue is not None else 0
     error = _needs(fn, len(inputs) + extra)
     if error is None:
@@ -200,8 +209,8 @@ def while_loop(condition: Callable[..., Any], body: Callable[..., Any], inputs: 
         OutOfRangeError: the infeed's dataset ran out (from the infeed).
     """
     carried = [to_tensor(x) for x in ([] if inputs is None else _as_list(inputs))]
-    _check_arity("body", body, carried, infeed_queue)
-    _check_arity("condition", condition, carried, None)
+    check_arity("body", body, carried, infeed_queue)
+    check_arity("condition", condition, carried, None)
     if maximum_iterations is not None and (not isinstance(maximum_iterations, (int, np.integer))
                                            or maximum_iterations < 0):
         raise ValueError(f"maximum_iterations must be None or >= 0, got {maximum_iterations!r}")
@@ -218,7 +227,7 @@ def repeat(n: int, body: Callable[..., Any], inputs: Any = None, infeed_queue: A
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"loops.repeat needs an integer n >= 0, got {n!r}")
     carried = [to_tensor(x) for x in ([] if inputs is None else _as_list(inputs))]
-    _check_arity("body", body, carried, infeed_queue)
+    check_arity("body", body, carried, infeed_queue)
     return _run("repeat", lambda *_: True, body, carried, infeed_queue, int(n))
 
 
@@ -230,7 +239,7 @@ def _run(kind: str, condition, body, carried: list, infeed_queue, limit: int | N
             if not condition(*carried):
                 break
             args, kwargs = ([], {}) if infeed_queue is None else \
-                _body_arguments(infeed_queue._dequeue())
+                body_arguments(infeed_queue.next_element())
             carried = _split_outputs(body(*carried, *args, **kwargs), input_types)
             info.iteration += 1
     if arity == 0:

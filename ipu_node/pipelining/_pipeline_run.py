@@ -59,7 +59,7 @@ def _flops(spec, args: tuple, kwargs: dict) -> float:
 
 def _dequeue(infeed, what: str):
     """The next infeed element of the calling replica."""
-    take = getattr(infeed, "_dequeue", None)
+    take = getattr(infeed, "next_element", None)
     if take is not None:
         return take()
     return next(infeed)

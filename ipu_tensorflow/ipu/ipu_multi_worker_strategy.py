@@ -18,8 +18,16 @@ logger = logging.getLogger("tensorflow")
 class IPUMultiWorkerStrategyV1(TF1RunV2, IPUStrategyBase):
     """Synchronous training on the workers of a TF_CONFIG cluster. ``num_replicas_in_sync``
     is the number of workers (reference §3.3, **Inference**), so Keras divides the loss by it
-    and the gradients average over the workers. No Keras extension (TF-IPU's does not mix
-    one in).
+    and the gradients average over the workers.
+
+    Keras ``fit`` (``evaluate``, ``predict``) trains every worker on its own data and applies
+    the mean of the workers' gradients (the table of reference §3.3: loss ÷ workers, MEAN
+    over workers). TF-IPU gets that from TF's multi-worker Keras path (the strategy has no
+    IPU Keras extension there); ipupod runs it through the IPU Keras extension
+    (:mod:`ipu_tensorflow._keras`): the loss divided by ``num_replicas_in_sync``, the
+    gradients summed over the job's replicas by ipupod's ``cross_replica_sum``, so the
+    extension's data rules (``steps_per_execution``, gradient accumulation, metric
+    reductions) apply here too.
 
     Args:
         cluster_resolver: a ``TFConfigClusterResolver`` (``poprun.cluster_resolver``'s or
@@ -33,8 +41,7 @@ class IPUMultiWorkerStrategyV1(TF1RunV2, IPUStrategyBase):
     def __init__(self, cluster_resolver, ipu_device="/device:IPU:0", variables_on_host=False):
         logger.warning("IPUMultiWorkerStrategy is deprecated: Use PopDistStrategy instead.")
         super().__init__(_np.IPUMultiWorkerStrategy(cluster_resolver, ipu_device,
-                                                    variables_on_host),
-                         enable_keras_extensions=False)
+                                                    variables_on_host))
 
 
 IPUMultiWorkerStrategy = IPUMultiWorkerStrategyV1

@@ -6,7 +6,10 @@ CPU PyTorch's float16 kernels are many times slower than its float32 ones (a 2-l
 times), so a PopTorch program written for the IPU in float16 (``model.half()``, float16
 inputs) would take minutes a step here. :class:`HalfAsFloat` is a ``TorchDispatchMode``
 under autograd: every ATen operation that has a float16 tensor operand runs on float32
-copies of its float16 operands and its floating results are rounded back to float16
+copies of its float16 operands (one copy per float16 storage while it is unchanged, made
+the first time an operation reads it: an activation read by its backward, or a parameter
+read by the forward, the backward and the optimizer, is converted once a step) and its
+floating results are rounded back to float16
 (operations that write into an operand, ``add_`` and the like, write the rounded result into
 the float16 tensor). The tensors the program sees stay float16: parameters, activations and
 gradients are float16, so the memory plan counts them at 2 bytes, and the compute model
@@ -95,7 +98,7 @@ class HalfAsFloat(TorchDispatchMode):
         if partials not in ("float", "half"):
             raise ValueError(f"partials must be 'float' or 'half', got {partials!r}")
         self.partials = partials
-        self._params: dict[int, tuple] = {}  # id -> (parameter, version, float32 copy)
+        self._copies = _Float32Copies()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         info = _INFO.get(func)
@@ -104,11 +107,13 @@ class HalfAsFloat(TorchDispatchMode):
                                   _writes(func))
         as_is, writes = info
         if as_is:
+            if writes:  # (copy_ into a float16 tensor)
+                self._forget_written(args)
             return func(*args, **(kwargs or {}))
-        up_args, half = _up_all(args, self._params)
+        up_args, half = _up_all(args, self._copies)
         up_kwargs = kwargs
         if kwargs:
-            values, half_kw = _up_all(tuple(kwargs.values()), self._params)
+            values, half_kw = _up_all(tuple(kwargs.values()), self._copies)
             up_kwargs, half = dict(zip(kwargs, values)), half or half_kw
         if not half:
             return func(*args, **(kwargs or {}))
@@ -120,10 +125,16 @@ class HalfAsFloat(TorchDispatchMode):
             for orig, new in zip(args, up_args):
                 if isinstance(orig, torch.Tensor) and orig is not new:
                     orig.copy_(new)
+            self._forget_written(args)  # (the op may have written their float32 copies)
             return args[0] if isinstance(out, torch.Tensor) else out
         if isinstance(out, torch.Tensor):
             return round_half(out)
         return tree_map(round_half, out)
+
+    def _forget_written(self, args) -> None:
+        for t in args:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float16:
+                self._copies.forget(t)
 
     @staticmethod
     def _half_partials(func, args, kwargs):
@@ -143,25 +154,67 @@ def _writes(func) -> bool:
 _INFO: dict = {}  # op -> (runs as it is, writes an operand)
 
 
-def _up_all(values: tuple, params: dict) -> tuple[tuple, bool]:
-    """``values`` with float16 tensors (and lists of them, and float16 dtypes) made float32;
-    whether any float16 tensor was there. A parameter's float32 copy is kept in ``params``
-    while its version (``_version``: in-place updates) stays the same."""
+class _Float32Copies:
+    """The float32 copy of each float16 storage an operation has read, kept while the
+    program still holds a tensor on that storage and until an operation writes it, so that a
+    tensor read by several operations (an activation by the next layer and, as autograd's
+    saved tensor, by its backward; a parameter by the forward, the backward and the
+    optimizer; the views ``q``, ``k``, ``v`` of one projection) is converted once. The values
+    read are exactly ``t.float()``'s: a tensor reads its copy at its own shape, strides and
+    storage offset.
+
+    Keyed by the storage's address while this holds a tensor on it (so the address cannot be
+    reused); every :data:`_SWEEP` new copies, the storages that only this still holds are
+    dropped (``torch._C._storage_Use_Count``), so the copies of a step's dead activations
+    do not outlive them by long. A write through the mode forgets the storage's copy (and a
+    changed ``_version``, any other in-place write, makes it stale)."""
+
+    __slots__ = ("_by_ptr", "_added")
+
+    def __init__(self) -> None:
+        # storage address -> (a tensor on the storage, its _version, float32 copy, 1-D)
+        self._by_ptr: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._added = 0
+
+    def forget(self, v: torch.Tensor) -> None:
+        """Drop the copy of ``v``'s storage (an operation wrote ``v``)."""
+        self._by_ptr.pop(v.untyped_storage().data_ptr(), None)
+
+    def float32(self, v: torch.Tensor) -> torch.Tensor:
+        """``v.float()`` (``v`` float16), from the kept copy of its storage."""
+        storage = v.untyped_storage()
+        ptr = storage.data_ptr()
+        if not ptr:  # (an empty storage)
+            return v.float()
+        entry = self._by_ptr.get(ptr)
+        if entry is None or entry[1] != v._version:
+            flat = torch.empty(0, dtype=torch.float16).set_(storage)
+            entry = self._by_ptr[ptr] = (v.detach(), v._version, flat.float())
+            self._added += 1
+            if self._added % _SWEEP == 0:
+                self._sweep()
+        return entry[2].as_strided(v.shape, v.stride(), v.storage_offset())
+
+    def _sweep(self) -> None:
+        use_count = torch._C._storage_Use_Count
+        for ptr in [ptr for ptr, (held, _, _) in self._by_ptr.items()
+                    if use_count(held.untyped_storage()._cdata) <= 2]:  # (held + this call)
+            del self._by_ptr[ptr]
+
+
+#: New float32 copies between two sweeps of the dead ones.
+_SWEEP = 16
+
+
+def _up_all(values: tuple, copies: _Float32Copies) -> tuple[tuple, bool]:
+    """``values`` with float16 tensors (and lists of them, and float16 dtypes) made float32
+    (through ``copies``); whether any float16 tensor was there."""
     out, half = [], False
     for v in values:
         if isinstance(v, torch.Tensor):
             if v.dtype == torch.float16:
                 half = True
-                base = v if v._base is None else v._base
-                if isinstance(base, torch.nn.Parameter):  # a parameter or a view of one
-                    kept = params.get(id(base))
-                    if kept is None or kept[0] is not base or kept[1] != base._version:
-                        kept = params[id(base)] = (base, base._version,
-                                                   base.detach().reshape(-1).float())
-                    v = kept[2].as_strided(v.shape, v.stride(), v.storage_offset()
-                                           - base.storage_offset())
-                else:
-                    v = v.float()
+                v = copies.float32(v)
         elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
             if any(t.dtype == torch.float16 for t in v if isinstance(t, torch.Tensor)):
                 v, half = type(v)(_up(t) for t in v), True

@@ -1,7 +1,8 @@
 """A program for the never-hang tests: ``safety.py MODE FAILING [MARKER]``.
 
 The instance ``FAILING`` (``IPUPOD_INSTANCE_INDEX``) does MODE at once, before any collective:
-``raise`` (RuntimeError), ``exit3`` (sys.exit(3)), ``kill`` (SIGKILL itself); ``attach``
+``raise`` (RuntimeError), ``exit3`` (sys.exit(3)), ``_exit3`` (os._exit(3): no Python
+clean-up, no error file), ``kill`` (SIGKILL itself); ``attach``
 makes every instance attach its IPUs first. Every other instance prints ``ready`` and
 sleeps; with MODE ``ignore`` every instance ignores SIGTERM and SIGINT, prints ``ready`` and
 sleeps. MARKER is only there to find the processes.
@@ -28,6 +29,8 @@ if me == failing:
         raise RuntimeError("deliberate failure before the first collective")
     if mode == "exit3":
         sys.exit(3)
+    if mode == "_exit3":
+        os._exit(3)
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
 print("ready", flush=True)

@@ -10,21 +10,15 @@ import hashlib
 
 import numpy as np
 import popdist
-import popdist.tensorflow
 import tensorflow as tf
 from tensorflow.python import ipu
 
+from tests.programs.tf_job import popdist_strategy
+
 REPLICAS, STEPS, BATCH = 4, 8, 4
 
-cfg = ipu.config.IPUConfig()
-if popdist.isPopdistEnvSet():
-    popdist.tensorflow.set_ipu_config(cfg, ipus_per_replica=1)
-else:
-    cfg.auto_select_ipus = REPLICAS
-cfg.configure_ipu_system()
-strategy = ipu.distributed.PopDistStrategy()
+strategy, offset = popdist_strategy(REPLICAS)
 local = strategy.num_local_replicas
-offset = popdist.getReplicaIndexOffset() if popdist.isPopdistEnvSet() else 0
 
 rng = np.random.default_rng(7)
 x = rng.normal(size=(STEPS, REPLICAS, BATCH, 6)).astype(np.float32)

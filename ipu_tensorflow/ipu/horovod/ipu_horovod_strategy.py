@@ -12,7 +12,9 @@ __all__ = ["IPUHorovodStrategy", "IPUHorovodStrategyV1"]
 
 class IPUHorovodStrategyV1(TF1RunV2, IPUStrategyBase):
     """The processes of an mpirun job through Horovod (``hvd.size()`` workers; host
-    reductions ``hvd.allreduce``, initial values broadcast from rank 0). No Keras extension.
+    reductions ``hvd.allreduce``, initial values broadcast from rank 0). Keras ``fit``
+    averages the gradients over the workers, as under ``IPUMultiWorkerStrategyV1`` (see
+    there: TF-IPU's stock multi-worker Keras path, ipupod's IPU Keras extension).
 
     Args:
         ipu_device: only ``"/device:IPU:0"``.
@@ -22,8 +24,7 @@ class IPUHorovodStrategyV1(TF1RunV2, IPUStrategyBase):
     _replicas_in_sync = "processes"
 
     def __init__(self, ipu_device="/device:IPU:0", variables_on_host=False):
-        super().__init__(_np.IPUHorovodStrategy(ipu_device, variables_on_host),
-                         enable_keras_extensions=False)
+        super().__init__(_np.IPUHorovodStrategy(ipu_device, variables_on_host))
 
 
 IPUHorovodStrategy = IPUHorovodStrategyV1

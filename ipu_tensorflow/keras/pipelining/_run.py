@@ -45,7 +45,8 @@ class MicroBatches:
         self._elements = list(elements)
         self._next = 0
 
-    def _dequeue(self):
+    def next_element(self):
+        """The next micro-batch (the infeed protocol of ipu_node's pipeline runtime)."""
         element = self._elements[self._next]
         self._next += 1
         return element
