@@ -125,9 +125,16 @@ def test_a_dropped_async_loader_goes_with_no_garbage_collection():
         del loader
         worker.join(timeout=30)
         assert ref() is None and not worker.is_alive()
-        for batch in poptorch.DataLoader(poptorch.Options(), data, batch_size=4,
-                                         mode=poptorch.DataLoaderMode.Async):
-            assert batch[0].shape == (4,)  # a loader iterated without a name lives on
+        second = poptorch.DataLoader(poptorch.Options(), data, batch_size=4,
+                                     mode=poptorch.DataLoaderMode.Async)
+        for batch in second:
+            assert batch[0].shape == (4,)
+        # dropped too, so that no worker outlives the test: a live one starts its next epoch
+        # and draws a seed from torch's global generator, racing a later test's manual_seed
+        other, ref = second._accessor._worker, weakref.ref(second)
+        del second
+        other.join(timeout=30)
+        assert ref() is None and not other.is_alive()
     finally:
         gc.enable()
     assert not [t for t in threading.enumerate() if t is worker]
