@@ -7,7 +7,37 @@ import tensorflow as tf
 
 from ipu_tensorflow.addons.keras.optimizers.ipu_optimizer_base import IpuOptimizerBase
 
-__all__ = ["AdamIpuOptimizer"]
+__all__ = ["AdamIpuOptimizer", "moment_constants", "moments"]
+
+
+def moment_constants(optimizer) -> dict:
+    """The step's constants of Adam's moments (``epsilon``, ``beta_1_t``, ``beta_2_t`` and
+    their powers at step ``iterations + 1``), in ``optimizer``'s first compute precision;
+    shared by :class:`AdamIpuOptimizer` and ``LAMBIpuOptimizer``."""
+    dtype = optimizer.opt_dtypes[0]
+    step = tf.cast(optimizer.iterations + 1, dtype)
+    beta_1 = tf.identity(optimizer._get_hyper("beta_1", dtype))
+    beta_2 = tf.identity(optimizer._get_hyper("beta_2", dtype))
+    return dict(epsilon=tf.convert_to_tensor(optimizer.epsilon, dtype), beta_1_t=beta_1,
+                beta_2_t=beta_2, beta_1_power=tf.pow(beta_1, step),
+                beta_2_power=tf.pow(beta_2, step))
+
+
+def moments(optimizer, grad, var, c: dict):
+    """Adam's new moments of ``var`` for ``grad`` in ``optimizer``'s first compute precision:
+    ``(m slot, new m), (v slot, new v), m^, v^``; the new moments rounded through
+    ``m_dtype`` / ``v_dtype``, debiased by ``c``'s powers unless ``debiasing`` is off."""
+    dtype = optimizer.opt_dtypes[0]
+    m, v = optimizer.get_slot(var, "m"), optimizer.get_slot(var, "v")
+    g = tf.cast(grad, dtype)
+    next_m = optimizer._through(tf.cast(m, dtype) * c["beta_1_t"]
+                                + g * (1.0 - c["beta_1_t"]), optimizer.m_dtype)
+    next_v = optimizer._through(tf.cast(v, dtype) * c["beta_2_t"]
+                                + tf.square(g) * (1.0 - c["beta_2_t"]), optimizer.v_dtype)
+    if optimizer.debiasing:
+        return ((m, next_m), (v, next_v), next_m / (1.0 - c["beta_1_power"]),
+                next_v / (1.0 - c["beta_2_power"]))
+    return (m, next_m), (v, next_v), next_m, next_v
 
 
 class AdamIpuOptimizer(IpuOptimizerBase):
@@ -59,31 +89,14 @@ class AdamIpuOptimizer(IpuOptimizerBase):
 
     def _prepare_local(self, var_device, var_dtype, apply_state):
         super()._prepare_local(var_device, var_dtype, apply_state)
-        dtype = self.opt_dtypes[0]
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_1 = tf.identity(self._get_hyper("beta_1", dtype))
-        beta_2 = tf.identity(self._get_hyper("beta_2", dtype))
-        apply_state[(var_device, var_dtype)].update(dict(
-            epsilon=tf.convert_to_tensor(self.epsilon, dtype), beta_1_t=beta_1,
-            beta_2_t=beta_2, beta_1_power=tf.pow(beta_1, step),
-            beta_2_power=tf.pow(beta_2, step)))
+        apply_state[(var_device, var_dtype)].update(moment_constants(self))
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         var_device, var_dtype = var.device, var.dtype.base_dtype
         c = ((apply_state or {}).get((var_device, var_dtype))
              or self._fallback_apply_state(var_device, var_dtype))
         dtype = self.opt_dtypes[0]
-        m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
-        g = tf.cast(grad, dtype)
-        next_m = tf.cast(m, dtype) * c["beta_1_t"] + g * (1.0 - c["beta_1_t"])
-        next_v = tf.cast(v, dtype) * c["beta_2_t"] + tf.square(g) * (1.0 - c["beta_2_t"])
-        next_m = self._through(next_m, self.m_dtype)
-        next_v = self._through(next_v, self.v_dtype)
-        if self.debiasing:
-            m_hat = next_m / (1.0 - c["beta_1_power"])
-            v_hat = next_v / (1.0 - c["beta_2_power"])
-        else:
-            m_hat, v_hat = next_m, next_v
+        (m, next_m), (v, next_v), m_hat, v_hat = moments(self, grad, var, c)
         updates = []
         if self.amsgrad:
             vhat = self.get_slot(var, "vhat")

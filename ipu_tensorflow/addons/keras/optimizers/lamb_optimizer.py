@@ -7,6 +7,7 @@ import re
 
 import tensorflow as tf
 
+from ipu_tensorflow.addons.keras.optimizers.adam_optimizer import moment_constants, moments
 from ipu_tensorflow.addons.keras.optimizers.ipu_optimizer_base import IpuOptimizerBase
 
 __all__ = ["LAMBIpuOptimizer"]
@@ -69,29 +70,14 @@ class LAMBIpuOptimizer(IpuOptimizerBase):
     def _prepare_local(self, var_device, var_dtype, apply_state):
         super()._prepare_local(var_device, var_dtype, apply_state)
         dtype = self.opt_dtypes[0]
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_1 = tf.identity(self._get_hyper("beta_1", dtype))
-        beta_2 = tf.identity(self._get_hyper("beta_2", dtype))
-        apply_state[(var_device, var_dtype)].update(dict(
+        apply_state[(var_device, var_dtype)].update(
             weight_decay_rate=tf.identity(self._get_hyper("weight_decay_rate", dtype)),
-            epsilon=tf.convert_to_tensor(self.epsilon, dtype), beta_1_t=beta_1,
-            beta_2_t=beta_2, beta_1_power=tf.pow(beta_1, step),
-            beta_2_power=tf.pow(beta_2, step)))
+            **moment_constants(self))
 
     def _update_direction(self, grad, var, c):
         """``u`` and the new moments, in the first compute precision."""
         dtype = self.opt_dtypes[0]
-        m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
-        g = tf.cast(grad, dtype)
-        next_m = self._through(tf.cast(m, dtype) * c["beta_1_t"]
-                               + g * (1.0 - c["beta_1_t"]), self.m_dtype)
-        next_v = self._through(tf.cast(v, dtype) * c["beta_2_t"]
-                               + tf.square(g) * (1.0 - c["beta_2_t"]), self.v_dtype)
-        if self.debiasing:
-            m_hat = next_m / (1.0 - c["beta_1_power"])
-            v_hat = next_v / (1.0 - c["beta_2_power"])
-        else:
-            m_hat, v_hat = next_m, next_v
+        (m, next_m), (v, next_v), m_hat, v_hat = moments(self, grad, var, c)
         update = m_hat / (tf.sqrt(v_hat) + c["epsilon"])
         name = self._variable_name(var.name)
         if not _matches_any(self.exclude_from_weight_decay, name):
