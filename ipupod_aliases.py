@@ -16,10 +16,11 @@ program set it (to anything): TF-IPU programs are Keras 2 programs, and TensorFl
 ``tf.keras`` is tf-keras (Keras 2) only when the variable is set before ``import tensorflow``
 (reference tf-keras-ipu.md §1.3).
 
-This module imports nothing but the standard library's ``importlib`` and ``os``: it runs in
-every Python process of the environment. PYTEST_DONT_REWRITE: pytest would rewrite the
-modules of a distribution that has a ``pytest11`` plugin (ipupod's ``poprun.pytest_plugin``)
-and warn that this one was imported too early to rewrite; it has no assertions.
+This module imports nothing but the standard library (``importlib``, ``os``, ``sys``,
+``types``): it runs in every Python process of the environment. PYTEST_DONT_REWRITE: pytest
+would rewrite the modules of a distribution that has a ``pytest11`` plugin (ipupod's
+``poprun.pytest_plugin``) and warn that this one was imported too early to rewrite; it has no
+assertions.
 """
 
 from __future__ import annotations
