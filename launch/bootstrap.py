@@ -37,7 +37,7 @@ import traceback
 from typing import Callable, NoReturn
 
 from launch import env as envnames
-from launch.errorfile import write_error_file
+from launch.errorfile import any_error_file, write_error_file
 from launch.supervise import die_with_parent
 from protos import mpi_notice
 
@@ -81,7 +81,8 @@ def _watch(send: Callable[[int], None], wait: Callable[[], int]) -> NoReturn:
     bootstrap writes why it raised; ``os._exit``, a signal or a non-Python program write
     nothing), and end the way the program ended, so mpirun sees the same status as without
     the guard. A death by a signal that this guard passed on (mpirun or poprun stopping the
-    job) is not recorded: it is not this instance's failure.
+    job), or one after another instance recorded its failure (Hydra kills the others when an
+    instance fails), is not recorded: it is not this instance's failure.
     """
     forwarded: set[int] = set()
 
@@ -100,7 +101,8 @@ def _watch(send: Callable[[int], None], wait: Callable[[], int]) -> NoReturn:
         os._exit(code)
     if code < 0:
         signum = -code
-        if not recorded and signum not in forwarded:
+        stopped = signum in forwarded or (bool(path) and any_error_file(os.path.dirname(path)))
+        if not recorded and not stopped:
             _record(0, "", "", signum=signum)
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
         if signum not in (signal.SIGKILL, signal.SIGSTOP):

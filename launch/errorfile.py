@@ -34,6 +34,15 @@ def write_json_atomically(path: str, record: dict) -> None:
     os.replace(tmp, path)
 
 
+def any_error_file(directory: str) -> bool:
+    """Whether an instance of the job has written its error file (``error.<i>.json``) in the
+    job's ``directory``; False when the directory cannot be read."""
+    try:
+        return any(n.startswith("error.") and n.endswith(".json") for n in os.listdir(directory))
+    except OSError:
+        return False
+
+
 def read_error_file(path: str) -> InstanceFailure | None:
     """The failure recorded at ``path``, or None when there is none (or it is unreadable)."""
     try:

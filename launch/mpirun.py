@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
-from launch.errorfile import read_error_file
+from launch.errorfile import any_error_file, read_error_file
 from launch import env as envnames
 from launch.errors import InstanceFailedError, InstanceFailure, JobInterruptedError, LaunchError
 from launch.hydra import error_file_path, mpirun_command_line, mpirun_environment
@@ -180,7 +180,7 @@ def supervise_mpirun(proc: subprocess.Popen, workdir: str, signals: forward_sign
     stop_at = kill_at = None
     while proc.poll() is None:
         now = time.monotonic()
-        if stop_at is None and signals.received is None and _any_error_file(workdir):
+        if stop_at is None and signals.received is None and any_error_file(workdir):
             stop_at = now + stop_wait_s
         if kill_at is None and stop_at is not None and now >= stop_at:
             logger.info("an instance failed and mpirun did not end the job: stopping it")
@@ -191,13 +191,6 @@ def supervise_mpirun(proc: subprocess.Popen, workdir: str, signals: forward_sign
             kill_at = float("inf")
         time.sleep(POLL_INTERVAL_S)
     return proc.returncode
-
-
-def _any_error_file(workdir: str) -> bool:
-    try:
-        return any(n.startswith("error.") and n.endswith(".json") for n in os.listdir(workdir))
-    except OSError:
-        return False
 
 
 def _mpirun_failure(returncode: int) -> InstanceFailure:
@@ -323,12 +316,19 @@ class MpirunBackend:
 
     def _failures(self, plan: LaunchPlan, workdir: str,
                   statuses: list[int]) -> list[InstanceFailure]:
+        """The instances' recorded failures, and the unrecorded ends in Hydra's statuses. An
+        unrecorded death by a signal after another instance recorded its failure is left out:
+        every instance runs under the bootstrap's guard, which records its own instance's
+        death by a signal, so such a death is Hydra stopping the job."""
+        recorded = {p.index: read_error_file(error_file_path(workdir, p.index))
+                    for p in plan.instances}
+        any_recorded = any(f is not None for f in recorded.values())
         failures = []
         for p in plan.instances:
-            recorded = read_error_file(error_file_path(workdir, p.index))
-            if recorded is not None:
-                failures.append(recorded)
+            if recorded[p.index] is not None:
+                failures.append(recorded[p.index])
             elif p.index < len(statuses) and statuses[p.index]:
                 code, sig = _decode_status(statuses[p.index])
-                failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
+                if not (sig and any_recorded):
+                    failures.append(InstanceFailure(p.index, exit_code=code, signal=sig))
         return failures
