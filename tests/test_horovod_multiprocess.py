@@ -139,7 +139,7 @@ def test_horovod_torchs_positional_order_and_average(one_rank):
 
 def test_agreement_failures_name_the_rank_and_spare_joined_ranks():
     from collectives import CollectiveArgumentError, CollectiveMismatchError
-    from collectives.framework.horovod._wire import Signature, _failure, error_signature
+    from collectives.framework.horovod._request import Signature, _failure, error_signature
     ok = Signature("alltoall", {"name": None}, [("float32", [-1])])
     bad = error_signature("alltoall", ValueError("alltoall expects splits to contain 32-bit "
                                                  "integer elements."))

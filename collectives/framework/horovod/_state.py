@@ -214,7 +214,7 @@ def init() -> None:
 
 
 def _exchange_hosts(engine) -> list[str]:
-    from collectives.framework.horovod._wire import gather_rows, patience_for
+    from collectives.framework.horovod._request import gather_rows, patience_for
     name = socket.gethostname()
     # the host's name and a digest (names longer than the field still compare whole)
     raw = (hashlib.sha256(name.encode()).hexdigest()[:16] + name)[:_HOST_BYTES]
