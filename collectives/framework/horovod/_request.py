@@ -25,9 +25,10 @@ do, on the same communicators:
 A rank whose arguments are invalid (Horovod's argument errors: non-integer ``alltoall``
 splits, a dtype no reduction takes...) takes part with an ``error`` signature carrying its
 message (:func:`error_signature`): the others raise it too, naming that rank, instead of
-waiting for a call it will not make. A rank that has joined never raises here: when the
-others call what joined ranks cannot take part in, they raise (Horovod's messages) and the
-joined rank's :func:`~collectives.framework.horovod.join` goes on waiting.
+waiting for a call it will not make. A rank that has joined raises none of the others'
+Horovod errors: when the others call what joined ranks cannot take part in, they raise
+(Horovod's messages) and the joined rank's :func:`~collectives.framework.horovod.join`
+goes on waiting (it raises only for a collective of the replicas or an end of program).
 
 Nothing here is pickled: fingerprints and sizes are int64, records JSON text.
 """
