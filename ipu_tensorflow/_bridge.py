@@ -25,8 +25,8 @@ import tensorflow as tf
 from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "local_index_scope",
-           "take_error"]
+__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "call_eager",
+           "local_index_scope", "take_error"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -101,6 +101,44 @@ def _context_of(local_index: int):
     return entered_replica_context(get_system().replica_context(int(local_index)))
 
 
+def _recorded(local_index: int, fn: Callable[..., Any], *args):
+    """``fn(*args)`` in replica ``local_index``'s context; an exception it raises is kept for
+    :func:`take_error` (TensorFlow wraps it)."""
+    try:
+        with _context_of(int(local_index)):
+            return fn(*args)
+    except BaseException as exc:
+        with _errors_lock:
+            _errors.setdefault(int(local_index), exc)
+        raise
+
+
+def call_eager(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], what: str):
+    """``fn(*tensors)`` (eager TF tensors in, nothing out) as one stateful TF op
+    (``tf.py_function``: ``fn`` runs eagerly, may run TF ops, create variables and call
+    collectives), run in the context of the replica the op runs for; in eager code it is
+    called at once.
+
+    Returns:
+        The op (a ``tf.Operation``) in a ``tf.function``; None in eager code.
+
+    Raises:
+        NotInReplicaError: outside a replica function (names ``what``).
+    """
+    index = index_tensor(what)
+    if tf.executing_eagerly():
+        _recorded(int(index), fn, *inputs)
+        return None
+
+    def in_replica(local_index, *tensors):
+        _recorded(int(local_index), fn, *tensors)
+        return tf.constant(0, tf.int32)
+
+    done = tf.py_function(in_replica, [index, *inputs], [tf.int32],
+                          name=what.replace(" ", "_"))
+    return (done[0] if isinstance(done, (list, tuple)) else done).op
+
+
 def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
          out_shapes: Sequence[tf.TensorShape], what: str) -> list[tf.Tensor]:
     """``fn(*arrays)`` (numpy in, numpy out, a list of one array per output) as one TF op,
@@ -112,13 +150,7 @@ def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequen
     index = index_tensor(what)
 
     def in_replica(local_index, *arrays):
-        try:
-            with _context_of(int(local_index)):
-                out = fn(*arrays)
-        except BaseException as exc:
-            with _errors_lock:
-                _errors.setdefault(int(local_index), exc)
-            raise
+        out = _recorded(local_index, fn, *arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(out, out_dtypes)]
 
     results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),
