@@ -162,6 +162,8 @@ def pipeline(computational_stages: Sequence[Callable],
     staged = StagedPipeline(list(computational_stages), optimizer_function)
     take = _infeed_taker(infeed_queue)
     outfeed = _numpy_queue(outfeed_queue)
+    if hasattr(outfeed_queue, "note_enqueue_built"):   # (the op enqueues when it runs)
+        outfeed_queue.note_enqueue_built()
     structure = list(inputs) if inputs is not None else []
     if inputs is not None and not isinstance(inputs, (list, tuple)):
         raise TypeError(f"inputs must be a list or a tuple, not {type(inputs).__name__}")
