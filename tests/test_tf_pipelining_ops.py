@@ -53,10 +53,19 @@ def _unpipelined(tf, stages, variables, opt, batches):
     return np.array(losses)
 
 
-@pytest.mark.parametrize("schedule", ["Grouped", "Interleaved", "Sequential"])
-def test_every_schedule_equals_the_stages_unpipelined_bit_for_bit(ipus, schedule):
+@pytest.mark.parametrize("schedule, recompute", [("Grouped", False), ("Interleaved", False),
+                                                 ("Sequential", False), ("Grouped", True)])
+def test_every_schedule_equals_the_stages_unpipelined_bit_for_bit(ipus, schedule, recompute):
+    """Reference §5.4-5.5: schedules and recomputation change time and memory only."""
+    import ipu_node
     import tensorflow as tf
     ipu = ipus(2)
+    if recompute:
+        ipu_node.reset_ipu_configuration()
+        cfg = ipu.config.IPUConfig()
+        cfg.auto_select_ipus = 2
+        cfg.allow_recompute = True
+        cfg.configure_ipu_system()
     P = ipu.pipelining_ops
     x, y, inits = _data(tf)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(2, drop_remainder=True)
@@ -80,7 +89,7 @@ def test_every_schedule_equals_the_stages_unpipelined_bit_for_bit(ipus, schedule
         assert strategy.run(train) is None
     losses = outfeed.dequeue().numpy()
     report = P.last_report()
-    assert report.schedule == schedule and report.training
+    assert report.schedule == schedule and report.training and report.recompute == recompute
     assert len(report.ipus) == 2 and report.ipus[0] != report.ipus[1]
     assert report.total_s > 0 and all(report.busy_s[i] > 0 for i in report.ipus)
 

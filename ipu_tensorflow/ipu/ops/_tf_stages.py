@@ -47,12 +47,13 @@ from ipu_node.pipelining_ops import pipeline as _run_pipeline
 
 from ipu_tensorflow._keras_modelled import graph_flops
 
-__all__ = ["StagedPipeline", "TFOptimizerFunctionOutput"]
+__all__ = ["StagedPipeline", "TFOptimizerFunctionOutput", "VariableProxies", "HandOver"]
 
 
-class TFOptimizerFunctionOutput:
+class TFOptimizerFunctionOutput(_NumpyOFO):
     """What ``optimizer_function`` returns on the TF side (the public name is
-    ``pipelining_ops.OptimizerFunctionOutput``; seed 004:3940-3950).
+    ``pipelining_ops.OptimizerFunctionOutput``; seed 004:3940-3950): ipu_node's, with a TF
+    optimizer.
 
     Args:
         opt: a TF optimizer: a tf-keras optimizer (``tf.keras.optimizers.*``, legacy or
@@ -72,17 +73,55 @@ class TFOptimizerFunctionOutput:
     def __init__(self, opt, loss, compute_gradients_args=None, compute_gradients_kwargs=None,
                  apply_gradients_args=None, apply_gradients_kwargs=None, variables=None,
                  tape=None):
+        super().__init__(opt, loss, compute_gradients_args, compute_gradients_kwargs,
+                         apply_gradients_args, apply_gradients_kwargs)
+        self.variables = None if variables is None else list(variables)
+        self.tape = tape
+
+    @staticmethod
+    def _check_opt(opt) -> None:
         if not callable(getattr(opt, "apply_gradients", None)):
             raise TypeError("OptimizerFunctionOutput: opt must be an optimizer (with "
                             f"apply_gradients), not {type(opt).__name__}")
-        self.opt = opt
-        self.loss = loss
-        self.compute_gradients_args = tuple(compute_gradients_args or ())
-        self.compute_gradients_kwargs = dict(compute_gradients_kwargs or {})
-        self.apply_gradients_args = tuple(apply_gradients_args or ())
-        self.apply_gradients_kwargs = dict(apply_gradients_kwargs or {})
-        self.variables = None if variables is None else list(variables)
-        self.tape = tape
+
+
+class VariableProxies:
+    """An ``ipu_node.Variable`` standing for each ``tf.Variable`` per local replica (what the
+    pipeline runtime keys gradients by; its bytes are accounted on the IPU of the stage that
+    uses it), and back."""
+
+    def __init__(self):
+        self._proxies: dict = {}   # (local replica, variable ref) -> ipu_node.Variable
+        self._tf_of: dict = {}     # ipu_node.Variable -> tf.Variable
+        self._lock = threading.Lock()
+
+    def proxy(self, var: tf.Variable) -> Variable:
+        """The calling replica's proxy of ``var``."""
+        key = (current_replica_context().local_index, var.ref())
+        with self._lock:
+            proxy = self._proxies.get(key)
+            if proxy is None:
+                proxy = Variable(np.zeros(var.shape, var.dtype.as_numpy_dtype),
+                                 var.name.split(":")[0])
+                self._proxies[key] = proxy
+                self._tf_of[proxy] = var
+        return proxy
+
+    def variable(self, proxy: Variable) -> tf.Variable:
+        """The ``tf.Variable`` ``proxy`` stands for."""
+        return self._tf_of[proxy]
+
+
+class HandOver(Optimizer):
+    """The optimizer ipu_node's runtime applies once per repeat: hands the accumulated
+    gradients (numpy, keyed by proxies) to ``owner.apply_gradients``."""
+
+    def __init__(self, owner, name: str):
+        super().__init__(name)
+        self._owner = owner
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
+        self._owner.apply_gradients(grads_and_vars)
 
 
 def _tensor(value: Any) -> Any:
@@ -131,18 +170,6 @@ class _MadeOnce:
         return [v for stage in sorted(self._made) for v in self._made[stage]]
 
 
-class _WeightUpdate(Optimizer):
-    """The optimizer ipu_node's runtime applies once per repeat: the TF optimizer on the
-    accumulated gradients, as TF tensors."""
-
-    def __init__(self, owner: "StagedPipeline"):
-        super().__init__("TFPipelineWeightUpdate")
-        self._owner = owner
-
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
-        self._owner.apply_gradients(grads_and_vars)
-
-
 class _Feed:
     """An infeed for ipu_node's runtime: the replica's next element as numpy."""
 
@@ -165,24 +192,12 @@ class StagedPipeline:
         self.optimizer_function = optimizer_function
         self.made = _MadeOnce()
         self.ofo: TFOptimizerFunctionOutput | None = None   # the first one: its optimizer
-        self._proxies: dict = {}   # (local replica, variable ref) -> ipu_node.Variable
-        self._tf_of: dict = {}     # ipu_node.Variable -> tf.Variable
+        self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training, input signature) -> FLOPs
         self._local = threading.local()
         self._lock = threading.Lock()
 
     # -- the stages as ipu_node Stages --------------------------------------------------------
-
-    def _proxy(self, var: tf.Variable) -> Variable:
-        key = (current_replica_context().local_index, var.ref())
-        with self._lock:
-            proxy = self._proxies.get(key)
-            if proxy is None:
-                proxy = Variable(np.zeros(var.shape, var.dtype.as_numpy_dtype),
-                                 var.name.split(":")[0])
-                self._proxies[key] = proxy
-                self._tf_of[proxy] = var
-        return proxy
 
     def _call(self, s: int, args: tuple, kwargs: dict) -> Any:
         with self.made.scope(s):
@@ -202,27 +217,19 @@ class StagedPipeline:
                 tf.function(body, autograph=False).get_concrete_function(*specs)))
         return self._flops[key]
 
-    def _last_ofo(self, outputs: Any) -> tuple[TFOptimizerFunctionOutput, int]:
-        """The user's ``optimizer_function`` on the last stage's outputs (under its tape)
-        and the position of its loss among them."""
-        values = list(outputs) if isinstance(outputs, (tuple, list)) else (
-            [outputs[k] for k in outputs] if isinstance(outputs, dict) else
-            ([] if outputs is None else [outputs]))
-        ofo = (self.optimizer_function(**outputs) if isinstance(outputs, dict)
-               else self.optimizer_function(*values))
+    def _last_ofo(self, outputs: Any) -> TFOptimizerFunctionOutput:
+        """The user's ``optimizer_function`` on the last stage's outputs (under its tape);
+        the first one's optimizer is the pipeline's."""
+        ofo = (self.optimizer_function(**outputs) if isinstance(outputs, dict) else
+               self.optimizer_function(*(outputs if isinstance(outputs, (tuple, list)) else
+                                         ([] if outputs is None else [outputs]))))
         if not isinstance(ofo, TFOptimizerFunctionOutput):
             raise TypeError("optimizer_function must return a "
                             f"pipelining_ops.OptimizerFunctionOutput, not {type(ofo).__name__}")
-        index = next((i for i, v in enumerate(values) if v is ofo.loss), None)
-        if index is None:
-            raise ValueError(
-                "optimizer_function's loss must be one of the last computational stage's "
-                "outputs (ipupod differentiates the stages' outputs: return the loss from "
-                "the last stage and pass it on)")
         with self._lock:
             if self.ofo is None:
                 self.ofo = ofo
-        return ofo, index
+        return ofo
 
     def stage(self, s: int, training: bool) -> Stage | Callable:
         """Stage ``s`` for ipu_node's runtime (a plain callable in inference)."""
@@ -246,13 +253,14 @@ class StagedPipeline:
                 tape.watch([t for t in inputs if t is not None and t.dtype.is_floating])
                 outputs = self._call(s, args, kwargs)
                 if last:
-                    ofo, index = self._last_ofo(outputs)
-                    loss = ofo.loss
-                    self._local.loss_index = index
+                    loss = self._last_ofo(outputs).loss
             flat_out = [None if t is None else tf.convert_to_tensor(t) for t in _flat(outputs)]
             held = [t.numpy() for t in inputs + flat_out if t is not None]
-            return (tf.nest.map_structure(_numpy, outputs),
-                    (tape, inputs, flat_out, loss, held))
+            numpy_out = tf.nest.map_structure(_numpy, outputs)
+            if last:   # (the runtime finds the loss among the outputs by identity)
+                self._local.loss = next(
+                    (n for t, n in zip(_flat(outputs), _flat(numpy_out)) if t is loss), loss)
+            return numpy_out, (tape, inputs, flat_out, loss, held)
 
         def backward(saved, output_grads):
             tape, inputs, flat_out, loss, _ = saved
@@ -270,7 +278,7 @@ class StagedPipeline:
             floats = [i for i, t in enumerate(inputs) if t is not None and t.dtype.is_floating]
             grads = tape.gradient([t for t, _ in pairs], variables + [inputs[i] for i in floats],
                                   output_gradients=[g for _, g in pairs])
-            var_grads = {self._proxy(v): tf.convert_to_tensor(g).numpy()
+            var_grads = {self.proxies.proxy(v): tf.convert_to_tensor(g).numpy()
                          for v, g in zip(variables, grads) if g is not None}
             in_grads: list = [None] * len(inputs)
             for i, g in zip(floats, grads[len(variables):]):
@@ -283,10 +291,10 @@ class StagedPipeline:
     # -- the weight update ---------------------------------------------------------------------
 
     def _runtime_ofo(self, *values, **named):
-        """What ipu_node's runtime calls on the last stage's (numpy) outputs: the loss is
-        the one the user's ``optimizer_function`` chose in the forward pass."""
-        values = list(values) or [named[k] for k in named]
-        return _NumpyOFO(self._update, values[self._local.loss_index])
+        """What ipu_node's runtime calls on the last stage's (numpy) outputs: the loss the
+        user's ``optimizer_function`` chose in the forward pass (the runtime refuses one
+        that is not among the outputs, with its message)."""
+        return _NumpyOFO(self._update, self._local.loss)
 
     def apply_gradients(self, grads_and_vars) -> None:
         """The accumulated gradients (numpy, keyed by proxies) applied by the optimizer of
@@ -305,7 +313,7 @@ class StagedPipeline:
                 f"{type(ofo.opt).__name__} cannot be used in a pipeline: the pipeline "
                 "accumulates the gradients itself (gradient_accumulation_count) "
                 "[reference §1.4, DOC:452-454]")
-        pairs = [(tf.convert_to_tensor(g), self._tf_of[v]) for g, v in grads_and_vars
+        pairs = [(tf.convert_to_tensor(g), self.proxies.variable(v)) for g, v in grads_and_vars
                  if g is not None]
         ofo.opt.apply_gradients(pairs, *ofo.apply_gradients_args,
                                 **ofo.apply_gradients_kwargs)
@@ -316,7 +324,7 @@ class StagedPipeline:
         """Run the pipeline now in the calling replica (ipu_node's runtime), with
         ``inputs`` (eager tensors) before the infeed element in stage 0's arguments."""
         training = self.optimizer_function is not None
-        self._update = _WeightUpdate(self)
+        self._update = HandOver(self, "TFPipelineWeightUpdate")
         stages = [self.stage(s, training) for s in range(len(self.fns))]
         _run_pipeline(stages, inputs=list(tf.nest.map_structure(_numpy, inputs)),
                       infeed_queue=None if infeed is None else _Feed(infeed),
