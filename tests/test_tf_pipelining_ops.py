@@ -236,5 +236,9 @@ def test_pipeline_errors_are_tf_ipus(ipus):
             optimizer_function=lambda v: P.OptimizerFunctionOutput(sgd, v))
     with pytest.raises(TypeError, match="must be an optimizer"):
         P.OptimizerFunctionOutput(object(), tf.constant(1.0))
+    ipu = ipus(4)                     # 2 replicas of 2 IPUs in one instance
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with pytest.raises(NotImplementedError, match="on 2 replicas of one instance"):
+        run(optimizer_function=lambda v: P.OptimizerFunctionOutput(sgd, v))
     with pytest.raises(ipu_node.NotInReplicaError, match="pipelining_ops.pipeline"):
         P.pipeline([stage, stage], 4, inputs=[tf.constant(1.0)], outfeed_queue=outfeed)

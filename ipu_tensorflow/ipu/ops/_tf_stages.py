@@ -322,8 +322,22 @@ class StagedPipeline:
 
     def run(self, inputs: list, infeed: Callable[[], Any] | None, outfeed, options: dict):
         """Run the pipeline now in the calling replica (ipu_node's runtime), with
-        ``inputs`` (eager tensors) before the infeed element in stage 0's arguments."""
+        ``inputs`` (eager tensors) before the infeed element in stage 0's arguments.
+
+        Raises:
+            NotImplementedError: training on more than one local replica (the variables
+                are held once per instance).
+        """
         training = self.optimizer_function is not None
+        local = current_replica_context().num_local_replicas
+        if training and local > 1:
+            raise NotImplementedError(
+                f"a training pipelining_ops.pipeline on {local} replicas of one instance: "
+                "its variables are held once per instance, so every replica's weight update "
+                "would apply to the same variables while the others read them (ipupod "
+                "limitation). Run one replica per instance (IPUConfig.auto_select_ipus = the "
+                "pipeline's IPUs; poprun --num-instances = --num-replicas), or train a "
+                "pipelined Keras model, whose update is applied once per instance")
         self._update = HandOver(self, "TFPipelineWeightUpdate")
         stages = [self.stage(s, training) for s in range(len(self.fns))]
         _run_pipeline(stages, inputs=list(tf.nest.map_structure(_numpy, inputs)),

@@ -154,6 +154,8 @@ def pipeline(computational_stages: Sequence[Callable],
             accumulation optimizer.
         FailedPreconditionError: G not a multiple of the schedule's overlap length, or
             below it (reference §1.3).
+        NotImplementedError: training on more than one replica of an instance (ipupod
+            holds the variables once per instance; one replica per instance trains).
         NotInReplicaError: outside a replica function.
     """
     _check_early(computational_stages, gradient_accumulation_count, optimizer_function)
