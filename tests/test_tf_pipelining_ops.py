@@ -167,7 +167,9 @@ def test_an_inference_pipeline_feeds_every_replica_and_outfeeds_its_outputs(ipus
 
 def test_compile_under_ipu_scope_runs_an_eager_pipeline(ipus):
     """``ipu_compiler.compile`` of a Python function under ``ipu_scope`` (no strategy):
-    the pipeline runs at once in the replica; the outfeed masks the first output."""
+    the pipeline runs at once in the replica, its stages where ``device_mapping`` puts them;
+    the outfeed masks the first output."""
+    import ipu_node
     import tensorflow as tf
     ipu = ipus(2)
     P = ipu.pipelining_ops
@@ -182,9 +184,11 @@ def test_compile_under_ipu_scope_runs_an_eager_pipeline(ipus):
             outfeed_queue=outfeed, outfeed_mask=[True, False],
             optimizer_function=lambda v, loss: P.OptimizerFunctionOutput(
                 tf.keras.optimizers.SGD(1.0), loss),
-            pipeline_schedule=P.PipelineSchedule.Sequential)
+            pipeline_schedule=P.PipelineSchedule.Sequential, device_mapping=[1, 0])
     with ipu.scopes.ipu_scope("/device:IPU:0"):
         ipu.ipu_compiler.compile(model)
+    ids = [ipu.id for ipu in ipu_node.get_system().devices[0].ipus]
+    assert P.last_report().ipus == [ids[1], ids[0]]       # stage 0 on the replica's IPU 1
     (losses,) = outfeed.dequeue()
     np.testing.assert_array_equal(losses.numpy(), [1.5] * G)
     np.testing.assert_array_equal(w.numpy(), [0.5 - G * 1.0, 0.5 - G * 2.0])
