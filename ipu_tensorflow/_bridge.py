@@ -33,6 +33,9 @@ _tracing = threading.local()
 #: (TensorFlow turns it into an ``UnknownError`` carrying its traceback as text)
 _errors: dict[int, BaseException] = {}
 _errors_lock = threading.Lock()
+#: local index -> the context of the replica running a replica function with that index
+_running: dict[int, Any] = {}
+_running_lock = threading.Lock()
 
 
 def take_error(local_index: int) -> BaseException | None:
@@ -74,9 +77,10 @@ def replica_function(fn: Callable[..., Any],
                      context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., Any]:
     """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
     collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
-    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None), else a
-    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the
-    strategy's TF replica context, entered in the trace's graph)."""
+    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None; while it
+    runs, its bridged ops enter the calling replica's context), else a Python function
+    running ``fn`` eagerly; either way inside ``context()`` (e.g. the strategy's TF replica
+    context, entered in the trace's graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
         def eager(local_index, *args, **kwargs):
@@ -91,14 +95,43 @@ def replica_function(fn: Callable[..., Any],
         # None, as TF 2.6's tf.function made it (it runs: the function's control outputs)
         return tf.nest.map_structure(
             lambda v: None if isinstance(v, tf.Operation) else v, result)
-    return tf.function(traced, autograph=getattr(fn, "_autograph", True))
+    function = tf.function(traced, autograph=getattr(fn, "_autograph", True))
+
+    def run(local_index, *args, **kwargs):
+        ctx = current_replica_context()
+        if ctx is None:
+            return function(local_index, *args, **kwargs)
+        with _running_as(ctx):
+            return function(local_index, *args, **kwargs)
+    return run
 
 
 def _context_of(local_index: int):
     mine = current_replica_context()
     if mine is not None and mine.local_index == local_index:
         return contextlib.nullcontext(mine)
-    return entered_replica_context(get_system().replica_context(int(local_index)))
+    with _running_lock:
+        running = _running.get(int(local_index))
+    return entered_replica_context(running or get_system().replica_context(int(local_index)))
+
+
+@contextlib.contextmanager
+def _running_as(ctx):
+    """While a replica function runs: ops run for local index ``ctx.local_index`` enter
+    ``ctx`` (not always the system's: ``ipu_compiler.compile``'s unreplicated replica holds
+    every IPU of the device)."""
+    index = ctx.local_index
+    with _running_lock:
+        previous = _running.get(index)
+        _running[index] = ctx
+    try:
+        yield
+    finally:
+        with _running_lock:
+            if previous is None:
+                _running.pop(index, None)
+            else:
+                _running[index] = previous
 
 
 def _recorded(local_index: int, fn: Callable[..., Any], *args):

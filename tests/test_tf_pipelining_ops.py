@@ -194,6 +194,25 @@ def test_compile_under_ipu_scope_runs_an_eager_pipeline(ipus):
     np.testing.assert_array_equal(w.numpy(), [0.5 - G * 1.0, 0.5 - G * 2.0])
 
 
+def test_compile_of_a_tf_function_runs_its_ops_in_the_unreplicated_replica(ipus):
+    """Under ``ipu_scope`` without a strategy, ``compile`` runs one replica holding every IPU
+    of the device: the ops of a traced computation run in that replica's context (the
+    pipeline's stages on its two IPUs)."""
+    import tensorflow as tf
+    ipu = ipus(2)
+    P = ipu.pipelining_ops
+    outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+
+    @tf.function
+    def model(x):
+        return P.pipeline([lambda v: v * 2.0, lambda v: v + 1.0], 2, inputs=[x],
+                          outfeed_queue=outfeed)
+    with ipu.scopes.ipu_scope("/device:IPU:0"):
+        ipu.ipu_compiler.compile(model, [tf.constant(3.0)])
+    assert outfeed.dequeue().numpy().tolist() == [7.0, 7.0]
+    assert len(set(P.last_report().ipus)) == 2
+
+
 def test_pipeline_errors_are_tf_ipus(ipus):
     import ipu_node
     import tensorflow as tf
