@@ -4,6 +4,8 @@ gradients by ``tf.GradientTape``, a Keras optimizer, ipu_node's schedules under
 ``strategy.run`` and ``ipu_compiler.compile``, outfeeds. The oracle: the same stages run
 unpipelined with the same gradient accumulation, bit for bit, under every schedule."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -239,6 +241,10 @@ def test_pipeline_errors_are_tf_ipus(ipus):
         with strategy.scope():
             return strategy.run(fn)
 
+    assert list(inspect.signature(P.pipeline).parameters)[:3] == [
+        "computational_stages", "gradient_accumulation_count", "gradient_accumulation_dtype"]
+    with pytest.raises(TypeError, match="pipeline_depth"):
+        run(pipeline_depth=4)                 # (SDK 1.x's name: not in TF-IPU 3.x)
     with pytest.raises(ValueError, match="Pipeline requires at least two computational"):
         run(computational_stages=[stage])
     with pytest.raises(ValueError, match="gradient_accumulation_count must be specified."):

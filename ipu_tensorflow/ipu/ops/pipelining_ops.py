@@ -33,7 +33,8 @@ options take either; :func:`last_report` is the runtime's report of the last run
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import inspect
+from typing import Callable
 
 import tensorflow as tf
 from ipu_node import current_replica_context
@@ -41,6 +42,7 @@ from ipu_node.pipelining_ops import (GradientAccumulationReductionMethod, Pipeli
                                      PipelineSchedule, PipelineStageOptions,
                                      RecomputationMode, StepRecord, check_arguments,
                                      last_report)
+from ipu_node.pipelining_ops import pipeline as _numpy_pipeline
 
 from ipu_tensorflow import _bridge
 from ipu_tensorflow.ipu.ops._tf_stages import StagedPipeline, TFOptimizerFunctionOutput
@@ -51,17 +53,11 @@ __all__ = ["pipeline", "PipelineSchedule", "RecomputationMode", "PipelineStageOp
 
 OptimizerFunctionOutput = TFOptimizerFunctionOutput
 
-#: the arguments handed to ipu_node's runtime as they are
-_RUNTIME_ARGS = (
-    "gradient_accumulation_count", "gradient_accumulation_dtype", "repeat_count",
-    "batch_serialization_iterations", "device_mapping", "pipeline_schedule",
-    "recomputation_mode", "forward_propagation_stages_poplar_options",
-    "backward_propagation_stages_poplar_options", "weight_update_poplar_options",
-    "offload_weight_update_variables", "replicated_optimizer_state_sharding",
-    "offload_activations", "offload_gradient_accumulation_buffers",
-    "replicated_weight_sharding", "offload_weights", "continuous_weight_updates",
-    "outfeed_loss", "accumulate_outfeed", "accumulate_outfeed_dtype", "outfeed_mask", "name",
-    "reduction_method")
+#: TF-IPU's signature of ``pipeline``: ipu_node's (the one list of its parameters and defaults)
+_SIGNATURE = inspect.signature(_numpy_pipeline)
+#: the arguments this module handles; the others go to ipu_node's runtime as they are
+_OWN = ("computational_stages", "inputs", "infeed_queue", "outfeed_queue",
+        "optimizer_function")
 
 
 def recomputation_checkpoint(tensors, name: str | None = None):
@@ -106,27 +102,10 @@ def _check_early(stages, gradient_accumulation_count, optimizer_function) -> Non
 
 
 @tf.autograph.experimental.do_not_convert
-def pipeline(computational_stages: Sequence[Callable],
-             gradient_accumulation_count: int | None = None,
-             gradient_accumulation_dtype=None, repeat_count: int = 1,
-             batch_serialization_iterations: int = 1, inputs: Sequence | None = None,
-             infeed_queue=None, outfeed_queue=None,
-             optimizer_function: Callable | None = None,
-             device_mapping: Sequence[int] | None = None,
-             pipeline_schedule: PipelineSchedule | None = None,
-             recomputation_mode: RecomputationMode | None = None,
-             forward_propagation_stages_poplar_options=None,
-             backward_propagation_stages_poplar_options=None,
-             weight_update_poplar_options=None, offload_weight_update_variables=None,
-             replicated_optimizer_state_sharding: bool = False, offload_activations=None,
-             offload_gradient_accumulation_buffers=None, replicated_weight_sharding=None,
-             offload_weights=None, continuous_weight_updates: bool = False,
-             outfeed_loss: bool = False, accumulate_outfeed: bool = False,
-             accumulate_outfeed_dtype=None, outfeed_mask: Sequence[bool] | None = None,
-             name: str | None = None, reduction_method="SUM"):
+def pipeline(*args, **kwargs):
     """Run ``repeat_count`` executions of a pipeline of ``gradient_accumulation_count`` (G)
     micro-batches over the replica's IPUs (seed 004:4007's parameters and defaults, plus
-    HEAD's ``reduction_method``).
+    HEAD's ``reduction_method``: the signature is :func:`ipu_node.pipelining_ops.pipeline`'s).
 
     Stage ``i``'s outputs are stage ``i+1``'s arguments (a tuple or list positionally, a
     dict of str keys as keyword arguments, anything else as one argument); stage 0 receives
@@ -145,6 +124,7 @@ def pipeline(computational_stages: Sequence[Callable],
         The pipeline's ``tf.Operation`` in a ``tf.function``; None in eager code (it ran).
 
     Raises:
+        TypeError: an argument the signature does not have.
         ValueError, TypeError: when built: fewer than two stages ("Pipeline requires at
             least two computational stages."), G missing ("gradient_accumulation_count must
             be specified."), a stage or ``optimizer_function`` not callable. When it runs
@@ -158,9 +138,14 @@ def pipeline(computational_stages: Sequence[Callable],
             holds the variables once per instance; one replica per instance trains).
         NotInReplicaError: outside a replica function.
     """
-    _check_early(computational_stages, gradient_accumulation_count, optimizer_function)
-    arguments = dict(locals())
-    options = {k: arguments[k] for k in _RUNTIME_ARGS}
+    bound = _SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = bound.arguments
+    computational_stages, inputs, infeed_queue, outfeed_queue, optimizer_function = (
+        arguments[k] for k in _OWN)
+    _check_early(computational_stages, arguments["gradient_accumulation_count"],
+                 optimizer_function)
+    options = {k: v for k, v in arguments.items() if k not in _OWN}
     staged = StagedPipeline(list(computational_stages), optimizer_function)
     take = _infeed_taker(infeed_queue)
     outfeed = _numpy_queue(outfeed_queue)
@@ -190,3 +175,6 @@ def pipeline(computational_stages: Sequence[Callable],
         staged.run(tf.nest.pack_sequence_as(structure, list(tensors)), take, outfeed, options)
 
     return _bridge.call_eager(execute, leaves, "pipelining_ops.pipeline")
+
+
+pipeline.__signature__ = _SIGNATURE
