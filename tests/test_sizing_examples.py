@@ -4,6 +4,7 @@ print the tables."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -74,3 +76,30 @@ def test_published_configurations_side_by_side(model, extra, capsys):
         assert ratio == pytest.approx(predicted / published, abs=0.006)
     assert "compute by operation: matmul/conv" in out and "top operations:" in out
     assert "compute per operation on the" in out
+
+
+def test_mlperf_v11_ratios_of_time_to_train(capsys):
+    """The five ratios of MLPerf Training v1.1 time to train between POD sizes, beside the
+    step model's: the sizing examples' configurations are the result logs' ones, and the
+    time to train is the data each run trained on (the logs': epochs of ImageNet, BERT
+    samples) over the predicted samples/s."""
+    mlperf, r50, bert = load("mlperf_v11"), load("size_resnet50"), load("size_bert_large")
+    assert [(p.system, p.replicas, p.gradient_accumulation) for p in mlperf.RESNET50.values()
+            ] == [c[:3] for c in r50.CONFIGS]
+    assert [(p.system, p.replicas, p.ipus_per_replica, p.gradient_accumulation)
+            for p in mlperf.BERT_LARGE.values()] == [c[:4] for c in bert.CONFIGS]
+    rates = mlperf.predicted_rates({"resnet50": r50.CARD, "bert-large": bert.CARD})
+    rows = {(m, a, b): (pub, pred, thr) for m, a, b, pub, pred, thr in mlperf.ratios(rates)}
+    pub, pred, thr = rows[("resnet50", "POD64", "POD256")]
+    assert pub == pytest.approx(8.502 / 3.792)
+    assert pred == pytest.approx((38 / rates[("resnet50", "POD64")])
+                                 / (45 / rates[("resnet50", "POD256")]))
+    assert thr == pytest.approx(rates[("resnet50", "POD256")] / rates[("resnet50", "POD64")])
+    held = {k for k, (pub, pred, _) in rows.items() if abs(pred / pub - 1) <= 0.15}
+    assert held >= {("resnet50", "POD16", "POD64"), ("resnet50", "POD64", "POD128"),
+                    ("bert-large", "POD16", "POD64"), ("bert-large", "POD64", "POD128")}
+    # from throughput alone (as if every size trained on the same data) fewer hold
+    assert sum(abs(thr / pub - 1) <= 0.15 for pub, _, thr in rows.values()) < len(held)
+    assert mlperf.main([]) == 0
+    out = capsys.readouterr().out
+    assert "resnet50 POD64/POD256" in out and "bert-large POD64/POD128" in out
