@@ -103,3 +103,73 @@ def test_mlperf_v11_ratios_of_time_to_train(capsys):
     assert mlperf.main([]) == 0
     out = capsys.readouterr().out
     assert "resnet50 POD64/POD256" in out and "bert-large POD64/POD128" in out
+
+
+def _forward_flops_counted_by_torch(build, inputs) -> int:
+    """The forward FLOPs of ``build()`` on ``inputs()`` as PyTorch's own FlopCounterMode counts
+    them, on fake tensors (shapes only, no kernel runs; in float32: the count does not
+    depend on the dtype): the hand count of a full-size model."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    args = inputs()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = build()
+        with FlopCounterMode(display=False) as counter:
+            model(*args)
+    return counter.get_total_flops()
+
+
+@pytest.mark.slow  # ResNet-50 at its published micro-batch (20, 224 x 224), one pass on the CPU
+def test_resnet50_at_its_published_configuration():
+    """Graphcore's MLPerf layout (seven pieces on one IPU, recomputed, micro-batch 20)
+    compiles, fits one IPU, counts the FLOPs PyTorch's counter counts, and predicts IPU-POD16's
+    MLPerf v1.1 throughput within 25%."""
+    import torch
+    from collectives.step_model import ModelCard, StepConfig, predict
+
+    sized = load("size_published")
+    training, inputs = sized._resnet(20, 224, accumulation=10)
+    training.compile(*inputs)
+    report = training.modelReport()
+    assert len(report.stages) == len(sized.RESNET_PIECES) + 1
+    assert {s.ipu for s in report.stages} == {0}
+    assert all(s.recompute_flops == s.forward_flops for s in report.stages[:-1])
+    memory = next(iter(report.memory.values()))
+    assert memory["total"] <= 940_572_672  # one GC200's In-Processor-Memory, as compiled
+    want = _forward_flops_counted_by_torch(
+        lambda: sized.resnet50(),
+        lambda: (torch.empty(20, 3, 224, 224),
+                 torch.zeros(20, dtype=torch.long)))
+    assert sum(s.forward_flops for s in report.stages) == want
+    card = ModelCard.from_run(run=report)
+    assert card.params == 25_557_032 and card.compute_micro_batch == 20
+    est = predict(card, StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10))
+    published = next(p for label, *_, p, _ in sized.PUBLISHED["resnet50"]
+                     if label == "IPU-POD16 MLPerf v1.1")
+    assert 0.75 <= est.samples_per_s / published <= 1.25
+    training.destroy()
+
+
+@pytest.mark.slow  # BERT-Large, 24 layers over 4 IPUs, micro-batch 8, one pass on the CPU
+def test_bert_large_phase1_at_its_published_configuration():
+    """BERT-Large phase 1 as Graphcore pipelines it (4 IPUs, micro-batch 8, LAMB state in
+    Streaming Memory) compiles, fits its IPUs, counts the FLOPs PyTorch's counter counts,
+    and predicts Bow Pod16's published throughput within 25%."""
+    from collectives.step_model import ModelCard, StepConfig, predict
+
+    sized = load("size_published")
+    training, batch = sized._bert(8, 24)
+    training.compile(*batch)
+    report = training.modelReport()
+    assert [s.ipu for s in report.stages] == [0, 1, 2, 3]
+    assert all(m["total"] <= 940_572_672 for m in report.memory.values())
+    want = _forward_flops_counted_by_torch(lambda: sized.Bert(layers=24),
+                                           lambda: sized.Bert.batch(8))
+    assert sum(s.forward_flops for s in report.stages) == want
+    card = ModelCard.from_run(run=report)
+    label, system, replicas, ipus, accumulation, published, _ = sized.PUBLISHED["bert-large"][0]
+    est = predict(card, StepConfig(system, replicas, ipus_per_replica=ipus, micro_batch=8,
+                                   gradient_accumulation=accumulation))
+    assert 0.75 <= est.samples_per_s / published <= 1.25
+    training.destroy()
