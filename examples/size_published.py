@@ -18,7 +18,9 @@ card, and :func:`collectives.step_model.predict` prices the published configurat
 each operation by the per-operation compute model on the system's chip
 (:mod:`collectives.performance.compute_model`), the gradient all-reduce on the POD's links,
 the weight update, the host I/O. Nothing is fitted to the published figures; the ratio
-predicted / published is printed as it comes out.
+predicted / published is printed as it comes out. For ResNet-50 the five ratios of MLPerf
+v1.1 time to train between POD sizes follow (:mod:`mlperf_v11`), ResNet-50's from this
+run's card.
 
 Published figures (the configurations are Graphcore's; where the source gives only the
 global batch, the split into replicas, micro-batch and gradient accumulation is ipupod's
@@ -177,8 +179,24 @@ def main(argv: list[str] | None = None) -> int:
               f"  {source}")
     print()
     print(first.table())
+    if args.model == "resnet50":
+        _mlperf_ratios(card, published_micro)
     training.destroy()
     return 0
+
+
+def _mlperf_ratios(card: ModelCard, micro_batch: int) -> None:
+    """The five MLPerf v1.1 ratios of time to train (:mod:`mlperf_v11`), ResNet-50's from
+    this run's card, BERT-Large's from examples/size_bert_large.py's."""
+    import mlperf_v11
+    from size_bert_large import CARD as BERT_CARD
+
+    rates = mlperf_v11.predicted_rates({"bert-large": BERT_CARD})
+    for system, p in mlperf_v11.RESNET50.items():
+        rates[("resnet50", system)] = predict(card, StepConfig(
+            system, p.replicas, micro_batch=micro_batch,
+            gradient_accumulation=p.gradient_accumulation)).samples_per_s
+    print("\n" + mlperf_v11.table(mlperf_v11.ratios(rates)))
 
 
 if __name__ == "__main__":

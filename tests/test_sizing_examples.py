@@ -76,6 +76,7 @@ def test_published_configurations_side_by_side(model, extra, capsys):
         assert ratio == pytest.approx(predicted / published, abs=0.006)
     assert "compute by operation: matmul/conv" in out and "top operations:" in out
     assert "compute per operation on the" in out
+    assert ("resnet50 POD64/POD256" in out) == (model == "resnet50")
 
 
 def test_mlperf_v11_ratios_of_time_to_train(capsys):
