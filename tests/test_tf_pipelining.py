@@ -390,6 +390,7 @@ def test_each_stage_weights_and_stash_are_accounted_on_its_ipu(isolated):
     assert peak0 > weights0                                           # the stash was there
 
 
+@pytest.mark.slow   # (two Keras fits: kept out of the unit layer)
 def test_a_pipelined_models_optimizer_state_is_per_stage_and_in_its_checkpoint(isolated,
                                                                                tmp_path):
     """Adam's slots after a pipelined fit equal the unpipelined model's bit for bit (they
@@ -429,6 +430,7 @@ def test_a_pipelined_models_optimizer_state_is_per_stage_and_in_its_checkpoint(i
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow   # (a Keras fit: kept out of the unit layer)
 def test_a_pipelined_model_has_its_entry_in_the_run_report(isolated):
     """The run report's ``tensorflow`` section lists the pipelined model as it lists an
     unpipelined one: its stages on their IPUs (FLOPs, stash depth), memory per IPU
