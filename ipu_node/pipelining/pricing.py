@@ -64,12 +64,19 @@ class PricedSteps:
     def replay(self, timelines) -> None:
         """Lay these steps on ``timelines`` (IPU key -> :class:`ipu_node.clock.Timeline`), from
         the latest of their clocks: every one waits until then (a ``"sync"`` event), then
-        gets the events shifted there."""
-        start = max(t.now_s for t in timelines.values())
-        for key, events in self.events.items():
+        gets the events shifted there. (The events are read once, at the first replay.)"""
+        shifted = self.__dict__.get("_shifted")
+        if shifted is None:  # per IPU key: each event's start and its other fields
+            shifted = self._shifted = [(k, [(e.start_s, tuple(e)[1:]) for e in evs])
+                                       for k, evs in self.events.items()]
+        start = max([t.now_s for t in timelines.values()])
+        new = tuple.__new__
+        for key, events in shifted:
             tl = timelines[key]
             tl.wait_until(start)
-            tl.extend([e._replace(start_s=e.start_s + start) for e in events])
+            if events:
+                moved = [new(Event, (s + start,) + rest) for s, rest in events]
+                tl.extend(moved, max([e[0] + e[1] for e in moved]))
 
 def bubble_fraction(busy_s: dict, compute_phase_s: float) -> float:
     """``max(0, 1 - sum(busy_s) / (len(busy_s) x compute_phase_s))``; 0 without a compute
