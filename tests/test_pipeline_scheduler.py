@@ -3,6 +3,8 @@
 schedule's order through the front end's callbacks, errors stop the run, and the pricer's
 transfers, BSP steps, account and replay are those of ipu_node's clock and routing."""
 
+import threading
+
 import pytest
 
 from ipu_node import clock
@@ -120,3 +122,23 @@ def test_priced_steps_replay_on_timelines_from_their_latest_clock():
             assert t.now_s == start + priced.total_s
     assert tls[0].events()[0] == clock.Event(0.0, 4.0, "sync", "sync")
     assert PricedSteps().bubble_fraction == 0.0
+
+
+def test_replica_threads_share_one_scheduler():
+    scheduler = PipelineScheduler(PipelineSchedule.Grouped, 3, fused_last=True)
+    expected = [(p.kind, p.stage, p.micro_batch)
+                for step in schedule_steps(PipelineSchedule.Grouped, 3, 5, True,
+                                           fused_last=True) for p in step]
+    barrier, ran = threading.Barrier(4), {}
+
+    def replica(r):
+        mine = ran[r] = []
+        barrier.wait()  # all four make the steps of g=5 at once
+        scheduler.run(5, True, lambda s, m: mine.append(("F", s, m)),
+                      lambda s, m: mine.append(("B", s, m)))
+    threads = [threading.Thread(target=replica, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert all(ran[r] == expected for r in range(4))

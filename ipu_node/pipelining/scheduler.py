@@ -84,10 +84,13 @@ class PipelineScheduler:
             if isinstance(g, bool) or not isinstance(g, int) or g < 0:
                 raise ValueError(f"PipelineScheduler: the micro-batches of a run must be an "
                                  f"int >= 0, got {g!r}")
-            steps = self._steps[key] = schedule_steps(self.schedule, self.num_stages, g,
-                                                      key[1], fused_last=self.fused_last)
+            steps = schedule_steps(self.schedule, self.num_stages, g, key[1],
+                                   fused_last=self.fused_last)
+            # _plain first: a replica thread that finds _steps set finds _plain set (the
+            # replicas of a model share its scheduler; two may make the same steps, equal)
             self._plain[key] = tuple(tuple((p.kind == "F", p.stage, p.micro_batch)
                                            for p in step) for step in steps)
+            self._steps[key] = steps
         return steps
 
     def run(self, g: int, training: bool, forward: PassFn, backward: PassFn | None = None,
