@@ -89,12 +89,11 @@ class ModelledClock:
         self.per_op = not clock.efficiency_overridden()
         self.forward_s, self.backward_s, self.priced = [], [], []
         for s, stage in enumerate(profile.stages):
-            if self.per_op:  # the per-operation compute model, on this system's chip
-                dtype = getattr(profile, "compute_dtype", None)
-                fwd = stage.forward_ops.price(self.chip, dtype=dtype,
-                                              partials=getattr(profile, "partials", "float32"))
-                bwd = stage.backward_ops.price(self.chip, dtype=dtype,
-                                               partials=getattr(profile, "partials", "float32"))
+            if self.per_op:  # the per-operation compute model, on this system's chip, each
+                # operation at the dtype it ran in (a float16 program's are float16:
+                # poptorch.execution._precision), partials as Precision set them
+                fwd = stage.forward_ops.price(self.chip, partials=profile.partials)
+                bwd = stage.backward_ops.price(self.chip, partials=profile.partials)
                 self.priced.append((fwd, bwd))
                 forward_s, backward_s = fwd.total_s, bwd.total_s
             else:  # IPUConfig.execution.compute_efficiency set: FLOPs at that share of peak
