@@ -117,7 +117,7 @@ def test_configure_ipu_system_checks_tensorflows_inter_op_threads(ipus):
         _tf_runtime.check_inter_op_threads(have)
 
 
-def test_variables_made_in_scope_are_plain_and_shared_by_the_replicas(ipus):
+def test_variables_made_in_scope_are_tf_variables_every_replica_reads(ipus):
     import tensorflow as tf
     ipu = ipus(2)
     strategy = ipu.ipu_strategy.IPUStrategy()
