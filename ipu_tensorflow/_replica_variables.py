@@ -87,14 +87,14 @@ def _capture(graph, closure, spec, key, default_value):
 
 
 _CAPTURE_CALL_TIME_VALUE = _func_graph.FuncGraph.capture_call_time_value
-_install_lock = threading.Lock()
+_lock = threading.Lock()
 
 
 def _install_forwarding() -> None:
     """Make a loop body's or branch's call-time capture of a :class:`ReplicaVariable` (TF
     re-captures one there when a traced function calls a nested ``tf.function``) a capture
     of the enclosing function's; every other key keeps TF's behaviour."""
-    with _install_lock:
+    with _lock:
         cls = _control_flow.ControlFlowFuncGraph
         if "capture_call_time_value" in cls.__dict__:
             return
@@ -152,7 +152,7 @@ class ReplicaVariable:
         if self._ipupod_copies is not None:
             return
         with tf.init_scope(), ops.device(self._handle.device):
-            value = gen_read(self._handle, self.dtype)
+            value = _read(self._handle, self.dtype)
             self._ipupod_copies = [
                 _Copy(initial_value=value, trainable=False, shape=self.shape,
                       dtype=self.dtype, name=f"{self._shared_name}/replica_{r}")
@@ -162,8 +162,8 @@ class ReplicaVariable:
         """The value of every local replica's copy, replica 0 first (R tensors of the
         variable's shape and dtype; one while the copies are not made), read eagerly."""
         with tf.init_scope():
-            first = gen_read(self._handle, self.dtype)
-            return [first] + [gen_read(c._handle, self.dtype)
+            first = _read(self._handle, self.dtype)
+            return [first] + [_read(c._handle, self.dtype)
                               for c in (self._ipupod_copies or [])]
 
     def sync_copies(self) -> None:
@@ -171,7 +171,7 @@ class ReplicaVariable:
         if not self._ipupod_copies:
             return
         with tf.init_scope():
-            value = gen_read(self._handle, self.dtype)
+            value = _read(self._handle, self.dtype)
             for copy in self._ipupod_copies:
                 copy.assign(value)
 
@@ -186,7 +186,7 @@ class ReplicaVariable:
         return restored
 
 
-def gen_read(handle, dtype):
+def _read(handle, dtype):
     """The value behind a resource ``handle`` (one ``ReadVariableOp``)."""
     return resource_variable_ops.gen_resource_variable_ops.read_variable_op(handle, dtype)
 
@@ -216,7 +216,7 @@ _classes: dict = {}
 
 
 def _replica_class(cls):
-    with _install_lock:
+    with _lock:
         swapped = _classes.get(cls)
         if swapped is None:
             swapped = _classes[cls] = type(cls.__name__, (ReplicaVariable, cls),

@@ -50,7 +50,7 @@ def test_each_replica_writes_its_own_copy_and_the_host_reads_replica_0s(ipus, tm
     assert _values(v) == [11.0] * 4
 
 
-def test_an_optimizer_in_the_replica_function_steps_each_replicas_copy_once(ipus):
+def test_an_optimizer_in_the_replica_function_steps_each_replicas_copy_once(ipus, tmp_path):
     """tf-keras SGD with momentum inside a loop body: each replica applies the reduced
     gradient to its own weights and momenta, so every copy takes exactly one step per
     iteration (one shared variable took four)."""
@@ -90,8 +90,13 @@ def test_an_optimizer_in_the_replica_function_steps_each_replicas_copy_once(ipus
     kernel = model.layers[0].kernel
     np.testing.assert_array_equal(model.get_weights()[0], kernel.read_all()[0].numpy())
 
+    trained = model.get_weights()
+    model.save_weights(str(tmp_path / "weights"))                     # replica 0's copies
     model.set_weights([np.ones_like(kernel0), np.zeros_like(bias0)])   # every copy
     assert all(np.all(c.numpy() == 1.0) for c in kernel.read_all())
+    model.load_weights(str(tmp_path / "weights"))                     # every copy
+    for copy in kernel.read_all():
+        np.testing.assert_array_equal(copy.numpy(), trained[0])
 
 
 def test_keras_fit_after_a_custom_run_keeps_every_copy_and_equals_fit_alone(ipus):
