@@ -83,7 +83,29 @@ def _capture(graph, closure, spec, key, default_value):
     target = _function_graph(graph)
     placeholder = _CAPTURE_CALL_TIME_VALUE(target, closure, spec, key=key,
                                            default_value=default_value)
+    _lean_binding(target, closure, spec, key, default_value, placeholder)
     return placeholder if target is graph else graph.capture(placeholder)
+
+
+def _lean_binding(graph, closure, spec, key, default_value, placeholder) -> None:
+    """Bind the capture at each call with ``closure`` itself, in place of TF's wrapper, which
+    checks the handle against ``spec`` at every call (about 40 us a variable a call, measured
+    here: 8 variables took a function call from 1.04 to 1.32 ms; a Keras model's step reads
+    every weight). Does what TF's wrapper does otherwise: the default value while saving, a
+    capture in the enclosing trace when a nested function is called while tracing."""
+    captures = getattr(graph, "_function_captures", None)
+    if captures is None or getattr(captures.by_ref_external.get(key), "ipupod_lean", False):
+        return
+
+    def bind():
+        if save_context.in_save_context():
+            return default_value
+        if tf.executing_eagerly():
+            return closure()
+        return _capture(ops.get_default_graph(), closure, spec, key, default_value)
+    bind.ipupod_lean = True
+    captures.add_or_replace(key=key, external=bind, internal=placeholder,
+                            tracetype=captures.by_ref_tracetype[key], is_by_ref=True)
 
 
 _CAPTURE_CALL_TIME_VALUE = _func_graph.FuncGraph.capture_call_time_value
