@@ -10,8 +10,18 @@ tensor is this thread's *index tensor* (:func:`index_tensor`); every bridged op
 collective there. One trace serves every local replica. Outside a trace (eager code in a
 replica thread) the index is the thread's own replica's.
 
-Used by ``cross_replica_ops``, ``all_to_all_op``, ``reduce_scatter_op``, ``replication_ops``
-and the Horovod modules on TF tensors.
+**Program order.** Every replica must call its collectives in the same order (GCL's
+sequence numbers), but a traced function runs its ops as their inputs allow, several at a
+time. TF's automatic control dependencies chain the stateful ops that take no resource in
+program order, and the ops that take a resource by resource only: a ``tf.cond`` or loop whose
+branch reads a variable, with a collective inside, then ran beside the collective before it,
+in a different order on different replicas (replicas disagreed on ``cross_replica_sum #n``).
+So, in a trace, every bridged op also takes one resource, the *order token* (a variable of
+its own, never read): to the automatic control dependencies every bridged op writes it, and
+so does every branch or loop that holds one, which chains them all in program order.
+
+Used by ``cross_replica_ops``, ``all_to_all_op``, ``reduce_scatter_op``, ``replication_ops``,
+the feeds and the Horovod modules on TF tensors.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from ipu_node import current_replica_context, get_system, require_replica_contex
 from ipu_node.runtime.replica import entered_replica_context
 
 __all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "call_eager",
-           "local_index_scope", "take_error"]
+           "local_index_scope", "take_error", "ordered_numpy_function"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -106,6 +116,38 @@ def replica_function(fn: Callable[..., Any],
     return run
 
 
+_order_lock = threading.Lock()
+_order: list = []
+
+
+def _order_token() -> tf.Tensor:
+    """The handle of the order token (module docstring), made once per process."""
+    with _order_lock:
+        if not _order:
+            from tensorflow.python.ops import resource_variable_ops
+            with tf.init_scope():   # (not through variable creators: no strategy's copies)
+                _order.append(resource_variable_ops.ResourceVariable(
+                    0, dtype=tf.int32, trainable=False, name="ipupod_collective_order"))
+    return _order[0].handle
+
+
+def ordered_numpy_function(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes,
+                           name: str):
+    """``tf.numpy_function(fn, inputs, out_dtypes, stateful=True, name=name)`` that, in a
+    trace, also takes the order token (module docstring: program order among every such op,
+    also across branches and loops); ``fn`` gets ``inputs`` only."""
+    args, skip = _ordered(inputs)
+    return tf.numpy_function(lambda *arrays: fn(*arrays[skip:]), args, out_dtypes,
+                             stateful=True, name=name)
+
+
+def _ordered(inputs: Sequence[tf.Tensor]) -> tuple[list, int]:
+    """``(inputs with the order token first in a trace, how many inputs that added)``."""
+    if tf.executing_eagerly():
+        return list(inputs), 0
+    return [_order_token(), *inputs], 1
+
+
 def _context_of(local_index: int):
     mine = current_replica_context()
     if mine is not None and mine.local_index == local_index:
@@ -163,12 +205,14 @@ def call_eager(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], what: str):
         _recorded(int(index), fn, *inputs)
         return None
 
-    def in_replica(local_index, *tensors):
+    args, skip = _ordered([index, *inputs])
+
+    def in_replica(*tensors):
+        local_index, *tensors = tensors[skip:]
         _recorded(int(local_index), fn, *tensors)
         return tf.constant(0, tf.int32)
 
-    done = tf.py_function(in_replica, [index, *inputs], [tf.int32],
-                          name=what.replace(" ", "_"))
+    done = tf.py_function(in_replica, args, [tf.int32], name=what.replace(" ", "_"))
     return (done[0] if isinstance(done, (list, tuple)) else done).op
 
 
@@ -186,8 +230,8 @@ def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequen
         out = _recorded(local_index, fn, *arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(out, out_dtypes)]
 
-    results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),
-                                stateful=True, name=what.replace(" ", "_"))
+    results = ordered_numpy_function(in_replica, [index, *inputs], list(out_dtypes),
+                                     name=what.replace(" ", "_"))
     if not isinstance(results, (list, tuple)):   # (eager: one output comes back bare)
         results = [results]
     for tensor, shape in zip(results, out_shapes):

@@ -14,8 +14,10 @@ own copies of the compiled loss and metrics containers, so each replica's metric
 as on the IPU) in its ipupod replica thread; the G accumulated micro-batch gradients of a
 window (SUM, MEAN or RUNNING_MEAN) are summed over every replica of the job by ONE fused
 ``collectives.cross_replica_sum`` (GCL's canonical tree: layout-invariant, bit-identical);
-the optimizer applies the reduced gradient once per instance (the model's variables live once
-per instance and every replica sees them). Keras divides the loss by the strategy's
+the optimizer applies the reduced gradient once per instance, to replica 0's copy of the
+variables (the copies of the other replicas exist once a custom ``strategy.run`` made them,
+:mod:`ipu_tensorflow._replica_variables`; until then every replica reads that one copy; after,
+the update is copied to theirs). Keras divides the loss by the strategy's
 ``num_replicas_in_sync`` (1 for IPUStrategy: a SUM over replicas; all replicas for
 PopDistStrategy: a MEAN).
 

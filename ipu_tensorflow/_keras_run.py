@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from collectives import all_gather, cross_replica_mean, cross_replica_sum
 
-from ipu_tensorflow import _keras_memory, _keras_modelled
+from ipu_tensorflow import _keras_memory, _keras_modelled, _replica_variables
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR)
 
@@ -298,6 +298,9 @@ def _apply_fn(model, strategy):
     def run(grads):
         tensors = [tf.convert_to_tensor(g) for g in grads]
         tf.distribute.OneDeviceStrategy.run(strategy, apply, args=(tensors,))
+        if strategy._copies_made:    # (the update went to replica 0's copies: to every one)
+            _replica_variables.sync_copies(model.trainable_variables +
+                                           list(model.optimizer.variables()))
     return run
 
 

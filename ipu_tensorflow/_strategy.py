@@ -2,9 +2,11 @@
 replica threads on emulated IPUs (reference tf-keras-ipu.md §3).
 
 To TensorFlow the strategy is a one-device strategy on the host CPU
-(``tf.distribute.OneDeviceStrategy``): variables made in its scope are plain variables that
-live once per instance; every replica sees the same values, so this is exact as long as every
-replica applies the same update (the reduced gradient; Keras: :mod:`ipu_tensorflow._keras`).
+(``tf.distribute.OneDeviceStrategy``). Variables made in its scope have one copy per local
+replica, as on the IPU (:mod:`ipu_tensorflow._replica_variables`): inside ``run`` each
+replica reads and writes its own copy (``v.assign_add``, an optimizer step), outside it a read
+is replica 0's copy; the copies are made at the first ``run`` (until then every replica reads
+the one copy the host updates: Keras ``fit``, :mod:`ipu_tensorflow._keras`).
 Under the hood the replicas are those of the configured ipu_node system, run by the numpy
 strategy of :mod:`collectives.strategies` (the same threads, replica contexts, IPUs and
 occupancy as every other ipupod program, refused when no IPUs are free); their collectives are
@@ -17,13 +19,14 @@ MEAN), the host ``reduce`` (identity on one instance, over the instances otherwi
 checks of ``run`` (``IPUStrategy`` refuses eager functions and float64).
 
 Variables made in the scope take instance 0's initial value (a host broadcast over the job
-when it has several instances): every instance must make the same variables in the same
-order, as in TF.
+when it has several instances), on every replica's copy: every instance must make the same
+variables in the same order, as in TF.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -31,7 +34,7 @@ import tensorflow as tf
 from ipu_node import current_replica_context
 from ipu_node.runtime.system import current_system
 
-from ipu_tensorflow import _bridge
+from ipu_tensorflow import _bridge, _replica_variables
 
 __all__ = ["IPUStrategyBase", "TF1RunV2"]
 
@@ -62,6 +65,9 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
         self._numpy = numpy_strategy
         self._enable_keras_extensions = bool(enable_keras_extensions)
         self._replica_fns: dict = {}
+        # the scope's per-replica variables (weak), and whether run has made their copies
+        self._replica_variables: list[weakref.ref] = []
+        self._copies_made = False
 
     # -- counts ----------------------------------------------------------------------------
 
@@ -91,21 +97,39 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
 
     @contextlib.contextmanager
     def scope(self):
-        """TF's scope, plus: variables made here take instance 0's initial value, and Keras
-        models constructed here get the IPU extension (the class swap that
+        """TF's scope, plus: variables made here take instance 0's initial value and have a
+        copy per local replica (:mod:`ipu_tensorflow._replica_variables`), and Keras models
+        constructed here get the IPU extension (the class swap that
         ``tensorflow.python.ipu`` installs looks for ``_enable_keras_extensions``)."""
         with super().scope(), tf.variable_creator_scope(self._create_variable):
             yield self
 
     def _create_variable(self, next_creator, **kwargs):
+        lifted = not tf.executing_eagerly()   # (made in a function graph: one per instance)
         variable = next_creator(**kwargs)
         system = current_system()
-        if system is None or system.process_count == 1 or current_replica_context() is not None:
+        if system is not None and system.process_count > 1 and \
+                current_replica_context() is None:
+            with tf.init_scope():
+                value = self._numpy.broadcast(np.asarray(variable.numpy()))
+                variable.assign(value)
+        if lifted:
             return variable
-        with tf.init_scope():
-            value = self._numpy.broadcast(np.asarray(variable.numpy()))
-            variable.assign(value)
+        variable = _replica_variables.replicate(variable, self.num_local_replicas,
+                                                materialize=self._copies_made)
+        if isinstance(variable, _replica_variables.ReplicaVariable):
+            self._replica_variables.append(weakref.ref(variable))
         return variable
+
+    def _make_replica_copies(self) -> None:
+        """Give every variable of the scope its copies per local replica (the first ``run``;
+        variables made later get theirs when made)."""
+        if not self._copies_made:
+            self._copies_made = True
+            for ref in self._replica_variables:
+                variable = ref()
+                if variable is not None:
+                    variable.materialize()
 
     # -- run --------------------------------------------------------------------------------
 
@@ -117,6 +141,10 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
         """Run ``fn(*args, **kwargs)`` on every local replica, each in its ipupod replica
         thread (a ``tf.function`` is traced once without XLA, the replica's index an input of
         the trace, :mod:`ipu_tensorflow._bridge`); every replica gets the same arguments.
+
+        Variables made in the scope are each replica's own here: a replica's reads and
+        writes use its copy (made from the host's value at the first ``run``,
+        :mod:`ipu_tensorflow._replica_variables`).
 
         Returns:
             the last local replica's result (TF-IPU returns one value; which replica's is not
@@ -130,6 +158,7 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
         """
         kwargs = kwargs or {}
         self._check_run(fn, args, kwargs)
+        self._make_replica_copies()
         key = getattr(fn, "python_function", fn)
         replica_fn = self._replica_fns.get(key)
         if replica_fn is None:

@@ -7,7 +7,8 @@ The process-level names (``init``, ``size``, ``rank``, ``local_rank``, the op co
 the build probes, ...) are :mod:`collectives.horovod`'s own objects. ``allreduce``,
 ``allgather``, ``broadcast``, ``alltoall`` and ``reducescatter`` take and return TF tensors:
 in eager code they call :mod:`collectives.horovod` on the tensor's numpy value; inside a
-``tf.function`` they are one ``numpy_function`` op each. ``allreduce(op=None)`` averages
+``tf.function`` they are one ``numpy_function`` op each, in program order
+(:func:`ipu_tensorflow._bridge.ordered_numpy_function`). ``allreduce(op=None)`` averages
 (Horovod's default, and TF-IPU's code, reference tf-keras-ipu.md §9 #5).
 """
 
@@ -21,6 +22,8 @@ from collectives.horovod import (Adasum, Average, Max, Min, Product, Sum, ddl_bu
                                  local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                                  nccl_built, rank, shutdown, size)
 
+from ipu_tensorflow import _bridge
+
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
            "Sum", "Average", "Min", "Max", "Product", "Adasum", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built",
@@ -33,8 +36,8 @@ def _host_op(fn, tensor, name: str, shape=None):
     tensor = tf.convert_to_tensor(tensor)
     if tf.executing_eagerly():
         return tf.convert_to_tensor(np.asarray(fn(tensor.numpy())), dtype=tensor.dtype)
-    out = tf.numpy_function(lambda a: np.asarray(fn(a), dtype=a.dtype), [tensor],
-                            tensor.dtype, stateful=True, name=name)
+    out = _bridge.ordered_numpy_function(lambda a: np.asarray(fn(a), dtype=a.dtype),
+                                         [tensor], tensor.dtype, name=name)
     out.set_shape(tensor.shape if shape is None else shape)
     return out
 

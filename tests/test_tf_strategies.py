@@ -117,7 +117,7 @@ def test_configure_ipu_system_checks_tensorflows_inter_op_threads(ipus):
         _tf_runtime.check_inter_op_threads(have)
 
 
-def test_variables_made_in_scope_are_plain_and_shared_by_the_replicas(ipus):
+def test_variables_made_in_scope_are_tf_variables_every_replica_reads(ipus):
     import tensorflow as tf
     ipu = ipus(2)
     strategy = ipu.ipu_strategy.IPUStrategy()
@@ -177,3 +177,27 @@ def test_horovod_tensorflow_on_tf_tensors_in_one_process():
     finally:
         hvd.shutdown()
         ipu_node.reset_ipu_configuration()
+
+
+def test_collectives_in_branches_and_loops_that_read_variables_keep_program_order(ipus):
+    """A tf.cond or loop whose body reads a variable takes a resource, and TF's automatic
+    control dependencies order such ops by resource only: its collectives ran beside the
+    collectives around it, in a different order on different replicas (a mismatch error on
+    the second run, here, before the order token)."""
+    import tensorflow as tf
+    ipu = ipus(4)
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    crs = ipu.cross_replica_ops.cross_replica_sum
+    with strategy.scope():
+        v = tf.Variable(np.ones([1000], np.float32))
+
+        @tf.function
+        def step():
+            index = ipu.replication_ops.replication_index()
+            before = crs(tf.ones([10]))
+            branch = tf.cond(index >= 0, lambda: crs(v * 1.0), lambda: crs(v * 2.0))
+            loop = ipu.loops.repeat(2, lambda t: t + crs(v[:3]), [tf.zeros([3])])
+            after = crs(tf.fill([100], 3.0))
+            return before[0] + branch[0] + loop[0] + after[0]
+        for _ in range(20):
+            assert float(strategy.run(step)) == 4.0 + 4.0 + 8.0 + 12.0

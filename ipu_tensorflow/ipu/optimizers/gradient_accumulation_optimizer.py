@@ -51,7 +51,9 @@ class GradientAccumulationOptimizerV2(IpuOptimizer):
     Each local replica has its own accumulators and call count (a row of
     ``[R_local, *shape]`` variables picked by the replica's index), as each IPU replica
     has its own; the wrapped optimizer then runs once per replica per window, as TF-IPU's
-    replicas each run it on their copy (ipupod's TF variables are one per instance).
+    replicas each run it on their copy (in an IPU strategy's scope every variable has a copy
+    per local replica, :mod:`ipu_tensorflow._replica_variables`; the rows keep the
+    accumulators of replicas apart also where it is made outside one).
     The offload and sharding arguments are recorded only.
 
     TF-IPU also checks at compile time that the enclosing loop's iteration count is a

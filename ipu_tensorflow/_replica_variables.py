@@ -1,0 +1,275 @@
+"""Variables made in an IPU strategy's scope: one copy per local replica, as on the IPU
+(reference tf-keras-ipu.md §3; execution-model.md "Variables live on a replica's IPUs").
+
+On the IPU every replica holds its own copy of every variable, initialised identically
+(instance 0's initial values) and kept identical only by the program's own cross-replica
+reductions: a ``v.assign_add(x)`` or an optimizer step inside ``strategy.run`` updates each
+replica's copy once, with that replica's values. A :class:`ReplicaVariable` is that on
+stock TensorFlow: a ``ResourceVariable`` (the object Keras, checkpoints and the user hold)
+whose copy 0 is itself and whose copies 1..R-1 are plain variables beside it.
+
+**Which copy an op uses.** Every op of a ``ResourceVariable`` goes through its ``handle``:
+
+* in a traced function (a ``tf.function`` or a loop or branch in it), ``handle`` is a
+  *call-time capture* of the function (``FuncGraph.capture_call_time_value``, the mechanism
+  of TF's ``PerWorkerVariable``): one trace serves every replica, as one Poplar program
+  does, and each call binds the copy of the replica that calls it (the ipu_node replica
+  context of the calling thread; no replica: copy 0). The capture has one key per variable,
+  so every op of one function uses one handle and TF's automatic control dependencies keep
+  the reads and writes in program order. Loops and branches capture it from the enclosing
+  function (cond_v2 does not carry call-time captures, while_v2 does; the forwarding in
+  :func:`_install_forwarding` makes both ordinary captures of the function's one);
+* eagerly, ``handle`` is the copy of the replica this thread runs (an eager function run by
+  ``PopDistStrategy.run``), else copy 0.
+
+So **a read outside ``strategy.run`` is replica 0's copy** (this instance's first replica),
+as TF-IPU's host read of a replicated variable is; ``get_weights``, ``save_weights`` and
+checkpoints save it. **A write outside ``run``** made eagerly (``assign``, ``assign_add``,
+the scatter updates, ``set_weights``, ``load_weights``, a checkpoint restore) writes every
+copy. A write from a ``tf.function`` called outside ``run`` writes copy 0 only (it is one
+program on one replica); Keras ``fit`` copies its update to the other copies itself
+(:func:`sync_copies`).
+
+**Copies on demand.** The copies exist once :meth:`ReplicaVariable.materialize` has run: the
+strategy's ``run`` materializes every variable of its scope before its replicas start (and
+a variable made later, e.g. an optimizer's slot made while ``run`` traces, at once), from
+copy 0's value at that moment. Until then every replica reads copy 0, which is exact while
+nothing but the host writes (Keras ``fit``, which applies the reduced update once); a job
+of one local replica never makes copies. Variables made inside a function graph without
+``tf.init_scope`` (TF lifts their initialisation into the function's first call) stay one
+per instance; Keras layers and optimizers make theirs under ``init_scope``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import tensorflow as tf
+from ipu_node import current_replica_context
+from tensorflow.python.distribute.ps_values import PerWorkerVariableSpec
+from tensorflow.python.framework import func_graph as _func_graph
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import control_flow_v2_func_graphs as _control_flow
+from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.saved_model import save_context
+
+__all__ = ["ReplicaVariable", "replicate", "sync_copies"]
+
+#: the class of the copies of replicas 1..R-1
+_Copy = resource_variable_ops.ResourceVariable
+
+
+class _CaptureKey:
+    """The key of one variable's call-time capture (one placeholder per function graph)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _local_index() -> int | None:
+    context = current_replica_context()
+    return None if context is None else context.local_index
+
+
+def _function_graph(graph):
+    """The innermost graph around ``graph`` that is a function's, not a loop's or branch's."""
+    while isinstance(graph, _control_flow.ControlFlowFuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+def _capture(graph, closure, spec, key, default_value):
+    """``closure``'s call-time capture in the function around ``graph``, captured into
+    ``graph`` as an ordinary tensor when ``graph`` is a loop body or a branch."""
+    target = _function_graph(graph)
+    placeholder = _CAPTURE_CALL_TIME_VALUE(target, closure, spec, key=key,
+                                           default_value=default_value)
+    _lean_binding(target, closure, spec, key, default_value, placeholder)
+    return placeholder if target is graph else graph.capture(placeholder)
+
+
+def _lean_binding(graph, closure, spec, key, default_value, placeholder) -> None:
+    """Bind the capture at each call with ``closure`` itself, in place of TF's wrapper, which
+    checks the handle against ``spec`` at every call (about 40 us a variable a call, measured
+    here: 8 variables took a function call from 1.04 to 1.32 ms; a Keras model's step reads
+    every weight). Does what TF's wrapper does otherwise: the default value while saving, a
+    capture in the enclosing trace when a nested function is called while tracing."""
+    captures = getattr(graph, "_function_captures", None)
+    if captures is None or getattr(captures.by_ref_external.get(key), "ipupod_lean", False):
+        return
+
+    def bind():
+        if save_context.in_save_context():
+            return default_value
+        if tf.executing_eagerly():
+            return closure()
+        return _capture(ops.get_default_graph(), closure, spec, key, default_value)
+    bind.ipupod_lean = True
+    captures.add_or_replace(key=key, external=bind, internal=placeholder,
+                            tracetype=captures.by_ref_tracetype[key], is_by_ref=True)
+
+
+_CAPTURE_CALL_TIME_VALUE = _func_graph.FuncGraph.capture_call_time_value
+_lock = threading.Lock()
+
+
+def _install_forwarding() -> None:
+    """Make a loop body's or branch's call-time capture of a :class:`ReplicaVariable` (TF
+    re-captures one there when a traced function calls a nested ``tf.function``) a capture
+    of the enclosing function's; every other key keeps TF's behaviour."""
+    with _lock:
+        cls = _control_flow.ControlFlowFuncGraph
+        if "capture_call_time_value" in cls.__dict__:
+            return
+
+        def capture_call_time_value(self, closure, spec, key=None, default_value=None,
+                                    placeholder=None):
+            if isinstance(key, _CaptureKey) and placeholder is None:
+                return _capture(self, closure, spec, key, default_value)
+            return _CAPTURE_CALL_TIME_VALUE(self, closure, spec, key=key,
+                                            default_value=default_value,
+                                            placeholder=placeholder)
+        cls.capture_call_time_value = capture_call_time_value
+
+
+class ReplicaVariable:
+    """A ``tf.Variable`` with one copy per local replica (module docstring). Made by the IPU
+    strategies' scope: :func:`replicate` puts this class first in the bases of the variable TF
+    made (a ``ResourceVariable``, or the ``UninitializedVariable`` kind a ``tf.function``
+    makes under ``init_scope``); everything else is that class's.
+
+    Reads outside ``strategy.run`` give replica 0's copy; eager writes outside ``run`` write
+    every copy; inside ``run`` each replica reads and writes its own.
+    """
+
+    # set by replicate(): the local replicas, the copies 1..R-1 (None until materialized),
+    # the capture key
+    _ipupod_replicas: int
+    _ipupod_copies: list | None
+    _ipupod_key: _CaptureKey
+
+    @property
+    def handle(self):
+        """The handle of the calling replica's copy (module docstring)."""
+        if tf.executing_eagerly() or save_context.in_save_context():
+            return self._replica_handle()
+        graph = ops.get_default_graph()
+        if not isinstance(graph, _func_graph.FuncGraph):
+            return self._handle
+        return _capture(graph, self._replica_handle, PerWorkerVariableSpec(value=self._handle),
+                        self._ipupod_key, self._handle)
+
+    def _replica_handle(self):
+        copies, index = self._ipupod_copies, _local_index()
+        if copies is None or not index:
+            return self._handle
+        return copies[index - 1]._handle
+
+    @property
+    def materialized(self) -> bool:
+        """Whether the copies of replicas 1..R-1 exist (module docstring)."""
+        return self._ipupod_copies is not None
+
+    def materialize(self) -> None:
+        """Make the copies of replicas 1..R-1 from copy 0's value, if not made yet."""
+        if self._ipupod_copies is not None:
+            return
+        with tf.init_scope(), ops.device(self._handle.device):
+            value = _read(self._handle, self.dtype)
+            self._ipupod_copies = [
+                _Copy(initial_value=value, trainable=False, shape=self.shape,
+                      dtype=self.dtype, name=f"{self._shared_name}/replica_{r}")
+                for r in range(1, self._ipupod_replicas)]
+
+    def read_all(self) -> list[tf.Tensor]:
+        """The value of every local replica's copy, replica 0 first (R tensors of the
+        variable's shape and dtype; one while the copies are not made), read eagerly."""
+        with tf.init_scope():
+            first = _read(self._handle, self.dtype)
+            return [first] + [_read(c._handle, self.dtype)
+                              for c in (self._ipupod_copies or [])]
+
+    def sync_copies(self) -> None:
+        """Copy 0's value into every other copy (eagerly)."""
+        if not self._ipupod_copies:
+            return
+        with tf.init_scope():
+            value = _read(self._handle, self.dtype)
+            for copy in self._ipupod_copies:
+                copy.assign(value)
+
+    def _after_host_write(self) -> None:
+        if self._ipupod_copies and tf.executing_eagerly() and _local_index() is None:
+            self.sync_copies()
+
+    def _restore_from_tensors(self, restored_tensors):
+        """``ResourceVariable``'s restore, on every copy (eagerly outside a replica)."""
+        restored = super()._restore_from_tensors(restored_tensors)
+        self._after_host_write()
+        return restored
+
+
+def _read(handle, dtype):
+    """The value behind a resource ``handle`` (one ``ReadVariableOp``)."""
+    return resource_variable_ops.gen_resource_variable_ops.read_variable_op(handle, dtype)
+
+
+def _host_writing(name: str):
+    def write(self, *args, **kwargs):
+        result = getattr(super(ReplicaVariable, self), name)(*args, **kwargs)
+        self._after_host_write()
+        return result
+    write.__name__ = write.__qualname__ = name
+    write.__doc__ = f"``ResourceVariable.{name}``; eagerly outside a replica, on every copy."
+    return write
+
+
+for _name in ("assign", "assign_add", "assign_sub", "scatter_sub", "scatter_add",
+              "scatter_max", "scatter_min", "scatter_mul", "scatter_div", "scatter_update",
+              "batch_scatter_update", "scatter_nd_sub", "scatter_nd_add", "scatter_nd_update",
+              "scatter_nd_max", "scatter_nd_min"):
+    setattr(ReplicaVariable, _name, _host_writing(_name))
+del _name
+
+
+#: the variable classes TF makes eagerly that :func:`replicate` takes (by name: the second
+#: is private to TF's polymorphic_function)
+_REPLICABLE = ("ResourceVariable", "UnliftedInitializerVariable")
+_classes: dict = {}
+
+
+def _replica_class(cls):
+    with _lock:
+        swapped = _classes.get(cls)
+        if swapped is None:
+            swapped = _classes[cls] = type(cls.__name__, (ReplicaVariable, cls),
+                                           {"__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__})
+        return swapped
+
+
+def replicate(variable, replicas: int, materialize: bool = False):
+    """``variable`` (made eagerly) as a :class:`ReplicaVariable` of ``replicas`` local
+    replicas, the same object (:class:`ReplicaVariable` first in its class's bases); with
+    ``materialize``, its copies made now. Returns ``variable`` unchanged when it is of
+    another kind (a TF distributed or DTensor variable) or ``replicas == 1``."""
+    if replicas <= 1 or isinstance(variable, ReplicaVariable) or \
+            not isinstance(variable, resource_variable_ops.BaseResourceVariable) or \
+            type(variable).__name__ not in _REPLICABLE:
+        return variable
+    _install_forwarding()
+    variable.__class__ = _replica_class(type(variable))
+    variable._ipupod_replicas = int(replicas)
+    variable._ipupod_copies = None
+    variable._ipupod_key = _CaptureKey()
+    if materialize:
+        variable.materialize()
+    return variable
+
+
+def sync_copies(variables) -> None:
+    """:meth:`ReplicaVariable.sync_copies` on each :class:`ReplicaVariable` of
+    ``variables`` (others are skipped): after the host updated copy 0 in a function (Keras'
+    update)."""
+    for variable in variables:
+        if isinstance(variable, ReplicaVariable):
+            variable.sync_copies()
