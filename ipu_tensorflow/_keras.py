@@ -15,7 +15,10 @@ as on the IPU) in its ipupod replica thread; the G accumulated micro-batch gradi
 window (SUM, MEAN or RUNNING_MEAN) are summed over every replica of the job by ONE fused
 ``collectives.cross_replica_sum`` (GCL's canonical tree: layout-invariant, bit-identical);
 the optimizer applies the reduced gradient once per instance (the model's variables live once
-per instance and every replica sees them). Keras divides the loss by the strategy's
+per instance and every replica sees them). An instance of one replica without accumulation
+does all of it in the replica's step function (the sum a bridged op,
+:mod:`ipu_tensorflow._bridge`; nothing to sum in a job of one replica) and runs an
+execution's steps in one call of its replica thread. Keras divides the loss by the strategy's
 ``num_replicas_in_sync`` (1 for IPUStrategy: a SUM over replicas; all replicas for
 PopDistStrategy: a MEAN).
 

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from collectives import all_gather, cross_replica_mean, cross_replica_sum
 
-from ipu_tensorflow import _keras_memory, _keras_modelled
+from ipu_tensorflow import _bridge, _keras_memory, _keras_modelled
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR)
 
@@ -167,33 +167,50 @@ def _containers(model, r):
 
 def _replica_fn(model, kind, r, element_spec, strategy=None):
     """Replica r's traced function of ``kind`` (train/test/predict; train_apply: train and
-    apply the gradients at once, for a job of one replica without accumulation), traced now,
-    in the caller's thread (replicas never trace a Keras model at once)."""
+    apply the gradients at once, for a job of one replica without accumulation;
+    train_reduce_apply: train, sum the gradients over the job's replicas and apply them at
+    once, for an instance of one replica without accumulation), traced now, in the caller's
+    thread (replicas never trace a Keras model at once)."""
     fns = model.__dict__["_ipu_fns"]
     if (kind, r) in fns:
         return fns[(kind, r)]
     loss_c, metrics_c = _containers(model, r)
 
+    def gradients(x, y, sw, zeros=True):
+        """The step's gradients (``zeros``: a variable without one gets zeros, as the
+        gradients that are reduced do; else None, which the optimizer skips)."""
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        metrics_c.update_state(y, y_pred, sw)
+        if not zeros:
+            return grads
+        return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                for g, v in zip(grads, variables)]
+
+    def apply(grads):
+        with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
     if kind == "train_apply":
         def fn(x, y, sw):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
-            variables = model.trainable_variables
-            grads = tape.gradient(loss, variables)
-            with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
-                model.optimizer.apply_gradients(zip(grads, variables))
-            metrics_c.update_state(y, y_pred, sw)
+            apply(gradients(x, y, sw, zeros=False))
+            return tf.constant(0)
+    elif kind == "train_reduce_apply":
+        def fn(x, y, sw):
+            grads = gradients(x, y, sw)
+            # the gradients' sum as one bridged op: one crossing into numpy and back per
+            # step, the collective's fused buffers as the host path's (bit for bit the same)
+            with _bridge.local_index_scope(tf.constant(r, tf.int32)):
+                reduced = _bridge.call(lambda *g: cross_replica_sum(list(g), name="gradients"),
+                                       grads, [g.dtype for g in grads],
+                                       [g.shape for g in grads], "gradients")
+            apply(reduced)
             return tf.constant(0)
     elif kind == "train":
-        def fn(x, y, sw):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
-            grads = tape.gradient(loss, model.trainable_variables)
-            metrics_c.update_state(y, y_pred, sw)
-            return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                    for g, v in zip(grads, model.trainable_variables)]
+        fn = gradients
     elif kind == "test":
         def fn(x, y, sw):
             y_pred = model(x, training=False)
@@ -205,7 +222,7 @@ def _replica_fn(model, kind, r, element_spec, strategy=None):
             return model(x, training=False)
     traced = tf.function(fn, autograph=True)
     concrete = traced.get_concrete_function(*element_spec)
-    if kind in ("train", "train_apply") and "train_flops" not in fns:
+    if kind.startswith("train") and "train_flops" not in fns:
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
         fns["train_concrete"] = concrete
     fns[(kind, r)] = traced
@@ -348,11 +365,14 @@ def fit(model, a: dict):
         logger.info("The model `%s` has been configured with only 1 steps per execution. "
                     "Consider increasing the value for the `steps_per_execution` argument "
                     "passed to the `compile()` method to improve performance.", model.name)
-    # one replica in the job, no accumulation: nothing to reduce; the update joins the step
-    # (no gradients through numpy and back)
-    fused = not pipelined and G == 1 and total_replicas == 1
-    train = [] if pipelined else [_replica_fn(model, "train_apply" if fused else "train", r,
-                                              spec, strategy) for r in range(R)]
+    # one replica in the instance, no accumulation: the update joins the step, after the
+    # gradients' sum over the job's replicas when it has several (one bridged op: no
+    # gradients through the host thread and a second function per step)
+    fused = not pipelined and G == 1 and R == 1
+    kind = ("train_apply" if total_replicas == 1 else "train_reduce_apply") if fused else \
+        "train"
+    train = [] if pipelined else [_replica_fn(model, kind, r, spec, strategy)
+                                  for r in range(R)]
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
@@ -382,31 +402,34 @@ def fit(model, a: dict):
             step = execution * spe
             callbacks.on_train_batch_begin(step)
             batches = _execution_batches(iterator, spe * R)
-            for w in range(windows):
-                last = w == windows - 1
 
-                def window(r, w=w, last=last):
-                    mine = [batches[(w * G + g) * R + r] for g in range(G)]
-                    if pipelined:    # the pipeline runtime charges its passes itself
-                        reduced = model._pipeline_train_window(mine, *_containers(model, r))
-                    elif fused:
-                        train[r](*mine[0])
-                        _keras_modelled.charge_window(mine, flops)
-                        reduced = None
-                    else:
-                        acc = _Accumulator(method, G)
-                        for xb, yb, swb in mine:
-                            acc.add(train[r](xb, yb, swb))
-                        _keras_modelled.charge_window(mine, flops)
-                        reduced = cross_replica_sum(acc.result(), name="gradients")
-                    _keras_modelled.charge_update(params)
-                    results = _reduced_logs(_metric_results(model, r),
-                                            opts["metric_reduction"]) if last else None
-                    return reduced, results
-                out = strategy.run_replicas(window)
-                if not fused:
+            def window(r, w):
+                mine = [batches[(w * G + g) * R + r] for g in range(G)]
+                if pipelined:    # the pipeline runtime charges its passes itself
+                    reduced = model._pipeline_train_window(mine, *_containers(model, r))
+                elif fused:
+                    _bridge.call_unwrapped(r, train[r], *mine[0])
+                    _keras_modelled.charge_window(mine, flops)
+                    reduced = None
+                else:
+                    acc = _Accumulator(method, G)
+                    for xb, yb, swb in mine:
+                        acc.add(train[r](xb, yb, swb))
+                    _keras_modelled.charge_window(mine, flops)
+                    reduced = cross_replica_sum(acc.result(), name="gradients")
+                _keras_modelled.charge_update(params)
+                results = _reduced_logs(_metric_results(model, r),
+                                        opts["metric_reduction"]) if w == windows - 1 else None
+                return reduced, results
+            if fused:   # (the update is in the step: the execution's windows in one call)
+                out = strategy.run_replicas(
+                    lambda r: [window(r, w) for w in range(windows)][-1])
+                _keras_memory.count_steps(model, G * windows)
+            else:
+                for w in range(windows):
+                    out = strategy.run_replicas(lambda r, w=w: window(r, w))
                     apply(out[0][0])
-                _keras_memory.count_steps(model, G)
+                    _keras_memory.count_steps(model, G)
             logs = _host_logs([o[1] for o in out], opts["metric_reduction"])
             callbacks.on_train_batch_end(step + spe - 1, logs)
             if model.stop_training:
