@@ -165,12 +165,14 @@ def _containers(model, r):
     return fns[key]
 
 
-def _replica_fn(model, kind, r, element_spec, strategy=None):
+def _replica_fn(model, kind, r, element_spec, strategy=None, steps=1):
     """Replica r's traced function of ``kind`` (train/test/predict; train_apply: train and
     apply the gradients at once, for a job of one replica without accumulation;
     train_reduce_apply: train, sum the gradients over the job's replicas and apply them at
     once, for an instance of one replica without accumulation), traced now, in the caller's
-    thread (replicas never trace a Keras model at once)."""
+    thread (replicas never trace a Keras model at once). The two fused kinds run ``steps``
+    steps in one call, as tf-keras' ``steps_per_execution`` loop: their arguments are the
+    steps' batches stacked (:func:`_stacked`)."""
     fns = model.__dict__["_ipu_fns"]
     if (kind, r) in fns:
         return fns[(kind, r)]
@@ -221,12 +223,33 @@ def _replica_fn(model, kind, r, element_spec, strategy=None):
         def fn(x, y, sw):
             return model(x, training=False)
     traced = tf.function(fn, autograph=True)
-    concrete = traced.get_concrete_function(*element_spec)
-    if kind.startswith("train") and "train_flops" not in fns:
+    if kind.startswith("train") and "train_flops" not in fns:   # (one step's)
+        concrete = traced.get_concrete_function(*element_spec)
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
         fns["train_concrete"] = concrete
+    if kind in ("train_apply", "train_reduce_apply"):
+        step = fn
+
+        def fn(xs, ys, sws):
+            for i in tf.range(steps):   # (a tf.while_loop: one step after another)
+                step(*[None if t is None else tf.nest.map_structure(lambda a: a[i], t)
+                       for t in (xs, ys, sws)])
+            return tf.constant(0)
+        traced = tf.function(fn, autograph=True)
+        element_spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([steps] + s.shape.as_list(), s.dtype)
+            if isinstance(s, tf.TensorSpec) else s, element_spec)
+    traced.get_concrete_function(*element_spec)
     fns[(kind, r)] = traced
     return traced
+
+
+def _stacked(batches: list) -> tuple:
+    """``(x, y, sample_weight)`` batches as one, each tensor stacked over the batches
+    (a new first dimension); None stays None."""
+    return tuple(None if parts[0] is None else
+                 tf.nest.map_structure(lambda *t: tf.stack(t), *parts)
+                 for parts in zip(*batches))
 
 
 def _metric_objects(model, r):
@@ -371,7 +394,7 @@ def fit(model, a: dict):
     fused = not pipelined and G == 1 and R == 1
     kind = ("train_apply" if total_replicas == 1 else "train_reduce_apply") if fused else \
         "train"
-    train = [] if pipelined else [_replica_fn(model, kind, r, spec, strategy)
+    train = [] if pipelined else [_replica_fn(model, kind, r, spec, strategy, spe)
                                   for r in range(R)]
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
@@ -403,14 +426,18 @@ def fit(model, a: dict):
             callbacks.on_train_batch_begin(step)
             batches = _execution_batches(iterator, spe * R)
 
+            def execution_steps(r):   # (fused: every step of the execution in one call)
+                mine = [batches[s * R + r] for s in range(spe)]
+                _bridge.call_unwrapped(r, train[r], *_stacked(mine))
+                for element in mine:
+                    _keras_modelled.charge_window([element], flops)
+                    _keras_modelled.charge_update(params)
+                return None, _reduced_logs(_metric_results(model, r), opts["metric_reduction"])
+
             def window(r, w):
                 mine = [batches[(w * G + g) * R + r] for g in range(G)]
                 if pipelined:    # the pipeline runtime charges its passes itself
                     reduced = model._pipeline_train_window(mine, *_containers(model, r))
-                elif fused:
-                    _bridge.call_unwrapped(r, train[r], *mine[0])
-                    _keras_modelled.charge_window(mine, flops)
-                    reduced = None
                 else:
                     acc = _Accumulator(method, G)
                     for xb, yb, swb in mine:
@@ -421,10 +448,9 @@ def fit(model, a: dict):
                 results = _reduced_logs(_metric_results(model, r),
                                         opts["metric_reduction"]) if w == windows - 1 else None
                 return reduced, results
-            if fused:   # (the update is in the step: the execution's windows in one call)
-                out = strategy.run_replicas(
-                    lambda r: [window(r, w) for w in range(windows)][-1])
-                _keras_memory.count_steps(model, G * windows)
+            if fused:
+                out = strategy.run_replicas(execution_steps)
+                _keras_memory.count_steps(model, spe)
             else:
                 for w in range(windows):
                     out = strategy.run_replicas(lambda r, w=w: window(r, w))
