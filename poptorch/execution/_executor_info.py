@@ -264,8 +264,8 @@ def _stage_compute(clock, s: int) -> tuple[tuple, tuple]:
 def _card(ex) -> dict:
     """``ModelCard`` fields of training executor ``ex``: its trainable parameters, FLOPs per
     item (forward, backward and recomputation; per IPU of a replica for the stage shares),
-    input bytes per item, optimizer state, the operations of a micro-batch per IPU (for the
-    per-operation compute model)."""
+    input bytes per item, optimizer state, the operations of a micro-batch per IPU and the
+    partials type (for the per-operation compute model)."""
     profile, clock = ex._profile, ex._clock
     plan, micro = profile.plan, ex._micro_rows or 1
     trainable = [p for p in ex._replicas.modules[0].parameters() if p.requires_grad]
@@ -288,4 +288,5 @@ def _card(ex) -> dict:
             "optimizer_state_bytes_per_param": float(sum(
                 state_nbytes_per_param(ex._optimizer).values())),
             "optimizer_state_in": "streaming" if streaming else "sram",
-            "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro}
+            "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro,
+            "partials": profile.partials}

@@ -34,6 +34,9 @@ __all__ = ["ExecutorStages", "RECOMPUTATION_OPTION"]
 
 #: the PopART option PopTorch sets for a pipeline over more than one IPU (3: Pipeline)
 RECOMPUTATION_OPTION = "autoRecomputation"
+#: ``Precision.setPartialsType`` (PopART's ``partialsTypeMatMuls``) -> the compute model's
+#: partials type
+_PARTIALS = {"float": "float32", "half": "float16"}
 
 
 class ExecutorStages:
@@ -82,6 +85,7 @@ class ExecutorStages:
                 loss_index = next((i for i, leaf in enumerate(leaves) if leaf is loss), None)
             self._loss_index = loss_index
             self._traced = trace.random_calls > 0 or (self._training and loss_index is None)
+            profile.partials = _PARTIALS[partials_of(self._options._Popart.options)]
             self._profile = profile
             changed = self._replicas.changed_buffers(versions)
             if changed and self._options.replication_factor > 1 and \
