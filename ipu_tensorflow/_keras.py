@@ -17,7 +17,10 @@ window (SUM, MEAN or RUNNING_MEAN) are summed over every replica of the job by O
 the optimizer applies the reduced gradient once per instance, to replica 0's copy of the
 variables (the copies of the other replicas exist once a custom ``strategy.run`` made them,
 :mod:`ipu_tensorflow._replica_variables`; until then every replica reads that one copy; after,
-the update is copied to theirs). Keras divides the loss by the strategy's
+the update is copied to theirs). An instance of one replica without accumulation
+does all of it in the replica's step function (the sum a bridged op,
+:mod:`ipu_tensorflow._bridge`; nothing to sum in a job of one replica) and runs an
+execution's steps in one call of its replica thread. Keras divides the loss by the strategy's
 ``num_replicas_in_sync`` (1 for IPUStrategy: a SUM over replicas; all replicas for
 PopDistStrategy: a MEAN).
 

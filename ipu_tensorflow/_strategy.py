@@ -165,14 +165,8 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
             replica_fn = self._replica_fns[key] = _bridge.replica_function(
                 fn, lambda: tf.distribute.ReplicaContext(self, replica_id_in_sync_group=0))
         def in_replica(r):
-            _bridge.take_error(r)
-            try:
-                return replica_fn(tf.constant(r, tf.int32), *args, **kwargs)
-            except tf.errors.OpError:
-                original = _bridge.take_error(r)   # (a collective's own error, unwrapped)
-                if original is None:
-                    raise
-                raise original from None
+            return _bridge.call_unwrapped(r, replica_fn, tf.constant(r, tf.int32), *args,
+                                          **kwargs)
         return self.run_replicas(in_replica)[-1]
 
     def run_replicas(self, fn: Callable[[int], Any]) -> list:
