@@ -45,7 +45,7 @@ from poptorch.execution._runner import JobRunner, LocalRunner
 from poptorch.execution._signature import CompiledInputs
 from poptorch.execution._step import Accumulation, TrainPlan, infer_replica, train_replica
 from poptorch._threads import threads_per_replica
-from poptorch._tracing import ReplicaRNG
+from poptorch._replica_rng import ReplicaRNG
 from poptorch._wrapped import unwrap
 
 __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]

@@ -28,7 +28,7 @@ from poptorch.modelling._profile import profile_forward
 from poptorch.execution._step import SingleStage
 from poptorch.pipelining._strategies import PipelinedExecution
 from poptorch.execution._precision import partials_of, precision_mode
-from poptorch._tracing import ReplicaRNG
+from poptorch._replica_rng import ReplicaRNG
 
 __all__ = ["ExecutorStages", "RECOMPUTATION_OPTION"]
 
