@@ -103,16 +103,12 @@ def compile_executable(model: torch.nn.Module, options, training: bool, optimize
     layout = _check_options(opts)
     check_batch(args, kwargs, layout)
     OutputCollector(layout, enums.OutputMode(opts.output_mode), opts.output_return_period)
-    procs, pid = opts.Distributed.numProcesses, opts.Distributed.processId
     replicas_n = opts.replication_factor
-    if training and procs > 1:
-        _check_poprun(replicas_n, procs)
+    if training and opts.Distributed.numProcesses > 1:
+        _check_poprun(replicas_n, opts.Distributed.numProcesses)
     replicas = Replicas(model, replicas_n)
-    seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
-    rngs = tuple(ReplicaRNG(seed, pid * replicas_n + r) for r in range(replicas_n))
-    if rng_state:
-        set_rng_state(rngs, rng_state)
-    threads = threads_per_replica(replicas_n * procs)
+    rngs = _replica_rngs(opts, rng_state)
+    threads = threads_per_replica(replicas_n * opts.Distributed.numProcesses)
     strategy = opts._execution_strategy or PipelinedExecution()
     name = model_name(opts, training)
     device = runner = None
@@ -137,7 +133,8 @@ def compile_executable(model: torch.nn.Module, options, training: bool, optimize
             inputs=CompiledInputs(model, args, kwargs), replicas=replicas, rngs=rngs,
             strategy=strategy, profile=profile, loss_index=loss_index, traced=traced,
             micro_rows=micro_rows, ipus_per_replica=ipr, reserved=count, stage=stage,
-            steps=steps, recompute=again, memory=memory, capacity=room, optimizers=optimizers, constants=constants,
+            steps=steps, recompute=again, memory=memory, capacity=room,
+            optimizers=optimizers, constants=constants,
             compile_time=datetime.timedelta(0), device=device, attached=device is not None,
             runner=runner)
         if exe.attached:
@@ -170,6 +167,18 @@ def attach_device(exe: Executable, owner: Any, optimizer) -> Executable:
                       runner=_make_runner(device, exe.options.replication_factor, threads))
     exe = exe.replace(clock=_make_clock(exe))
     return exe.replace(report=model_report(exe, optimizer))
+
+
+def _replica_rngs(opts, rng_state: list | None) -> tuple:
+    """Each local replica's random numbers: the job's seed (``randomSeed``, else torch's
+    initial seed) and the global replica index; ``rng_state`` (``poptorch.load``'s) when
+    given."""
+    seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
+    first = opts.Distributed.processId * opts.replication_factor
+    rngs = tuple(ReplicaRNG(seed, first + r) for r in range(opts.replication_factor))
+    if rng_state:
+        set_rng_state(rngs, rng_state)
+    return rngs
 
 
 def set_rng_state(rngs: tuple, value: list) -> None:
