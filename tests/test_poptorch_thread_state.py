@@ -121,9 +121,10 @@ def test_replica_threads_draw_their_own_streams_concurrently():
     replica draws alone (no lock serialises them, no draw lands in another stream)."""
     def draws(rng):
         out = []
-        for _ in range(200):
+        for _ in range(50):
             out.append(rng.call(F.dropout, (torch.ones(64), 0.5, True), {}))
             out.append(rng.call(torch.randn, (8,), {}))
+            out.append(rng.call(F.rrelu, (torch.ones(16),), {"training": True}))
         return torch.cat(out)
 
     alone = [draws(ReplicaRNG(1, r)) for r in range(4)]
