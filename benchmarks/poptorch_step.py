@@ -159,7 +159,7 @@ def pipelined(size: str, steps: int, rounds: int, di: int, batch: int,
                     p.grad /= G
             ref_opt.step()
 
-    compiled = model._executable
+    compiled, clock = model._executable, model._clock
 
     def without_clock():
         model._executable = compiled.replace(clock=None)
