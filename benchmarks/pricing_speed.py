@@ -5,7 +5,9 @@ Python process (cold: the POD256's routes and link tables are built in it) and a
 same process (warm), for this checkout and for a baseline revision exported with
 ``git archive``; the two run in interleaved rounds and the medians count. The answers of both
 are compared (they must be the same floats). Wall seconds on this machine; only the ratios
-compare across runs.
+compare across runs. The cold call's CPU seconds (``time.process_time``) are printed beside
+its wall seconds, and the load average with them: on a shared machine the wall time is
+mostly waiting for a CPU.
 
     python benchmarks/pricing_speed.py [--baseline dc73d9f] [--rounds 3] [--json out.json]
 """
@@ -33,12 +35,12 @@ from collectives.step_model import ModelCard, StepConfig, predict, what_if
 card = ModelCard(25_557_032, 24.5e9, input_bytes_per_item=150_528)
 cfg = StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10, instances=8)
 predict(card, cfg)
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 est = what_if(card, cfg, system="POD256", replicas=256, gradient_accumulation=2, instances=128)
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.process_time()
 what_if(card, cfg, system="POD256", replicas=256, gradient_accumulation=3, instances=128)
 t3 = time.perf_counter()
-print(json.dumps({"cold_s": t2 - t1, "warm_s": t3 - t2,
+print(json.dumps({"cold_s": t2 - t1, "cold_cpu_s": c2 - c1, "warm_s": t3 - t2,
                   "answer": [repr(est.step_s), est.allreduce_method,
                              sorted((k, repr(v)) for k, v in est.breakdown.items())]}))
 """
@@ -72,15 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             runs["this checkout"].append(_probe(_ROOT))
             runs[f"baseline {args.baseline}"].append(_probe(base))
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("cold_s", "warm_s")}
+    med = {name: {k: statistics.median(r[k] for r in rs)
+                 for k in ("cold_s", "cold_cpu_s", "warm_s")}
            for name, rs in runs.items()}
     answers = {json.dumps(r["answer"]) for rs in runs.values() for r in rs}
     base_name = f"baseline {args.baseline}"
+    load = os.getloadavg()
     print(f"what_if(..., system='POD256'), ResNet-50, 256 replicas; median of {args.rounds} "
-          f"rounds (wall seconds here; compare the ratios)")
-    print(f"  {'':<22}{'cold s':>10}{'warm s':>10}")
+          f"rounds (wall seconds here; compare the ratios); load average {load[0]:.2f} "
+          f"{load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    print(f"  {'':<22}{'cold s':>10}{'cold CPU s':>12}{'warm s':>10}")
     for name, m in med.items():
-        print(f"  {name:<22}{m['cold_s']:>10.3f}{m['warm_s']:>10.4f}")
+        print(f"  {name:<22}{m['cold_s']:>10.3f}{m['cold_cpu_s']:>12.3f}{m['warm_s']:>10.4f}")
     ratio = med[base_name]["cold_s"] / med["this checkout"]["cold_s"]
     print(f"  speed-up (cold): {ratio:.1f}x; same answers: {len(answers) == 1}")
     if args.json:

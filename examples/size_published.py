@@ -9,14 +9,18 @@ Each model is built here in plain PyTorch (:mod:`standard_models`), in float16 a
 (``model.half()``: ipupod computes each float16 operation in float32 and rounds it,
 :mod:`poptorch.execution._precision`), wrapped in ``poptorch.trainingModel`` and compiled: one
 micro-batch's forward and backward run on the CPU, and ipupod records every operation of
-each pipeline stage (ResNet-50 at micro-batch 8, :data:`COUNT_AT`; its published 20 does
-not fit one IPU in ipupod's memory plan; the work is scaled to the published micro-batch,
-the syncs are not). ``ModelCard.from_run(run=model.modelReport())`` makes the run a model
+each pipeline stage, at the published micro-batch (:data:`COUNT_AT`; ``--micro-batch``
+counts at another and scales the work to the published one, not the syncs). ResNet-50 is
+laid out as Graphcore's MLPerf runs lay it out (:data:`RESNET_PIECES`: seven pieces on one
+IPU, each recomputed before its backward pass), which is how micro-batch 20 fits one IPU.
+``ModelCard.from_run(run=model.modelReport())`` makes the run a model
 card, and :func:`collectives.step_model.predict` prices the published configurations from it:
 each operation by the per-operation compute model on the system's chip
 (:mod:`collectives.performance.compute_model`), the gradient all-reduce on the POD's links,
 the weight update, the host I/O. Nothing is fitted to the published figures; the ratio
-predicted / published is printed as it comes out.
+predicted / published is printed as it comes out. For ResNet-50 the five ratios of MLPerf
+v1.1 time to train between POD sizes follow (:mod:`mlperf_v11`), ResNet-50's from this
+run's card.
 
 Published figures (the configurations are Graphcore's; where the source gives only the
 global batch, the split into replicas, micro-batch and gradient accumulation is ipupod's
@@ -24,7 +28,15 @@ reading, marked "reading"):
 
 * ResNet-50 v1.5, IPU-POD16 (GC200), MLPerf Training v1.0: 27,527 images/s at micro-batch
   20, 16 replicas of 1 IPU (issue 30 of this project, from Graphcore's MLPerf v1.0
-  submission); gradient accumulation 10 (reading, as examples/size_resnet50.py);
+  submission); gradient accumulation 10 (v1.1's logs give 10 on IPU-POD16);
+* ResNet-50 v1.5 on IPU-POD16 / POD64 / POD128 / POD256 (GC200), MLPerf Training v1.1
+  closed division (TensorFlow 1, SDK 2.3): 29,657 / 108,312 / 186,000 / 351,005 images/s,
+  16 / 64 / 128 / 256 replicas of 1 IPU, micro-batch 20, gradient accumulation 10 / 3 / 2 / 2
+  (the logs' ``global_batch_size`` 3,200 / 3,840 / 5,120 / 10,240 and
+  ``gradient_accumulation_steps``): ImageNet's 1,281,167 training images over the fastest
+  epoch of each submitted run (``epoch_start`` to ``epoch_stop``, no checkpoint saved in
+  it), the median over the runs that converged (mlcommons/training_results_v1.1,
+  ``Graphcore/results/ipu-pod*-TF1/resnet/result_*.txt``);
 * ResNet-50 v1.5 on Bow Pod16 / Pod64 / Pod256 (TensorFlow 1, global batch 1,920 / 2,560 /
   10,240): 42,029 / 145,287 / 425,514 images/s (graphcore.ai/performance-results, "Bow
   Platform - Training", Pre-SDK 2.5); 1 IPU per replica, micro-batch 20, gradient
@@ -51,12 +63,17 @@ from collectives.step_model import ModelCard, StepConfig, predict  # noqa: E402
 from standard_models import Bert, resnet50  # noqa: E402
 
 _PERF = "graphcore.ai/performance-results (Bow Platform - Training, Pre-SDK 2.5)"
+_MLPERF = "MLPerf Training v1.1 result logs (fastest epoch)"
 #: model -> [(label, system, replicas, IPUs per replica, gradient accumulation, published
 #: items/s, source)], micro-batch as the model's default.
 PUBLISHED = {
     "resnet50": [
         ("IPU-POD16 MLPerf v1.0", "POD16", 16, 1, 10, 27_527,
          "MLPerf Training v1.0, Graphcore (issue 30)"),
+        ("IPU-POD16 MLPerf v1.1", "POD16", 16, 1, 10, 29_657, _MLPERF),
+        ("IPU-POD64 MLPerf v1.1", "POD64", 64, 1, 3, 108_312, _MLPERF),
+        ("IPU-POD128 MLPerf v1.1", "POD128", 128, 1, 2, 186_000, _MLPERF),
+        ("IPU-POD256 MLPerf v1.1", "POD256", 256, 1, 2, 351_005, _MLPERF),
         ("Bow Pod16", "BOW-POD16", 16, 1, 6, 42_029, _PERF),
         ("Bow Pod64", "BOW-POD64", 64, 1, 2, 145_287, _PERF),
         ("Bow Pod256", "BOW-POD256", 256, 1, 2, 425_514, _PERF),
@@ -68,18 +85,39 @@ PUBLISHED = {
 }
 #: The published micro-batch of each model (the step is priced at it).
 MICRO_BATCH = {"resnet50": 20, "bert-large": 8}
-#: The micro-batch each model is counted at by default: ResNet-50's 20 does not fit one IPU
-#: in ipupod's memory plan (1.5 GB: 1.27 GB of activations kept for the backward pass; the
-#: published runs recompute, a single-stage PopTorch model here does not), 8 does.
-COUNT_AT = {"resnet50": 8, "bert-large": 8}
+#: The micro-batch each model is counted at by default: the published one. ResNet-50 at 20
+#: fits one IPU as Graphcore lays it out (:data:`RESNET_PIECES`: 0.92 GB of 0.94 GB in
+#: ipupod's plan; without recomputation it would need 1.5 GB).
+COUNT_AT = {"resnet50": 20, "bert-large": 8}
 
 
-def _resnet(micro_batch: int, image_size: int):
+#: Where Graphcore's MLPerf ResNet-50 cuts its one-IPU replica into recomputation pieces:
+#: ``pipeline_splits: [b1/0/relu, b1/2/relu, b2/0/relu, b2/2/relu, b3/0/relu, b3/3/relu]`` with
+#: ``shards: 1``, ``pipeline_schedule: Sequential``, ``enable_recomputation: True``
+#: (mlcommons/training_results_v1.1, Graphcore/benchmarks/resnet/implementations/tensorflow/
+#: configs.yml, ``mk2_resnet50_mlperf_pod16_lars``): after bottlenecks 0 and 2 of the first
+#: group, 0 and 2 of the second, 0 and 3 of the third; as indices of the 16 bottlenecks of
+#: :class:`standard_models.ResNet` (3, 4, 6, 3), the bottleneck each piece begins with.
+RESNET_PIECES = (1, 3, 4, 6, 8, 11)
+
+
+def _resnet(micro_batch: int, image_size: int, accumulation: int = 10):
+    """ResNet-50 as Graphcore's MLPerf runs lay it out on one IPU: seven pieces of the model
+    on IPU 0 run one after another (``ShardedExecution``, PopTorch's sequential schedule),
+    each piece's forward pass recomputed before its backward pass from its input
+    (``autoRecomputation``), float16 weights, SGD with momentum (LARS keeps the same state),
+    ``accumulation`` micro-batches a step."""
     model = resnet50().half()
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(micro_batch, 3, image_size, image_size, generator=g).half()
-    labels = torch.randint(0, 1000, (micro_batch,), generator=g)
+    for first in RESNET_PIECES:
+        poptorch.BeginBlock(model.layers[first], f"layers{first}", ipu_id=0)
     opts = poptorch.Options()
+    opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.AutoStage.AutoIncrement))
+    opts._Popart.set("autoRecomputation", 3)  # PopART RecomputationType::Pipeline
+    opts.Training.gradientAccumulation(accumulation)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(micro_batch * accumulation, 3, image_size, image_size,
+                         generator=g).half()
+    labels = torch.randint(0, 1000, (micro_batch * accumulation,), generator=g)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return poptorch.trainingModel(model, opts, optimizer), (images, labels)
 
@@ -109,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", choices=sorted(PUBLISHED))
     p.add_argument("--micro-batch", type=int, default=None,
-                   help="micro-batch to count at (default: 8; the step is priced at the "
-                        "published one)")
+                   help="micro-batch to count at (default: the published one, at which "
+                        "the step is priced)")
     p.add_argument("--image-size", type=int, default=224, help="ResNet-50's input size")
     p.add_argument("--layers", type=int, default=24, help="BERT's encoder layers")
     args = p.parse_args(argv)
@@ -141,8 +179,24 @@ def main(argv: list[str] | None = None) -> int:
               f"  {source}")
     print()
     print(first.table())
+    if args.model == "resnet50":
+        _mlperf_ratios(card, published_micro)
     training.destroy()
     return 0
+
+
+def _mlperf_ratios(card: ModelCard, micro_batch: int) -> None:
+    """The five MLPerf v1.1 ratios of time to train (:mod:`mlperf_v11`), ResNet-50's from
+    this run's card, BERT-Large's from examples/size_bert_large.py's."""
+    import mlperf_v11
+    from size_bert_large import CARD as BERT_CARD
+
+    rates = mlperf_v11.predicted_rates({"bert-large": BERT_CARD})
+    for system, p in mlperf_v11.RESNET50.items():
+        rates[("resnet50", system)] = predict(card, StepConfig(
+            system, p.replicas, micro_batch=micro_batch,
+            gradient_accumulation=p.gradient_accumulation)).samples_per_s
+    print("\n" + mlperf_v11.table(mlperf_v11.ratios(rates)))
 
 
 if __name__ == "__main__":

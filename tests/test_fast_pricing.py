@@ -8,6 +8,8 @@ all-reduces on POD128/POD256 against the floats the earlier code gave (commit dc
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,8 @@ from collectives.cost_model import HardwareCostModel
 from collectives.performance.link_flows import (flow_seconds_per_byte, route_table,
                                                 step_profile)
 from ipu_node import get_system_model
-from ipu_node.hardware.routing import routes_from, routes_from_indexed
+from ipu_node.hardware.links import LinkKind, node_sort_key
+from ipu_node.hardware.routing import ROUTE_REFERENCE_BYTES, routes_from, routes_from_indexed
 
 
 def _oracle_profile(model, flows, extra=()):
@@ -105,3 +108,48 @@ def test_all_reduce_prices_are_the_earlier_floats(case, earlier):
         assert cost.choose("cross_replica_sum", shares[0]) == earlier
     else:
         assert cost.estimate_shares("cross_replica_sum", shares) == earlier[0]
+
+
+def _oracle_routes(model, src):
+    """The routes from ``src`` as the search before the rank-indexed one found them: Dijkstra
+    over ``Link`` objects, the heap ordered by (time, node_sort_key), IPU-Links only inside
+    the source's IPU-Link domain."""
+    routes = {}
+    for inside in (True, False):
+        best, back = {src: 0.0}, {}
+        heap = [(0.0, node_sort_key(src), src)]
+        while heap:
+            cost, _, node = heapq.heappop(heap)
+            if cost > best[node] or (node != src and node in model.no_transit):
+                continue
+            for link in model.links_at(node):
+                if inside and link.kind is not LinkKind.IPU_LINK:
+                    continue
+                nxt, new = link.other(node), cost + link.time_s(ROUTE_REFERENCE_BYTES)
+                if new < best.get(nxt, float("inf")) - 1e-15:
+                    best[nxt], back[nxt] = new, link
+                    heapq.heappush(heap, (new, node_sort_key(nxt), nxt))
+        for ipu in model.ipus:
+            if (ipu.domain == model.domain_of(src)) is inside:
+                path, node = [], ipu.id
+                while node != src:
+                    path.append(back[node])
+                    node = back[node].other(node)
+                routes[ipu.id] = path[::-1]
+    return routes
+
+
+@pytest.mark.parametrize("system", ["C2-16", "POD16", "POD64", "POD128", "BOW-POD256"])
+def test_routes_are_the_link_object_search_s(system):
+    """The rank-indexed search and the table built from its trees give every route the
+    search over ``Link`` objects gave (the same links, so the same prices)."""
+    model = get_system_model(system)
+    table = route_table(model)
+    sources = range(model.num_ipus) if model.num_ipus <= 128 else range(0, 256, 37)
+    for src in sources:
+        want = _oracle_routes(model, src)
+        got = routes_from(model, src)
+        for dst in range(model.num_ipus):
+            assert list(got[dst]) == want[dst], (src, dst)
+            ids = table.paths[src, dst, :table.num_links[src, dst]]
+            assert [model.links[i // 2] for i in ids] == want[dst], (src, dst)

@@ -152,7 +152,7 @@ def _still_serves(ts):
 def test_peer_refuses_missing_or_foreign_token(job, metadata, needle):
     _, ts = job
     with pytest.raises(grpc.RpcError) as info:
-        _peer_stub(ts[0].address).Exchange(_chunks(), metadata=metadata, timeout=5)
+        _peer_stub(ts[0].address).Exchange(_chunks(), metadata=metadata, timeout=30)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert needle in info.value.details()
     _still_serves(ts)
@@ -167,7 +167,7 @@ def test_coordinator_refuses_missing_or_foreign_token(job, metadata):
                           (stub.Register, cpb.RegisterRequest(instance=0, num_instances=3,
                                                               peer_address="h:1"))):
         with pytest.raises(grpc.RpcError) as info:
-            call(request, metadata=metadata, timeout=5)
+            call(request, metadata=metadata, timeout=30)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert not server.coordinator.status().aborted   # the foreign Abort changed nothing
     _still_serves(ts)
@@ -197,7 +197,7 @@ def test_malformed_exchange_is_refused_and_server_keeps_serving(job, requests, n
     channel = grpc.insecure_channel(ts[1].address)
     raw = channel.stream_unary("/ipupod.peer.Peer/Exchange")
     with pytest.raises(grpc.RpcError) as info:
-        raw(requests(), metadata=OK, timeout=5)
+        raw(requests(), metadata=OK, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert needle in info.value.details()
     _still_serves(ts)

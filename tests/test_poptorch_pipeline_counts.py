@@ -236,6 +236,30 @@ def test_checkpoints_cut_the_rebuilt_activations():
     assert s0.recompute_flops == s0.forward_flops  # the forward is run again either way
 
 
+def test_pieces_on_one_ipu_share_their_working_sets():
+    """Eight tanh layers cut into two pieces on IPU 0 (the classifier a third), run one after
+    another with recomputation, as Graphcore's single-IPU ResNet-50: every tensor saved is
+    t = 1 KiB. Each of the first two pieces stashes its input (t) and rebuilds its five saved
+    tensors (its input and four tanh results) before its backward pass; the classifier keeps
+    its saved tensors through its own forward and backward. One pass runs at a time, so IPU
+    0 holds the two stashes and the largest working set: 2 t + 5 t, not their sum."""
+    G, t = 2, 4 * 64 * 4
+    net = Chain(8, width=64)
+    for i in (0, 4):
+        poptorch.BeginBlock(net.layers[i], f"L{i}", ipu_id=0)
+    poptorch.BeginBlock(net.head, "head", ipu_id=0)
+    model = training(net, G=G, strategy=poptorch.ShardedExecution(
+        poptorch.AutoStage.AutoIncrement))
+    model.options._Popart.set("autoRecomputation", 3)
+    x, y = data(G * 4, width=64)
+    model.compile(x, y)
+    report = model.modelReport()
+    s0, s1, head = report.stages
+    assert s0.saved_bytes == s1.saved_bytes == 5 * t and head.saved_bytes < 5 * t
+    assert (report.memory[next(iter(report.memory))]["activations"] == 2 * t + 5 * t)
+    assert s0.recompute_flops == s0.forward_flops and head.recompute_flops == 0
+
+
 def test_modelled_time_report_and_cycle_count():
     G = 4
     x, y = data(G * 2)

@@ -4,6 +4,7 @@ print the tables."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -74,3 +76,101 @@ def test_published_configurations_side_by_side(model, extra, capsys):
         assert ratio == pytest.approx(predicted / published, abs=0.006)
     assert "compute by operation: matmul/conv" in out and "top operations:" in out
     assert "compute per operation on the" in out
+    assert ("resnet50 POD64/POD256" in out) == (model == "resnet50")
+
+
+def test_mlperf_v11_ratios_of_time_to_train(capsys):
+    """The five ratios of MLPerf Training v1.1 time to train between POD sizes, beside the
+    step model's: the sizing examples' configurations are the result logs' ones, and the
+    time to train is the data each run trained on (the logs': epochs of ImageNet, BERT
+    samples) over the predicted samples/s."""
+    mlperf, r50, bert = load("mlperf_v11"), load("size_resnet50"), load("size_bert_large")
+    assert [(p.system, p.replicas, p.gradient_accumulation) for p in mlperf.RESNET50.values()
+            ] == [c[:3] for c in r50.CONFIGS]
+    assert [(p.system, p.replicas, p.ipus_per_replica, p.gradient_accumulation)
+            for p in mlperf.BERT_LARGE.values()] == [c[:4] for c in bert.CONFIGS]
+    rates = mlperf.predicted_rates({"resnet50": r50.CARD, "bert-large": bert.CARD})
+    rows = {(m, a, b): (pub, pred, thr) for m, a, b, pub, pred, thr in mlperf.ratios(rates)}
+    pub, pred, thr = rows[("resnet50", "POD64", "POD256")]
+    assert pub == pytest.approx(8.502 / 3.792)
+    assert pred == pytest.approx((38 / rates[("resnet50", "POD64")])
+                                 / (45 / rates[("resnet50", "POD256")]))
+    assert thr == pytest.approx(rates[("resnet50", "POD256")] / rates[("resnet50", "POD64")])
+    held = {k for k, (pub, pred, _) in rows.items() if abs(pred / pub - 1) <= 0.15}
+    assert held >= {("resnet50", "POD16", "POD64"), ("resnet50", "POD64", "POD128"),
+                    ("bert-large", "POD16", "POD64"), ("bert-large", "POD64", "POD128")}
+    # from throughput alone (as if every size trained on the same data) fewer hold
+    assert sum(abs(thr / pub - 1) <= 0.15 for pub, _, thr in rows.values()) < len(held)
+    assert mlperf.main([]) == 0
+    out = capsys.readouterr().out
+    assert "resnet50 POD64/POD256" in out and "bert-large POD64/POD128" in out
+
+
+def _forward_flops_counted_by_torch(build, inputs) -> int:
+    """The forward FLOPs of ``build()`` on ``inputs()`` as PyTorch's own FlopCounterMode counts
+    them, on fake tensors (shapes only, no kernel runs; in float32: the count does not
+    depend on the dtype): the hand count of a full-size model."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    args = inputs()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = build()
+        with FlopCounterMode(display=False) as counter:
+            model(*args)
+    return counter.get_total_flops()
+
+
+@pytest.mark.slow  # ResNet-50 at its published micro-batch (20, 224 x 224), one pass on the CPU
+def test_resnet50_at_its_published_configuration():
+    """Graphcore's MLPerf layout (seven pieces on one IPU, recomputed, micro-batch 20)
+    compiles, fits one IPU, counts the FLOPs PyTorch's counter counts, and predicts IPU-POD16's
+    MLPerf v1.1 throughput within 25%."""
+    import torch
+    from collectives.step_model import ModelCard, StepConfig, predict
+
+    sized = load("size_published")
+    training, inputs = sized._resnet(20, 224, accumulation=10)
+    training.compile(*inputs)
+    report = training.modelReport()
+    assert len(report.stages) == len(sized.RESNET_PIECES) + 1
+    assert {s.ipu for s in report.stages} == {0}
+    assert all(s.recompute_flops == s.forward_flops for s in report.stages[:-1])
+    memory = next(iter(report.memory.values()))
+    assert memory["total"] <= 940_572_672  # one GC200's In-Processor-Memory, as compiled
+    want = _forward_flops_counted_by_torch(
+        lambda: sized.resnet50(),
+        lambda: (torch.empty(20, 3, 224, 224),
+                 torch.zeros(20, dtype=torch.long)))
+    assert sum(s.forward_flops for s in report.stages) == want
+    card = ModelCard.from_run(run=report)
+    assert card.params == 25_557_032 and card.compute_micro_batch == 20
+    est = predict(card, StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10))
+    published = next(p for label, *_, p, _ in sized.PUBLISHED["resnet50"]
+                     if label == "IPU-POD16 MLPerf v1.1")
+    assert 0.75 <= est.samples_per_s / published <= 1.25
+    training.destroy()
+
+
+@pytest.mark.slow  # BERT-Large, 24 layers over 4 IPUs, micro-batch 8, one pass on the CPU
+def test_bert_large_phase1_at_its_published_configuration():
+    """BERT-Large phase 1 as Graphcore pipelines it (4 IPUs, micro-batch 8, LAMB state in
+    Streaming Memory) compiles, fits its IPUs, counts the FLOPs PyTorch's counter counts,
+    and predicts Bow Pod16's published throughput within 25%."""
+    from collectives.step_model import ModelCard, StepConfig, predict
+
+    sized = load("size_published")
+    training, batch = sized._bert(8, 24)
+    training.compile(*batch)
+    report = training.modelReport()
+    assert [s.ipu for s in report.stages] == [0, 1, 2, 3]
+    assert all(m["total"] <= 940_572_672 for m in report.memory.values())
+    want = _forward_flops_counted_by_torch(lambda: sized.Bert(layers=24),
+                                           lambda: sized.Bert.batch(8))
+    assert sum(s.forward_flops for s in report.stages) == want
+    card = ModelCard.from_run(run=report)
+    label, system, replicas, ipus, accumulation, published, _ = sized.PUBLISHED["bert-large"][0]
+    est = predict(card, StepConfig(system, replicas, ipus_per_replica=ipus, micro_batch=8,
+                                   gradient_accumulation=accumulation))
+    assert 0.75 <= est.samples_per_s / published <= 1.25
+    training.destroy()

@@ -18,18 +18,20 @@ step) slow each other down.
 **Speed.** A POD256's all-reduce prices hundreds of steps of up to tens of thousands of
 flows; :class:`RouteTable` holds every route of a system as arrays of directed-link indices
 (built once per process), so a step's link loads and its flows' seconds per byte are numpy
-gathers and one ``bincount``, and the routes come from one search tree per IPU
-(:func:`ipu_node.routing.routes_from_indexed`). ``what_if(..., system="POD256")`` in a fresh
-process is 12.7x faster than before (``benchmarks/pricing_speed.py``, against dc73d9f in the
-same run), the same floats (``tests/test_fast_pricing.py``); once the POD256's tables are
-built, a what_if takes milliseconds.
+gathers and one ``bincount``, and the routes come from the search trees of each IPU
+(:func:`ipu_node.routing.route_trees`: one inside its IPU-Link domain, one across), every
+route walked up its tree at once, one link a round. ``what_if(..., system="POD256")`` in a
+fresh process is 12.7x faster than before the table (against dc73d9f in the same run), and
+the rank-indexed search with the walk took its cold CPU time from 0.551 to 0.307 s (wall
+1.93 to 1.05 s at load average 6.8 on 2 CPUs; ``benchmarks/pricing_speed.py``), the same
+floats (``tests/test_fast_pricing.py``); once the POD256's tables are built, a what_if takes
+milliseconds.
 
 :func:`mirrored_ring` is ring B of ``quad_directional_ring`` (the cost model's rings).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from dataclasses import dataclass
 from typing import Sequence
@@ -37,7 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from ipu_node.hardware.links import Link
-from ipu_node.hardware.routing import routes_from_indexed
+from ipu_node.hardware.routing import node_ranks, route_trees
 from ipu_node.hardware.systems import SystemModel
 
 __all__ = ["StepProfile", "RouteTable", "flow_seconds_per_byte", "mirrored_ring",
@@ -94,26 +96,40 @@ class RouteTable:
 
     def __init__(self, model: SystemModel):
         n = model.num_ipus
-        routes = [r for src in range(n) for r in routes_from_indexed(model, src)]
-        lengths = np.fromiter((len(ids) for ids, _ in routes), dtype=np.int64, count=n * n)
-        self.num_links = lengths.astype(np.int32).reshape(n, n)
-        self.latency_s = np.fromiter((lat for _, lat in routes), dtype=np.float64,
-                                     count=n * n).reshape(n, n)
         self.pad = 2 * len(model.links)
-        longest = max(int(lengths.max()), 1)
-        flat = np.fromiter(itertools.chain.from_iterable(ids for ids, _ in routes),
-                           dtype=np.int32, count=int(lengths.sum()))
-        route = np.repeat(np.arange(n * n), lengths)
-        place = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        self.paths = np.full((n * n, longest), self.pad, dtype=np.int32)
-        self.paths[route, place] = flat
-        self.paths = self.paths.reshape(n, n, longest)
+        self.domain = np.array([model.domain_of(i) for i in range(n)])
+        # one tree per source and search (inside its domain, across domains): per node rank
+        # the directed link reaching it, its parent, depth and latency; each route is walked
+        # up its tree from the destination, all routes at once, one link a round
+        trees = [t for src in range(n) for t in route_trees(model, src)]
+        back, parent, depth, latency = (np.array([t[i] for t in trees]) for i in (1, 2, 3, 4))
+        per_src = len(trees) // n
+        rank = node_ranks(model)
+        dst_rank = np.array([rank[i] for i in range(n)])
+        across = self.domain[:, None] != self.domain[None, :]
+        tree = np.arange(n)[:, None] * per_src + (across if per_src > 1 else 0 * across)
+        cur = np.broadcast_to(dst_rank, (n, n)).copy()
+        self.num_links = depth[tree, cur].astype(np.int32)
+        self.latency_s = latency[tree, cur].astype(np.float64)
+        unreached = (back[tree, cur] < 0) & ~np.eye(n, dtype=bool)
+        if unreached.any():
+            src, dst = map(int, np.argwhere(unreached)[0])
+            raise ValueError(f"{model.name}: no route from IPU {src} to IPU {dst}")
+        longest = max(int(self.num_links.max()), 1)
+        self.paths = np.full((n, n, longest), self.pad, dtype=np.int32)
+        rows, cols = np.indices((n, n))
+        for _ in range(longest):
+            d = depth[tree, cur]
+            on = d > 0
+            if not on.any():
+                break
+            self.paths[rows[on], cols[on], d[on] - 1] = back[tree[on], cur[on]]
+            cur = np.where(on, parent[tree, cur], cur)
         self.inv_link_bytes_per_s = np.array(
             [1.0 / (l.bandwidth_bytes_per_s / l.count) for l in model.links for _ in "ab"]
             + [0.0])
         self.bundle_bytes_per_s = np.array(
             [l.bandwidth_bytes_per_s for l in model.links for _ in "ab"] + [1.0])
-        self.domain = np.array([model.domain_of(i) for i in range(n)])
 
 
 _TABLES: dict[SystemModel, RouteTable] = {}

@@ -36,72 +36,84 @@ def _check_nbytes(nbytes: int) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _neighbours(model: SystemModel, ipu_links_only: bool) -> dict[Node, tuple]:
-    """For every node, ``(time of a reference message, sort key, next node, link)`` of each of
-    its links in ``links_at`` order (the search's inner loop, computed once per system)."""
-    out: dict[Node, tuple] = {}
-    for link in model.links:
-        if ipu_links_only and link.kind is not LinkKind.IPU_LINK:
-            continue
-        for node in (link.a, link.b):
-            out.setdefault(node, None)
-    for node in out:
-        out[node] = tuple((link.time_s(ROUTE_REFERENCE_BYTES), node_sort_key(link.other(node)),
-                           link.other(node), link) for link in model.links_at(node)
-                          if not ipu_links_only or link.kind is LinkKind.IPU_LINK)
-    return out
+def _graph(model: SystemModel, ipu_links_only: bool) -> tuple:
+    """The search graph of ``model``, computed once per system: ``(nodes, rank, adjacency,
+    no_transit)``. ``nodes`` in :func:`node_sort_key` order (a node's *rank* is its place, so
+    ranks order as the keys do: IPUs by id, then named nodes by name), ``rank`` maps a node
+    to its rank, ``adjacency[r]`` gives, for each link of node ``r`` in ``links_at`` order
+    (IPU-Links only if ``ipu_links_only``), ``(time of a reference message, the other end's
+    rank, directed link, the link's latency)``, where directed link ``2k`` leaves
+    ``model.links[k].a`` and ``2k + 1`` its ``b``; ``no_transit[r]``: node ``r`` forwards
+    nothing."""
+    nodes = sorted({n for link in model.links for n in (link.a, link.b)}
+                   | {ipu.id for ipu in model.ipus}, key=node_sort_key)
+    rank = {node: r for r, node in enumerate(nodes)}
+    number = {id(link): k for k, link in enumerate(model.links)}
+    adjacency = tuple(
+        tuple((link.time_s(ROUTE_REFERENCE_BYTES), rank[link.other(node)],
+               2 * number[id(link)] + (node != link.a), link.latency_s)
+              for link in model.links_at(node)
+              if not ipu_links_only or link.kind is LinkKind.IPU_LINK)
+        for node in nodes)
+    no_transit = tuple(node in model.no_transit for node in nodes)
+    return nodes, rank, adjacency, no_transit
 
 
-def _search(model: SystemModel, src: int, ipu_links_only: bool,
-            dst: int | None = None, order: list | None = None) -> dict[Node, Link]:
-    """Dijkstra from ``src`` (stopping at ``dst`` if given): the last link of the best
-    route to every node reached (appended to ``order`` as each node's route is final)."""
-    neighbours = _neighbours(model, ipu_links_only)
-    no_transit = model.no_transit
+def _tree(model: SystemModel, src: int, ipu_links_only: bool, dst: int | None = None):
+    """Dijkstra from IPU ``src`` over :func:`_graph` (stopping at ``dst`` if given), nodes
+    by rank: ``(order, back, parent, depth, latency)``: the ranks in the order their routes
+    became final, and per rank the directed link reaching it (-1: none), the rank it is
+    reached from, the links on its route and the sum of their latencies in route order.
+    Ties go to the node of the lowest rank: the heap orders ``(time, rank)`` as it would
+    ``(time, node_sort_key)``."""
+    _, rank, adjacency, no_transit = _graph(model, ipu_links_only)
+    n = len(adjacency)
+    s = rank[src]
+    stop = -1 if dst is None else rank[dst]
     inf = float("inf")
-    best: dict[Node, float] = {src: 0.0}
-    back: dict[Node, Link] = {}
-    heap = [(0.0, node_sort_key(src), src)]
+    best = [inf] * n
+    best[s] = 0.0
+    back, parent, depth, latency = [-1] * n, [-1] * n, [0] * n, [0.0] * n
+    heap = [(0.0, s)]
+    order: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        cost, _, node = heapq.heappop(heap)
-        if node == dst:
+        cost, u = pop(heap)
+        if u == stop:
             break
-        if cost > best[node]:
+        if cost > best[u]:
             continue
-        if order is not None:
-            order.append(node)
-        if node != src and node in no_transit:
+        order.append(u)
+        if u != s and no_transit[u]:
             continue
-        for time_s, key, nxt, link in neighbours.get(node, ()):
+        for time_s, v, directed, link_latency in adjacency[u]:
             new = cost + time_s
-            if new < best.get(nxt, inf) - 1e-15:
-                best[nxt] = new
-                back[nxt] = link
-                heapq.heappush(heap, (new, key, nxt))
-    return back
+            if new < best[v] - 1e-15:
+                best[v] = new
+                back[v], parent[v] = directed, u
+                depth[v], latency[v] = depth[u] + 1, latency[u] + link_latency
+                push(heap, (new, v))
+    return order, back, parent, depth, latency
 
 
-def _path(model: SystemModel, back: dict[Node, Link], src: int, dst: int) -> tuple[Link, ...]:
-    if dst not in back:
-        raise ValueError(f"{model.name}: no route from IPU {src} to IPU {dst}")
-    path, node = [], dst
-    while node != src:
-        link = back[node]
-        path.append(link)
-        node = link.other(node)
-    return tuple(reversed(path))
+def _searches(model: SystemModel) -> tuple[bool, ...]:
+    """The searches each source needs: inside its IPU-Link domain (IPU-Links only), and,
+    with several domains, across them (every link)."""
+    return (True, False) if len(model.domains) > 1 else (True,)
 
 
 @functools.lru_cache(maxsize=4096)
 def _route(model: SystemModel, src: int, dst: int) -> tuple[Link, ...]:
     same_domain = model.domain_of(src) == model.domain_of(dst)
-    return _path(model, _search(model, src, same_domain, dst), src, dst)
-
-
-@functools.lru_cache(maxsize=64)
-def _link_numbers(model: SystemModel) -> dict[int, int]:
-    """``id(link) -> k`` for ``model.links[k]`` (the numbering of :func:`routes_from_indexed`)."""
-    return {id(link): k for k, link in enumerate(model.links)}
+    _, rank, _, _ = _graph(model, same_domain)
+    _, back, parent, _, _ = _tree(model, src, same_domain, dst)
+    node, path = rank[dst], []
+    if back[node] < 0 and src != dst:
+        raise ValueError(f"{model.name}: no route from IPU {src} to IPU {dst}")
+    while node != rank[src]:
+        path.append(model.links[back[node] >> 1])
+        node = parent[node]
+    return tuple(reversed(path))
 
 
 @functools.lru_cache(maxsize=2048)  # every IPU of the largest POD (256) of several models
@@ -110,24 +122,44 @@ def _routes_from(model: SystemModel, src: int) -> list[tuple]:
     # the route to a node is the route to the node before it plus one link (a tree): each
     # node's route, its directed link numbers and its latency are its parent's plus one.
     own = model.domain_of(src)
-    numbers = _link_numbers(model)
+    _, rank, _, _ = _graph(model, True)
     routes: dict[Node, tuple] = {}
-    for inside in (True, False) if len(model.domains) > 1 else (True,):
-        order: list[Node] = []
-        back = _search(model, src, inside, order=order)
-        known: dict[Node, tuple] = {src: ((), (), 0)}
+    for inside in _searches(model):
+        order, back, parent, _, latency = _tree(model, src, inside)
+        known: dict[int, tuple] = {order[0]: ((), ())}
         for node in order[1:]:  # a node's parent is final before it
-            link = back[node]
-            parent = link.other(node)
-            links, ids, latency = known[parent]
-            known[node] = (links + (link,), ids + (2 * numbers[id(link)] + (parent != link.a),),
-                           latency + link.latency_s)
+            links, ids = known[parent[node]]
+            known[node] = (links + (model.links[back[node] >> 1],), ids + (back[node],))
         for ipu in model.ipus:
             if (ipu.domain == own) is inside:
-                if ipu.id not in known:
+                r = rank[ipu.id]
+                if r not in known:
                     raise ValueError(f"{model.name}: no route from IPU {src} to IPU {ipu.id}")
-                routes[ipu.id] = known[ipu.id]
+                routes[ipu.id] = known[r] + (latency[r],)
     return [routes[ipu.id] for ipu in model.ipus]
+
+
+def route_trees(model: SystemModel, src: int) -> tuple[tuple, ...]:
+    """The search trees the routes from IPU ``src`` come from, for building every route at
+    once: one per search, ``(inside, back, parent, depth, latency_s)``, ``inside`` True for
+    the search inside ``src``'s IPU-Link domain (the routes to its IPUs), False for the one
+    across domains (the routes to the other domains' IPUs; only with several domains), and
+    per node *rank* (:func:`node_ranks`) the directed link of the route's last link
+    (:func:`routes_from_indexed`'s numbering; -1: none), the rank it is reached from, the
+    links on the route and the sum of their latencies in route order.
+
+    Raises:
+        UnknownIPUError: ``src`` is not an IPU of ``model``.
+    """
+    model.ipu(src)
+    return tuple((inside,) + _tree(model, src, inside)[1:] for inside in _searches(model))
+
+
+def node_ranks(model: SystemModel) -> dict[Node, int]:
+    """Every node of ``model`` (IPUs, gateways, switches, hosts) to its rank in
+    :func:`ipu_node.links.node_sort_key` order (IPUs first, by id), as :func:`route_trees`
+    indexes them."""
+    return _graph(model, True)[1]
 
 
 def routes_from(model: SystemModel, src: int) -> dict[int, tuple[Link, ...]]:

@@ -14,8 +14,12 @@ Per IPU of a replica, the tensors of the stages it runs:
   ``_Popart.set("autoRecomputation", n)``) the stash holds the stage's inputs and its
   ``recomputationCheckpoint`` tensors, and one micro-batch's saved tensors between two
   checkpoints are rebuilt before its backward pass (the working set). The last stage runs
-  forward and backward in one step and keeps its saved tensors. In inference: the largest
-  operation's operands and result;
+  forward and backward in one step and keeps its saved tensors, for that step only. An IPU
+  runs one pass at a time, so the working sets of the stages it holds (what one backward
+  pass recomputes, the last stage's saved tensors) share its memory: it holds the largest,
+  not their sum (stages on one IPU, as a ``ShardedExecution`` of blocks on IPU 0 with
+  recomputation: Graphcore's single-IPU ResNet-50, whose pipeline splits on one IPU are
+  recomputation checkpoints). In inference: the largest operation's operands and result;
 * **code and exchange buffers**: :data:`CODE_AND_EXCHANGE_FRACTION` of the IPU's memory
   (ipupod assumption, below).
 
@@ -81,6 +85,7 @@ def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[in
     """
     plan = MemoryPlan({i: [] for i in sorted(set(stage_ipus))}, recompute and training)
     seen: set[str] = set()
+    working_sets: dict[int, list[MemoryEntry]] = {}  # IPU -> one pass's working sets
     for s, (stage, ipu) in enumerate(zip(profile.stages, stage_ipus)):
         out = plan.entries[ipu]
         for pname in stage.params:
@@ -108,8 +113,13 @@ def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[in
                 out.append(MemoryEntry(f"{name}/accumulator/{pname}", numel * accumulator_size,
                                        "accumulators",
                                        locations.off_chip("accumulator", numel)))
-        out.extend(_activations(name, s, stage, depths[s], training, recompute,
-                                s == len(profile.stages) - 1, locations))
+        kept, working = _activations(name, s, stage, depths[s], training, recompute,
+                                     s == len(profile.stages) - 1, locations)
+        out.extend(kept)
+        if working is not None:
+            working_sets.setdefault(ipu, []).append(working)
+    for ipu, sets in working_sets.items():
+        plan.entries[ipu].append(_largest(sets))
     for ipu, out in plan.entries.items():
         out.append(MemoryEntry(f"{name}/code+exchange (ipupod assumption)",
                                int(capacity[ipu] * CODE_AND_EXCHANGE_FRACTION),
@@ -127,21 +137,35 @@ def plan_memory(name: str, profile, stage_ipus: tuple[int, ...], depths: list[in
 
 
 def _activations(name: str, s: int, stage, depth: int, training: bool, recompute: bool,
-                 last: bool, locations: Locations) -> list[MemoryEntry]:
-    """The activation entries of stage ``s``."""
+                 last: bool, locations: Locations) -> tuple[list[MemoryEntry], MemoryEntry | None]:
+    """The activation entries of stage ``s``: those kept across passes, and the working set
+    that lives only while one of its passes runs (None: none): the tensors recomputed
+    between checkpoints before its backward pass, or, for the last stage, whose forward and
+    backward passes run back to back on one micro-batch, its saved tensors."""
     prefix = f"{name}/activations/stage{s}"
     if not training:
-        return [MemoryEntry(f"{prefix}/working", stage.peak_op_bytes, "activations")]
+        return [MemoryEntry(f"{prefix}/working", stage.peak_op_bytes, "activations")], None
     if recompute and not last:
         stash = stage.input_bytes + stage.checkpoint_bytes
-        working = stage.piece_saved_bytes
+        working = MemoryEntry(f"{prefix}/recomputed", stage.piece_saved_bytes, "activations")
+    elif last and depth == 1:
+        return [], MemoryEntry(f"{prefix}/stash x1", stage.saved_bytes, "activations")
     else:
-        stash, working = stage.saved_bytes, 0
+        stash, working = stage.saved_bytes, None
     # the stash moves as one tensor group (its elements counted at 4 bytes)
     off = locations.off_chip("activation", max(1, stash // 4)) and not last
     out = [MemoryEntry(f"{prefix}/stash x{depth}", depth * stash, "activations", off)]
     if off:  # the micro-batch in use comes back on chip
         out.append(MemoryEntry(f"{prefix}/stash in use", stash, "activations"))
-    if working:
-        out.append(MemoryEntry(f"{prefix}/recomputed", working, "activations"))
-    return out
+    return out, working if working is not None and working.nbytes else None
+
+
+def _largest(sets: list[MemoryEntry]) -> MemoryEntry:
+    """One IPU's working sets of single passes: an IPU runs one pass at a time, so they
+    share memory and the IPU holds the largest (named with the stages that share it)."""
+    big = max(sets, key=lambda e: e.nbytes)
+    if len(sets) == 1:
+        return big
+    stages = ", ".join(e.name.split("/")[-2] for e in sets)
+    return MemoryEntry(f"{big.name} (the largest working set of {stages}: one pass at a "
+                       "time)", big.nbytes, "activations")
