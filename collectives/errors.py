@@ -32,6 +32,15 @@ class PeerLostError(TransportError):
         super().__init__(message)
         self.instance = instance
 
+    @classmethod
+    def program_ended(cls, instance: int) -> "PeerLostError":
+        """The error of a collective that instance ``instance`` will never call: it ended
+        its program while this instance still calls collectives (seen by the MPI transport's
+        notice, or by an agreement that met its end of program)."""
+        return cls(f"instance {instance} ended its program while this instance still calls "
+                   "collectives (every instance must call the same collectives; after an "
+                   "instance has ended, none can complete)", instance)
+
 
 class TransportClosedError(TransportError):
     """The transport was used after :meth:`close` (by this instance)."""

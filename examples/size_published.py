@@ -86,8 +86,9 @@ PUBLISHED = {
 #: The published micro-batch of each model (the step is priced at it).
 MICRO_BATCH = {"resnet50": 20, "bert-large": 8}
 #: The micro-batch each model is counted at by default: the published one. ResNet-50 at 20
-#: fits one IPU as Graphcore lays it out (:data:`RESNET_PIECES`: 0.92 GB of 0.94 GB in
-#: ipupod's plan; without recomputation it would need 1.5 GB).
+#: fits one IPU as Graphcore lays it out (:data:`RESNET_PIECES`: 0.70 GB of 0.94 GB in
+#: ipupod's plan; without recomputation it needed 1.5 GB when its batch norms' outputs were
+#: still counted in float32).
 COUNT_AT = {"resnet50": 20, "bert-large": 8}
 
 
@@ -106,13 +107,15 @@ def _resnet(micro_batch: int, image_size: int, accumulation: int = 10):
     on IPU 0 run one after another (``ShardedExecution``, PopTorch's sequential schedule),
     each piece's forward pass recomputed before its backward pass from its input
     (``autoRecomputation``), float16 weights, SGD with momentum (LARS keeps the same state),
-    ``accumulation`` micro-batches a step."""
+    ``accumulation`` micro-batches a step, float16 partials (their config's
+    ``enable_half_partials: True``: ``Precision.setPartialsType(torch.half)``)."""
     model = resnet50().half()
     for first in RESNET_PIECES:
         poptorch.BeginBlock(model.layers[first], f"layers{first}", ipu_id=0)
     opts = poptorch.Options()
     opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.AutoStage.AutoIncrement))
     opts._Popart.set("autoRecomputation", 3)  # PopART RecomputationType::Pipeline
+    opts.Precision.setPartialsType(torch.half)
     opts.Training.gradientAccumulation(accumulation)
     g = torch.Generator().manual_seed(0)
     images = torch.randn(micro_batch * accumulation, 3, image_size, image_size,

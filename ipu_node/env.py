@@ -15,6 +15,11 @@ again. Every value is read when a function below is called, never at import time
   :func:`ipu_node.flags.report_directory`.
 * ``IPUPOD_JOB_ID``: the job an instance belongs to. All instances of one job share one
   partition (an occupancy scope of their own); processes without it share the machine's scope.
+* ``POPDIST_*`` (Graphcore poprun's names, anchors §1.2) and ``IPUPOD_NUM_INSTANCES``,
+  ``IPUPOD_INSTANCE_INDEX``, ``IPUPOD_TRANSPORT``, ``IPUPOD_COORDINATOR_ADDRESS``,
+  ``IPUPOD_JOB_TOKEN``, ``IPUPOD_LISTEN_ADDRESS``: an instance's share of a poprun job
+  (written by ``launch.env``), read here with :func:`env_int` or raw, and put together by
+  :mod:`ipu_node.runtime.launched`.
 * Graphcore's own variables, read raw here and parsed by :mod:`ipu_node.flags`:
   ``TF_POPLAR_FLAGS``, ``POPLAR_ENGINE_OPTIONS``, ``POPLAR_LOG_LEVEL``, ``POPLAR_LOG_DEST``,
   ``POPLIBS_LOG_LEVEL``.
@@ -38,6 +43,24 @@ IPUPOD_REPORT_DIR = "IPUPOD_REPORT_DIR"
 
 #: Environment variable with the IPU ids of the job's partition (poprun sets it).
 IPUPOD_PARTITION_IPUS = "IPUPOD_PARTITION_IPUS"
+
+#: An instance's share of a poprun job (Graphcore's names, anchors §1.2): the job's replicas,
+#: this instance's, the global index of its first, the IPUs of a replica, and the instance's
+#: index among those of its host.
+POPDIST_NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+POPDIST_NUM_LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+POPDIST_REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+POPDIST_NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+POPDIST_LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+#: ipupod's: the job's instances and this one's index (poprun checks them against the
+#: POPDIST_* values), the transport, and for the grpc transport the coordinator's address,
+#: the job's token (a secret) and where this instance's peer server listens.
+IPUPOD_NUM_INSTANCES = "IPUPOD_NUM_INSTANCES"
+IPUPOD_INSTANCE_INDEX = "IPUPOD_INSTANCE_INDEX"
+IPUPOD_TRANSPORT = "IPUPOD_TRANSPORT"
+IPUPOD_COORDINATOR_ADDRESS = "IPUPOD_COORDINATOR_ADDRESS"
+IPUPOD_JOB_TOKEN = "IPUPOD_JOB_TOKEN"
+IPUPOD_LISTEN_ADDRESS = "IPUPOD_LISTEN_ADDRESS"
 
 #: TF-IPU's flags (seed 002:111-115, 000:236, 001:487).
 TF_POPLAR_FLAGS = "TF_POPLAR_FLAGS"
@@ -69,6 +92,21 @@ def occupancy_dir() -> str:
     if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
         return os.path.join(runtime, "ipupod")
     return os.path.join(tempfile.gettempdir(), f"ipupod-{os.getuid()}")
+
+
+def env_int(name: str) -> int | None:
+    """The integer in environment variable ``name``, or None when it is unset or empty.
+
+    Raises:
+        ValueError: it holds something else (names the variable and its text).
+    """
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
 
 
 def raw(name: str) -> str:

@@ -25,14 +25,17 @@ import tensorflow as tf
 from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "local_index_scope",
-           "take_error"]
+__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "call_eager",
+           "local_index_scope", "take_error"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
 #: (TensorFlow turns it into an ``UnknownError`` carrying its traceback as text)
 _errors: dict[int, BaseException] = {}
 _errors_lock = threading.Lock()
+#: local index -> the context of the replica running a replica function with that index
+_running: dict[int, Any] = {}
+_running_lock = threading.Lock()
 
 
 def take_error(local_index: int) -> BaseException | None:
@@ -74,9 +77,10 @@ def replica_function(fn: Callable[..., Any],
                      context: Callable[[], Any] = contextlib.nullcontext) -> Callable[..., Any]:
     """``fn`` as ``g(local_index, *args, **kwargs)``: a ``tf.function`` (without XLA: a
     collective's ``PyFunc`` cannot be XLA-compiled on the CPU) of ``fn``'s Python function
-    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None), else a
-    Python function running ``fn`` eagerly; either way inside ``context()`` (e.g. the
-    strategy's TF replica context, entered in the trace's graph)."""
+    when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None; while it
+    runs, its bridged ops enter the calling replica's context), else a Python function
+    running ``fn`` eagerly; either way inside ``context()`` (e.g. the strategy's TF replica
+    context, entered in the trace's graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
         def eager(local_index, *args, **kwargs):
@@ -91,14 +95,81 @@ def replica_function(fn: Callable[..., Any],
         # None, as TF 2.6's tf.function made it (it runs: the function's control outputs)
         return tf.nest.map_structure(
             lambda v: None if isinstance(v, tf.Operation) else v, result)
-    return tf.function(traced, autograph=getattr(fn, "_autograph", True))
+    function = tf.function(traced, autograph=getattr(fn, "_autograph", True))
+
+    def run(local_index, *args, **kwargs):
+        ctx = current_replica_context()
+        if ctx is None:
+            return function(local_index, *args, **kwargs)
+        with _running_as(ctx):
+            return function(local_index, *args, **kwargs)
+    return run
 
 
 def _context_of(local_index: int):
     mine = current_replica_context()
     if mine is not None and mine.local_index == local_index:
         return contextlib.nullcontext(mine)
-    return entered_replica_context(get_system().replica_context(int(local_index)))
+    with _running_lock:
+        running = _running.get(int(local_index))
+    return entered_replica_context(running or get_system().replica_context(int(local_index)))
+
+
+@contextlib.contextmanager
+def _running_as(ctx):
+    """While a replica function runs: ops run for local index ``ctx.local_index`` enter
+    ``ctx`` (not always the system's: ``ipu_compiler.compile``'s unreplicated replica holds
+    every IPU of the device)."""
+    index = ctx.local_index
+    with _running_lock:
+        previous = _running.get(index)
+        _running[index] = ctx
+    try:
+        yield
+    finally:
+        with _running_lock:
+            if previous is None:
+                _running.pop(index, None)
+            else:
+                _running[index] = previous
+
+
+def _recorded(local_index: int, fn: Callable[..., Any], *args):
+    """``fn(*args)`` in replica ``local_index``'s context; an exception it raises is kept for
+    :func:`take_error` (TensorFlow wraps it)."""
+    try:
+        with _context_of(int(local_index)):
+            return fn(*args)
+    except BaseException as exc:
+        with _errors_lock:
+            _errors.setdefault(int(local_index), exc)
+        raise
+
+
+def call_eager(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], what: str):
+    """``fn(*tensors)`` (eager TF tensors in, nothing out) as one stateful TF op
+    (``tf.py_function``: ``fn`` runs eagerly, may run TF ops, create variables and call
+    collectives), run in the context of the replica the op runs for; in eager code it is
+    called at once.
+
+    Returns:
+        The op (a ``tf.Operation``) in a ``tf.function``; None in eager code.
+
+    Raises:
+        NotInReplicaError: outside a replica function (names ``what``).
+    """
+    index = index_tensor(what)
+    if tf.executing_eagerly():
+        _recorded(int(index), fn, *inputs)
+        return None
+
+    def in_replica(local_index, *tensors):
+        _recorded(int(local_index), fn, *tensors)
+        return tf.constant(0, tf.int32)
+
+    done = tf.py_function(in_replica, [index, *inputs], [tf.int32],
+                          name=what.replace(" ", "_"))
+    return (done[0] if isinstance(done, (list, tuple)) else done).op
 
 
 def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
@@ -112,13 +183,7 @@ def call(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], out_dtypes: Sequen
     index = index_tensor(what)
 
     def in_replica(local_index, *arrays):
-        try:
-            with _context_of(int(local_index)):
-                out = fn(*arrays)
-        except BaseException as exc:
-            with _errors_lock:
-                _errors.setdefault(int(local_index), exc)
-            raise
+        out = _recorded(local_index, fn, *arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(out, out_dtypes)]
 
     results = tf.numpy_function(in_replica, [index, *inputs], list(out_dtypes),

@@ -23,8 +23,10 @@ A model that does not fit raises :class:`ipu_node.IPUOutOfMemoryError` (the IPU,
 needed and available, the largest tensors on it) before its first step, and leaves nothing
 placed. Pipelined models (``PipelineStage``, ``set_pipeline_stage_assignment``) are not planned
 here: ipu_node's pipeline runtime counts their stages' weights (as ``ipu_node.Variable``) and
-stashes on each stage's IPU as they run, with the same error; their optimizer state and a
-:class:`ModelReport` of their own are not there yet.
+stashes on each stage's IPU as they run, with the same error, and
+:mod:`ipu_tensorflow.keras.pipelining._account` places their optimizer state and
+accumulators on each stage's IPU and keeps their :class:`ModelReport` (in the same
+section).
 
 The account (:func:`model_report`) goes into the run report's ``tensorflow`` section
 (:func:`collectives.performance.run_report.add_report_section`) with each model's stages,
@@ -45,7 +47,8 @@ from collectives.performance.model_report import ModelReport, StageReport
 from ipu_node import clock, get_system, host_transfer_time_s
 
 __all__ = ["saved_activation_bytes", "plan", "place", "compile_facts", "count_steps",
-           "model_report", "register", "offer_card", "report_section"]
+           "model_report", "register", "offer_card", "report_section", "optimizer_variables",
+           "clock_now"]
 
 #: the name scope of the ops TensorFlow's GradientTape adds for the backward pass
 _BACKWARD_SCOPE = "gradient_tape/"
@@ -83,7 +86,7 @@ def saved_activation_bytes(concrete) -> tuple[int, int]:
     return sum(saved.values()), inputs
 
 
-def _optimizer_variables(model, strategy) -> list:
+def optimizer_variables(model, strategy) -> list:
     """The optimizer's variables for the model's trainable variables (built now, in the
     strategy's scope, when the first ``apply_gradients`` has not built them yet)."""
     opt = model.optimizer
@@ -92,6 +95,9 @@ def _optimizer_variables(model, strategy) -> list:
     if not getattr(opt, "_built", False) and hasattr(opt, "build"):
         with strategy.scope():
             opt.build(model.trainable_variables)
+    elif hasattr(opt, "_create_all_weights"):      # a legacy OptimizerV2: its slots now
+        with strategy.scope():
+            opt._create_all_weights(model.trainable_variables)
     variables = opt.variables
     return list(variables() if callable(variables) else variables)
 
@@ -112,7 +118,7 @@ def plan(model, strategy, concrete, G: int, capacity: int) -> MemoryPlan:
     out += [MemoryEntry(f"{name}/buffer/{v.name}", _tensor_nbytes(v), "buffers")
             for v in model.non_trainable_variables]
     out += [MemoryEntry(f"{name}/optimizer/{v.name}", _tensor_nbytes(v), "optimizer_state")
-            for v in _optimizer_variables(model, strategy)]
+            for v in optimizer_variables(model, strategy)]
     if G > 1:
         out += [MemoryEntry(f"{name}/accumulator/{v.name}",
                             int(np.prod(v.shape.as_list())) * 4, "accumulators")
@@ -127,10 +133,11 @@ def plan(model, strategy, concrete, G: int, capacity: int) -> MemoryPlan:
 
 
 def place(memory_plan: MemoryPlan, prefix: str) -> dict[int, int]:
-    """Count ``memory_plan``'s on-chip entries on every local replica's first IPU in the
-    configured system's SRAM accounting, in place of the tensors there whose names start with
-    ``prefix`` (the model's last plan: its entries' names start with ``<model name>/``; two
-    models of one name share them). Returns the capacity of each IPU used, by IPU id.
+    """Count ``memory_plan``'s on-chip entries of IPU index i on every local replica's i-th
+    IPU in the configured system's SRAM accounting, in place of the tensors there whose
+    names start with ``prefix`` (the model's last plan: its entries' names start with
+    ``<model name>/``; two models of one name share them). Returns the capacity of each IPU
+    used, by IPU id.
 
     Raises:
         ipu_node.IPUOutOfMemoryError: an IPU's SRAM would be exceeded (the IPU, bytes needed
@@ -141,15 +148,16 @@ def place(memory_plan: MemoryPlan, prefix: str) -> dict[int, int]:
     capacity = {}
     try:
         for r in range(system.num_local_replicas):
-            ipu = system.replica_context(r).ipus[0]
-            memory = system.memory[ipu.id]
-            capacity[ipu.id] = memory.capacity_bytes
-            for tensor in memory.tensors():   # (a model compiled again: its last plan)
-                if tensor.startswith(prefix):
-                    memory.free(tensor)
-            for entry in memory_plan.on_chip(0):
-                memory.allocate(entry.name, entry.nbytes, replace=True)
-                placed.append((memory, entry.name))
+            for shard in sorted(memory_plan.entries):
+                ipu = system.replica_context(r).ipus[shard]
+                memory = system.memory[ipu.id]
+                capacity[ipu.id] = memory.capacity_bytes
+                for tensor in memory.tensors():   # (a model compiled again: its last plan)
+                    if tensor.startswith(prefix):
+                        memory.free(tensor)
+                for entry in memory_plan.on_chip(shard):
+                    memory.allocate(entry.name, entry.nbytes, replace=True)
+                    placed.append((memory, entry.name))
     except BaseException:
         for memory, tensor in placed:
             try:
@@ -170,12 +178,12 @@ def model_report(model) -> ModelReport | None:
         return None
     f = dict(facts)
     steps = f.pop("steps_run")[0]
-    modelled = _clock_now() - f.pop("clock_start_s")
+    modelled = clock_now() - f.pop("clock_start_s")
     return ModelReport(**f, steps=steps, modelled_s=modelled if steps else 0.0,
                        last_call_s=0.0, front_end="tensorflow")
 
 
-def _clock_now() -> float:
+def clock_now() -> float:
     """The latest end of this process's IPU timelines (modelled seconds)."""
     return max((line.now_s for line in clock.timelines().values()), default=0.0)
 
@@ -215,7 +223,7 @@ def compile_facts(model, strategy, concrete, forward_flops: int, train_flops: in
                   grad_dtype="float32", input_bytes_per_item=input_bytes // batch,
                   optimizer_state_bytes_per_param=optimizer_bytes / params if params else 0.0,
                   optimizer_state_in="sram"),
-        steps_run=[0], clock_start_s=_clock_now())
+        steps_run=[0], clock_start_s=clock_now())
     register(model)
 
 
@@ -260,8 +268,9 @@ def report_section() -> dict:
     for r in reports:
         if r.steps:
             breakdown[f"{r.name}: modelled step"] = r.step_s
-            breakdown[f"{r.name}: stage 0 forward"] = r.stages[0].forward_s
-            breakdown[f"{r.name}: stage 0 backward"] = r.stages[0].backward_s
+            for stage in r.stages:
+                breakdown[f"{r.name}: stage {stage.stage} forward"] = stage.forward_s
+                breakdown[f"{r.name}: stage {stage.stage} backward"] = stage.backward_s
     return {"models": [r.to_dict() for r in reports],
             "summary": "\n".join(r.table() for r in reports if r.steps),
             "breakdown": breakdown}

@@ -356,8 +356,11 @@ def fit(model, a: dict):
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-    if not pipelined and "model_facts" not in model.__dict__["_ipu_fns"]:
+    first_window = "model_facts" not in model.__dict__["_ipu_fns"]
+    if not pipelined and first_window:
         _compile_memory(model, strategy, spec, flops, batch, G, spe)
+    elif pipelined and first_window:
+        model._pipeline_compile_memory(G)
     verbose = _verbosity(a["verbose"])
     callbacks = a["callbacks"]
     if not isinstance(callbacks, callbacks_module.CallbackList):
@@ -406,6 +409,8 @@ def fit(model, a: dict):
                 out = strategy.run_replicas(window)
                 if not fused:
                     apply(out[0][0])
+                if pipelined and "model_facts" not in model.__dict__["_ipu_fns"]:
+                    model._pipeline_record_report(batches[0], G, spe)
                 _keras_memory.count_steps(model, G)
             logs = _host_logs([o[1] for o in out], opts["metric_reduction"])
             callbacks.on_train_batch_end(step + spe - 1, logs)

@@ -28,7 +28,11 @@ def _blocked(name: str):
 
 
 class _PopdistDistributed(DistributedOptions):
-    """``Distributed`` of popdist's options: set from poprun, not by the program."""
+    """``Distributed`` of popdist's options: this instance's index and the job's instance
+    count, from poprun (0 and 1 outside it); the program cannot set them."""
+
+    def __init__(self) -> None:
+        super().__init__((_popdist.getInstanceIndex(), _popdist.getNumInstances()))
 
     disable = _blocked("Distributed.disable")
     setEnvVarNames = _blocked("Distributed.setEnvVarNames")
@@ -47,8 +51,8 @@ class Options(poptorch.Options):
     """
 
     def __init__(self, ipus_per_replica: int | None = None) -> None:
-        super().__init__()
         _popdist.init()  # the POPDIST_* values agree with each other
+        super().__init__()
         if ipus_per_replica is None:
             ipus_per_replica = _popdist.getNumIpusPerReplica()
         if not _popdist.checkNumIpusPerReplica(ipus_per_replica):
@@ -57,11 +61,11 @@ class Options(poptorch.Options):
                              f"{_popdist.getNumIpusPerReplica()}")
         self._ipus_per_replica = ipus_per_replica
         self.set(replication_factor=_popdist.getNumLocalReplicas())
-        DistributedOptions.configureProcessId(self.Distributed, _popdist.getInstanceIndex(),
-                                              _popdist.getNumInstances())
-        self.Distributed.__class__ = _PopdistDistributed
         if _popdist.isPopdistEnvSet():
             poptorch.Options.useIpuId(self, _popdist.getDeviceId(ipus_per_replica))
+
+    def _distributed_options(self) -> DistributedOptions:
+        return _PopdistDistributed()
 
     @property
     def ipus_per_replica(self) -> int:

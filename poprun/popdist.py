@@ -5,7 +5,10 @@ program started with a ``TF_CONFIG`` is one instance per task of the cluster (ch
 then workers) over the gRPC transport; a program started by plain ``mpirun`` is one replica
 per rank (``OMPI_COMM_WORLD_*`` or ``PMI_*``); a program started alone is instance 0 of 1
 with one replica. Defaults as documented: ``getNumLocalReplicas`` 1, ``getNumIpusPerReplica``
-1, ``getLocalInstanceIndex`` 0. This module is the one place that reads the environment.
+1, ``getLocalInstanceIndex`` 0. poprun's values are read with :func:`ipu_node.env.env_int`
+and checked and put into a config by :mod:`ipu_node.runtime.launched`, where ``hvd.init()``
+finds them too (nothing registers itself at import); this module adds the other launchers'
+(TF_CONFIG, plain mpirun).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import atexit
 import os
 
-from ipu_node.runtime.config import set_launcher_config
+from ipu_node.env import env_int as _int
+from ipu_node.runtime.launched import check_share, distribute
 from launch import env as names
 from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cluster_token
 
@@ -21,16 +25,6 @@ from launch.tf_config import TFConfig, cluster_token, parse_tf_config, remove_cl
 #: the other instances to leave
 COORDINATOR_LINGER_S = 30.0
 _hosted_coordinator = None
-
-
-def _int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 def _first(names_: tuple[str, ...]) -> int | None:
@@ -123,29 +117,9 @@ def check_popdist_env() -> None:
     Raises:
         ValueError: one line naming the variables, their values and the rule broken.
     """
-    if not isPopdistEnvSet():
-        return
-    total, local = getNumTotalReplicas(), getNumLocalReplicas()
-    offset, ipus = getReplicaIndexOffset(), getNumIpusPerReplica()
-    where = "in the environment poprun gave this instance"
-    for name, value in ((names.NUM_TOTAL_REPLICAS, total), (names.NUM_LOCAL_REPLICAS, local),
-                        (names.NUM_IPUS_PER_REPLICA, ipus)):
-        if value < 1:
-            raise ValueError(f"{name}={value} {where}: must be >= 1")
-    if total % local:
-        raise ValueError(f"{names.NUM_TOTAL_REPLICAS}={total} is not a multiple of "
-                         f"{names.NUM_LOCAL_REPLICAS}={local} {where}")
-    if offset < 0 or offset % local or offset >= total:
-        raise ValueError(f"{names.REPLICA_INDEX_OFFSET}={offset} {where}: must be a multiple "
-                         f"of {names.NUM_LOCAL_REPLICAS}={local} in [0, "
-                         f"{names.NUM_TOTAL_REPLICAS}={total})")
-    for name, value in ((names.NUM_INSTANCES, getNumInstances()),
-                        (names.INSTANCE_INDEX, getInstanceIndex())):
-        given = _int(name)
-        if given is not None and given != value:
-            raise ValueError(f"{name}={given} {where} disagrees with the POPDIST_* values "
-                             f"({names.NUM_TOTAL_REPLICAS}={total}, {names.NUM_LOCAL_REPLICAS}"
-                             f"={local}, {names.REPLICA_INDEX_OFFSET}={offset} give {value})")
+    if isPopdistEnvSet():
+        check_share(getNumTotalReplicas(), getNumLocalReplicas(), getReplicaIndexOffset(),
+                    getNumIpusPerReplica())
 
 
 def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
@@ -243,36 +217,13 @@ def set_ipu_config(config, ipus_per_replica: int = 1):
     if not checkNumIpusPerReplica(ipus_per_replica):
         raise ValueError(f"set_ipu_config(ipus_per_replica={ipus_per_replica}) but poprun was "
                          f"started with --ipus-per-replica {getNumIpusPerReplica()}")
-    config.ipus_per_replica = ipus_per_replica
-    config.auto_select_ipus = ipus_per_replica * getNumLocalReplicas()
-    mrd = config.experimental.multi_replica_distribution
-    instances = getNumInstances()
     tf = tf_config()
     if tf is not None:
-        _configure_tf_cluster(mrd, tf)
-    elif instances > 1:
-        mrd.process_count = instances
-        mrd.process_index = getInstanceIndex()
-        transport = os.environ.get(names.TRANSPORT)
-        if transport:
-            mrd.transport = transport
-        if transport == "grpc":
-            mrd.coordinator_address = os.environ.get(names.COORDINATOR_ADDRESS, "")
-            mrd.job_token = os.environ.get(names.JOB_TOKEN, "")
-            mrd.listen_address = os.environ.get(names.LISTEN_ADDRESS, "")
-    return config
-
-
-def _launcher_config():
-    """This instance's default IPU config (:func:`set_ipu_config` on a fresh
-    ``IPUConfig``, ``ipus_per_replica`` from poprun), or None for a process poprun or
-    TF_CONFIG did not start; registered with ipu_node when this module is imported
-    (:func:`ipu_node.runtime.config.set_launcher_config`), for ``hvd.init()`` in a program
-    that does not configure the IPU system itself."""
-    if not isPopdistEnvSet() and tf_config_text() is None:
-        return None
-    from ipu_node import IPUConfig
-    return set_ipu_config(IPUConfig(), ipus_per_replica=getNumIpusPerReplica())
+        distribute(config, ipus_per_replica, getNumLocalReplicas())
+        _configure_tf_cluster(config.experimental.multi_replica_distribution, tf)
+        return config
+    return distribute(config, ipus_per_replica, getNumLocalReplicas(), getNumInstances(),
+                      getInstanceIndex())
 
 
 def _configure_tf_cluster(mrd, tf: TFConfig) -> None:
@@ -319,5 +270,3 @@ __all__ = [
     "execute_on_instances",
 ]
 
-
-set_launcher_config(_launcher_config)

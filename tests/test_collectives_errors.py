@@ -117,7 +117,7 @@ def test_a_failing_replica_releases_the_others(strategy):
     start = time.monotonic()
     with pytest.raises(KeyError):
         strategy.run(fn)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 30   # released, not left to the 300 s collective timeout
 
 
 def test_stats_count_calls_bytes_and_methods(strategy):

@@ -244,11 +244,22 @@ def test_a_stalled_instance_among_three_is_named_alone(op):
 ENDED = r"PeerLostError after [12]\.\d s: instance {i} ended its program while this instance"
 
 
+def _ended_job(mode: str, instances: int):
+    """``tests.programs.mpi_ended MODE`` under poprun; its output (it must fail). The
+    collective timeout (60 s) is far beyond the job's hard limit (25 s)."""
+    job = poprun(["-n", str(instances), PYTHON, "-m", "tests.programs.mpi_ended", mode],
+                 timeout_s=25, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
+    out = job.stdout + job.stderr
+    assert job.returncode != 0, out
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["poprun", "mpirun"])
 def test_an_instance_that_ends_during_a_horovod_call_is_named_within_seconds(launcher):
-    # the collective timeout (60 s) is far beyond the job's hard limit: only the ended
-    # instance's notice (MPITransport.program_ended) ends the job in time
+    # the collective timeout (60 s) is far beyond the job's hard limit: the Horovod call's
+    # agreement meets the ended instance's end of program (one agreement for both), and
+    # names it at once, with the words of the MPI transport's notice
     cmd = [PYTHON, "-m", "tests.programs.mpi_ended", "horovod"]
     if launcher == "poprun":
         job = poprun(["-n", "3", *cmd], timeout_s=25,
@@ -258,17 +269,25 @@ def test_an_instance_that_ends_during_a_horovod_call_is_named_within_seconds(lau
                   env=child_env(IPUPOD_COLLECTIVE_TIMEOUT_S="60"), cwd=ROOT)
     out = job.stdout + job.stderr
     assert job.returncode != 0, out
-    assert re.search(ENDED.format(i=2), out), out
+    assert re.search(ENDED.replace("[12]", "[0-2]").format(i=2), out), out
+    assert "RESULT no error" not in out and "CollectiveTimeoutError" not in out, out
+
+
+@pytest.mark.slow
+def test_an_instance_that_ends_during_a_horovod_call_of_a_process_set_is_named_within_seconds():
+    # instances 1 and 2 are a process set: the call of instance 1 is on their communicator,
+    # which instance 2's end of program (on every instance's) never reaches: only the ended
+    # instance's notice (MPITransport.program_ended) ends the call in time (instance 0
+    # computes meanwhile)
+    out = _ended_job("horovod-set", 3)
+    assert re.search(r"\[1,1\]<stdout>:RESULT " + ENDED.format(i=2), out), out
     assert "RESULT no error" not in out and "CollectiveTimeoutError" not in out, out
 
 
 @pytest.mark.slow
 def test_an_instance_that_ends_before_it_started_mpi_is_named_within_seconds():
     # without the bootstrap's notice the others would wait in MPI_Init for ever
-    job = poprun(["-n", "2", PYTHON, "-m", "tests.programs.mpi_ended", "before-mpi"],
-                 timeout_s=25, env={"IPUPOD_COLLECTIVE_TIMEOUT_S": "60"})
-    out = job.stdout + job.stderr
-    assert job.returncode != 0, out
+    out = _ended_job("before-mpi", 2)
     assert re.search(r"\[1,0\]<stdout>:RESULT " + ENDED.format(i=1), out), out
     assert "poprun: instance 0 failed" in out, out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -87,12 +88,21 @@ def test_patience_times_out_naming_the_missing():
             p.backoff()
 
 
-def test_committed_patience_only_yields():
+def test_committed_patience_only_yields(monkeypatch):
+    """A committed wait yields the CPU between polls and never sleeps (an arrival wait
+    sleeps up to 1 ms once its yield budget is spent)."""
+    sleeps = []
+    clock = types.SimpleNamespace(monotonic=time.monotonic, sleep=sleeps.append)
+    monkeypatch.setattr("collectives.waiting.time", clock)   # this module's sleeps only
     p = Patience("x", CollectiveOptions(), lambda: "", committed=True)
-    start = time.perf_counter()
     for _ in range(10000):
         p.backoff()
-    assert time.perf_counter() - start < 0.5  # no sleeps (arrival mode would sleep ~1 ms)
+    assert sleeps == []
+    arrival = Patience("x", CollectiveOptions(arrival_spin_s=0.0), lambda: "")
+    deadline = time.monotonic() + 30
+    while not sleeps and time.monotonic() < deadline:
+        arrival.backoff()
+    assert sleeps, "an arrival wait never slept: the committed case above proves nothing"
 
 
 def test_an_oversubscribed_job_yields_at_once(monkeypatch):

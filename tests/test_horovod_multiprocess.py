@@ -139,7 +139,7 @@ def test_horovod_torchs_positional_order_and_average(one_rank):
 
 def test_agreement_failures_name_the_rank_and_spare_joined_ranks():
     from collectives import CollectiveArgumentError, CollectiveMismatchError
-    from collectives.framework.horovod._wire import Signature, _failure, error_signature
+    from collectives.framework.horovod._request import Signature, _failure, error_signature
     ok = Signature("alltoall", {"name": None}, [("float32", [-1])])
     bad = error_signature("alltoall", ValueError("alltoall expects splits to contain 32-bit "
                                                  "integer elements."))
@@ -210,8 +210,26 @@ def test_hvd_init_under_poprun_before_the_ipu_system_is_configured(mode):
 
 
 @pytest.mark.slow
-def test_hvd_init_under_poprun_without_popdist_names_what_to_do():
+def test_hvd_init_under_poprun_without_popdist_configures_the_instances_share():
+    # nothing registers itself with ipu_node: hvd.init() reads poprun's variables there
     job = run([PYTHON, "-m", "poprun", "-n", "2", PYTHON, "-m", "tests.programs.hvd_first",
                "bare"], timeout_s=120, env=child_env(), cwd=ROOT)
-    assert job.returncode != 0
-    assert "import popdist" in job.stderr + job.stdout, job.stdout + job.stderr
+    assert job.returncode == 0, job.stdout + job.stderr
+    lines = sorted(line.split("RESULT ", 1)[1] for line in job.stdout.splitlines()
+                   if "RESULT " in line)
+    assert lines == ["bare 0 2 3 popdist=False", "bare 1 2 3 popdist=False"], job.stdout
+
+
+def test_hvd_init_under_tf_config_without_a_configured_system_names_what_to_do(monkeypatch):
+    import collectives.horovod as hvd
+    from ipu_node import reset_ipu_configuration
+    from ipu_node.errors import NotConfiguredError
+    for name in ("POPDIST_NUM_TOTAL_REPLICAS", "IPUPOD_NUM_INSTANCES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                                    '"task": {"type": "worker", "index": 1}}')
+    reset_ipu_configuration()
+    with pytest.raises(NotConfiguredError, match=r"started with TF_CONFIG .* "
+                                                 r"popdist\.set_ipu_config\(cfg\)"):
+        hvd.init()
+    assert not hvd.is_initialized()

@@ -61,7 +61,7 @@ def test_instance_env_for_two_instances_four_replicas_two_ipus_each():
 
 _ALL_VARS = [names.NUM_TOTAL_REPLICAS, names.NUM_IPUS_PER_REPLICA, names.NUM_LOCAL_REPLICAS,
              names.REPLICA_INDEX_OFFSET, names.LOCAL_INSTANCE_INDEX, names.TRANSPORT,
-             *names.MPI_RANK_VARS, *names.MPI_SIZE_VARS, *names.MPI_LOCAL_RANK_VARS]
+             names.NUM_INSTANCES, names.INSTANCE_INDEX, *names.MPI_RANK_VARS, *names.MPI_SIZE_VARS, *names.MPI_LOCAL_RANK_VARS]
 
 
 @pytest.fixture
@@ -105,6 +105,33 @@ def test_popdist_reads_poprun_env_and_configures_ipus(clean_env):
     assert (mrd.process_count, mrd.process_index) == (4, 2)
     with pytest.raises(ValueError, match="--ipus-per-replica 2"):
         popdist.set_ipu_config(ipu_node.IPUConfig(), ipus_per_replica=1)
+
+
+def test_ipu_node_reads_the_share_poprun_gave_without_popdist(clean_env):
+    # what hvd.init() configures in a program that never imports popdist: the same config as
+    # popdist.set_ipu_config makes, read by ipu_node from poprun's variables (nothing
+    # registers itself with ipu_node)
+    import ipu_node
+    from ipu_node.runtime.launched import launched_config
+    assert launched_config() is None   # not started by poprun
+    for k, v in {names.NUM_TOTAL_REPLICAS: "8", names.NUM_LOCAL_REPLICAS: "2",
+                 names.REPLICA_INDEX_OFFSET: "4", names.NUM_IPUS_PER_REPLICA: "2",
+                 names.TRANSPORT: "grpc", names.COORDINATOR_ADDRESS: "127.0.0.1:5000",
+                 names.JOB_TOKEN: "t0ken"}.items():
+        clean_env.setenv(k, v)
+    got = launched_config()
+    want = popdist.set_ipu_config(ipu_node.IPUConfig(), ipus_per_replica=2)
+    assert (got.auto_select_ipus, got.ipus_per_replica) == (4, 2) == \
+        (want.auto_select_ipus, want.ipus_per_replica)
+    mine, theirs = (c.experimental.multi_replica_distribution for c in (got, want))
+    assert (mine.process_count, mine.process_index, mine.transport, mine.coordinator_address,
+            mine.job_token) == (4, 2, "grpc", "127.0.0.1:5000", "t0ken") == \
+        (theirs.process_count, theirs.process_index, theirs.transport,
+         theirs.coordinator_address, theirs.job_token)
+    clean_env.setenv(names.NUM_INSTANCES, "3")
+    with pytest.raises(ValueError, match="IPUPOD_NUM_INSTANCES=3 in the environment poprun "
+                                         "gave this instance disagrees"):
+        launched_config()
 
 
 def test_popdist_rejects_a_garbled_variable(clean_env):

@@ -107,15 +107,18 @@ class _Reference(torch.utils._python_dispatch.TorchDispatchMode):
               torch.float32 if t is torch.float16 else t for t in flat]
         up_args, up_kwargs = torch.utils._pytree.tree_unflatten(up, spec)
         out = func(*up_args, **up_kwargs)
-        if any(a.alias_info is not None and a.alias_info.is_write
-               for a in func._schema.arguments):
+        written = {}
+        if func is torch.ops.aten.native_batch_norm.default or any(
+                a.alias_info is not None and a.alias_info.is_write
+                for a in func._schema.arguments):  # (batch norm's running statistics)
             for orig, new in zip(args, up_args):
                 if isinstance(orig, torch.Tensor) and orig is not new:
                     orig.copy_(new)
-            return args[0]
+                    written[id(new)] = orig
+        # a result that is a written operand is that operand; new results are rounded
         return torch.utils._pytree.tree_map(
-            lambda t: t.half() if isinstance(t, torch.Tensor) and t.dtype == torch.float32
-            else t, out)
+            lambda t: written[id(t)] if id(t) in written else
+            t.half() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t, out)
 
 
 class _Block(torch.nn.Module):
@@ -137,13 +140,41 @@ class _Block(torch.nn.Module):
         return out, torch.nn.functional.cross_entropy(out.float(), y)
 
 
-def test_kept_float32_copies_give_the_plain_rules_bits():
+class _ConvBlock(torch.nn.Module):
+    """A convolution with a bias after a batch norm: batch norm writes its running
+    statistics in place and returns new tensors (its output and the saved statistics)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn = torch.nn.Conv2d(3, 16, 3, bias=False), torch.nn.BatchNorm2d(16)
+        self.c2, self.head = torch.nn.Conv2d(16, 8, 3), torch.nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        h = self.c2(torch.relu(self.bn(self.c1(x))))
+        out = self.head(h.mean(dim=(2, 3)))
+        return out, torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def test_an_op_that_writes_operands_returns_its_new_results_in_float16():
+    bn = torch.nn.BatchNorm2d(4).half()
+    x = torch.randn(2, 4, 3, 3).half()
+    with HalfAsFloat():
+        out = bn(x)
+    assert out.dtype == torch.float16  # it was float32: batch norm writes running_mean
+    ref = torch.nn.functional.batch_norm(x.float(), torch.zeros(4), torch.ones(4),
+                                         training=True, momentum=0.1)
+    assert torch.equal(out, ref.half())
+    assert bn.running_mean.dtype == torch.float16 and bn.running_mean.abs().sum() > 0
+
+
+@pytest.mark.parametrize("block,shape", [(_Block, (4, 6, 32)), (_ConvBlock, (4, 3, 8, 8))])
+def test_kept_float32_copies_give_the_plain_rules_bits(block, shape):
     """Forward, backward and two optimizer steps (momentum) under :class:`HalfAsFloat`, whose
     float32 copies are kept across ops, equal bit for bit the plain rule's."""
     torch.manual_seed(0)
-    net = _Block().half()
+    net = block().half()
     g = torch.Generator().manual_seed(2)
-    x, y = torch.randn(4, 6, 32, generator=g).half(), torch.randint(0, 10, (4,), generator=g)
+    x, y = torch.randn(*shape, generator=g).half(), torch.randint(0, 10, (4,), generator=g)
     results = []
     for mode in (HalfAsFloat, _Reference):
         model = copy.deepcopy(net)
@@ -155,8 +186,60 @@ def test_kept_float32_copies_give_the_plain_rules_bits():
                 loss.backward()
                 grads = [p.grad.clone() for p in model.parameters()]
                 opt.step()
-        results.append((out, loss, grads, [p.detach().clone() for p in model.parameters()]))
+        results.append((out, loss, grads, [p.detach().clone() for p in model.parameters()]
+                        + [b.clone() for b in model.buffers() if b.is_floating_point()]))
     (out, loss, grads, params), (r_out, r_loss, r_grads, r_params) = results
     assert out.dtype == torch.float16 and torch.equal(out, r_out) and torch.equal(loss, r_loss)
+    assert len(params) == len(r_params)
     for a, b in zip(grads + params, r_grads + r_params):
         assert a.dtype == torch.float16 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("partials", [None, torch.half])
+def test_a_half_conv_net_is_priced_in_float16_alike_by_its_clock_and_its_card(partials):
+    """Through the compile path every convolution and matmul of a ``.half()`` conv net with
+    batch norms is recorded as float16 (each by hand: its implicit matmul at the float16
+    AMP's rate, the element-wise ops' bytes at 2 a element), and the model report's modelled
+    compute and the ModelCard's agree: both price each op at its recorded dtype, with the
+    partials type ``Precision.setPartialsType`` set."""
+    from collectives.performance.compute_model import OpRecord, amp_time, op_time
+    from collectives.step_model import ModelCard, StepConfig, predict
+    from ipu_node.chips import GC200
+
+    torch.manual_seed(0)
+    net = _ConvBlock().half()
+    opts = poptorch.Options()
+    if partials is not None:
+        opts.Precision.setPartialsType(partials)
+    model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+    x, y = torch.randn(4, 3, 8, 8).half(), torch.randint(0, 10, (4,))
+    model.compile(x, y)
+    want = "float16" if partials is torch.half else "float32"
+    stage = model._profile.stages[0]
+    ops = stage.forward_ops + stage.backward_ops
+    amp = [(r, c) for r, c in ops.ops if r.kind in ("matmul", "conv")]
+    # forward: 2 convolutions, addmm; backward: c2's input and weight gradients, c1's weight
+    # gradient (its input needs none), the head's 2 mm
+    assert len(amp) == 8 and {r.dtype for r, _ in amp} == {"float16"}
+    # c1: 4 x 6 x 6 positions, 3 input channels, 3 x 3 kernel, 16 output channels
+    c1 = next(r for r, _ in amp if r.name == "convolution" and r.dims[4] == 16)
+    assert c1.dims == (1, 4 * 36, 3, 9, 16)
+    assert c1.nbytes == 2 * (4 * 3 * 64 + 16 * 27 + 4 * 16 * 36)  # float16 operands
+    assert op_time(GC200, c1, partials=want) == amp_time(GC200, "float16", m=144, k=3, n=16,
+                                                          kernel=9, partials=want)
+    relu = next(r for r, _ in ops.ops if r.name == "relu")
+    assert relu == OpRecord("relu", "elementwise", "float16", (), 2 * 2 * 4 * 16 * 36)
+    report = model.modelReport()
+    card = ModelCard.from_run(run=report)
+    assert card.partials == model._profile.partials == want
+    clock = model._clock
+    est = predict(card, StepConfig("POD16", 1, micro_batch=4, gradient_accumulation=1))
+    assert est.breakdown["compute"] == pytest.approx(clock.forward_s[0] + clock.backward_s[0])
+    assert clock.forward_s[0] + clock.backward_s[0] == pytest.approx(
+        ops.price(GC200, partials=want).total_s)
+    # float32 only where the program asks for it, the loss of out.float(), and batch norm's
+    # int64 num_batches_tracked += 1 (ops on no float tensor count as float32)
+    assert {r.name for r, _ in ops.ops if r.dtype == "float32" and r.kind != "view"} <= {
+        "_to_copy", "_log_softmax", "nll_loss_forward", "nll_loss_backward",
+        "_log_softmax_backward_data", "ones_like", "div", "expand", "clone", "add_"}
+    model.destroy()

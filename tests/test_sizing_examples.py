@@ -145,6 +145,14 @@ def test_resnet50_at_its_published_configuration():
     assert sum(s.forward_flops for s in report.stages) == want
     card = ModelCard.from_run(run=report)
     assert card.params == 25_557_032 and card.compute_micro_batch == 20
+    # float16 through the compile path (batch norms included), half partials as published
+    assert card.partials == "float16" and {r.dtype for ops in card.compute_ops
+                                           for r, _ in ops.ops
+                                           if r.kind in ("matmul", "conv")} == {"float16"}
+    # the model's clock and its card price the same compute; the clock also brings each
+    # micro-batch's 6 MB of input from the host, which the card's infeed hides
+    one = predict(card, StepConfig("POD16", 1, micro_batch=20, gradient_accumulation=10))
+    assert one.breakdown["compute"] <= report.pipeline_s <= 1.03 * one.breakdown["compute"]
     est = predict(card, StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10))
     published = next(p for label, *_, p, _ in sized.PUBLISHED["resnet50"]
                      if label == "IPU-POD16 MLPerf v1.1")

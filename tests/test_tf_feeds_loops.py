@@ -195,6 +195,70 @@ def test_feeds_take_tf_ipus_arguments_and_give_its_errors(ipus):
     assert [float(v) for v in out] == [1.0, 1.0, 1.0]       # iterating: one per enqueue
 
 
+def test_dataset_iterators_under_the_scope_are_infeeds(ipus):
+    """Reference §3.1/§6.1: under IPUStrategy, iter(dataset) in eager code is an
+    IPUOwnedIterator; next() in strategy.run gives replica r of R element i*R + r; so does
+    iterating experimental_distribute_dataset's result, also as a loop's or a pipeline's
+    infeed. On the host (and outside the scope) it is TensorFlow's own iterator."""
+    import tensorflow as tf
+    ipu = ipus(2)
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+    ds = tf.data.Dataset.range(12).map(lambda i: tf.cast(i, tf.float32))
+    assert not isinstance(iter(ds), ipu.ipu_infeed_queue.IPUOwnedIterator)
+    with strategy.scope():
+        iterator = iter(ds)
+        assert isinstance(iterator, ipu.ipu_infeed_queue.IPUOwnedIterator)
+
+        @tf.function
+        def step(it):
+            return outfeed.enqueue(next(it) * 10.0)
+        for _ in range(3):
+            strategy.run(step, args=(iterator,))
+        assert outfeed.dequeue().numpy().tolist() == [[0, 10], [20, 30], [40, 50]]
+        assert float(next(iterator)) == 0.0       # the host reads TF's own iterator
+
+        looped = iter(strategy.experimental_distribute_dataset(ds))
+
+        @tf.function
+        def loop():
+            return ipu.loops.repeat(2, outfeed.enqueue, infeed_queue=looped)
+        strategy.run(loop)
+        assert outfeed.dequeue().numpy().tolist() == [[0, 1], [2, 3]]
+
+    ipu = ipus(4)                          # 2 replicas of the 2 pipeline stages
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        piped = iter(ds)
+
+        @tf.function
+        def infer():
+            return ipu.pipelining_ops.pipeline([lambda v: v + 1.0, lambda v: v * 2.0], 2,
+                                               infeed_queue=piped, outfeed_queue=outfeed)
+        strategy.run(infer)
+    assert outfeed.dequeue().numpy().tolist() == [[2, 4], [6, 8]]
+
+
+def test_an_infeed_not_dequeued_and_a_pipeline_enqueueing_twice_give_tf_ipus_errors(ipus):
+    import tensorflow as tf
+    ipu = ipus(2)
+    P = ipu.pipelining_ops
+    infeed = _range_feed(ipu, tf, 4)
+    out = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+    with ipu.scopes.ipu_scope("/device:IPU:0"):
+        with pytest.raises(ValueError, match="The infeed queue has not been dequeued."):
+            ipu.ipu_compiler.compile(lambda: ipu.loops.repeat(0, lambda i: None,
+                                                              infeed_queue=infeed))
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        @tf.function
+        def enqueue_and_pipeline():
+            out.enqueue(tf.constant(1.0))
+            return P.pipeline([lambda: tf.constant(1.0), lambda v: v], 2, outfeed_queue=out)
+        with pytest.raises(ValueError, match="An outfeed can only be enqueued once."):
+            strategy.run(enqueue_and_pipeline)
+
+
 def test_compile_runs_on_the_ipu_scope_and_refuses_no_placement(ipus):
     import ipu_node
     import tensorflow as tf

@@ -298,7 +298,7 @@ def test_pipeline_stage_tags_construction_and_calls(isolated):
 
 # -- through Keras fit / evaluate / predict (the core's extension) -----------------------------
 
-def _keras_model(stages: bool, ipus: int):
+def _keras_model(stages: bool, ipus: int, opt=None):
     from tensorflow.python import ipu
     cfg = ipu.config.IPUConfig()
     cfg.auto_select_ipus = ipus
@@ -314,7 +314,7 @@ def _keras_model(stages: bool, ipus: int):
         m = tf_keras.Model(inp, o)
         if not stages:
             m.reset_pipeline_stage_assignment()
-        m.compile(optimizer=tf_keras.optimizers.SGD(0.1),
+        m.compile(optimizer=opt or tf_keras.optimizers.SGD(0.1),
                   loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], steps_per_execution=8)
     return strategy, m
@@ -388,3 +388,80 @@ def test_each_stage_weights_and_stash_are_accounted_on_its_ipu(isolated):
     assert sum(n for k, n in t1.items() if not k.startswith("pipeline")) >= weights1
     assert not any("stash" in k for k in list(t0) + list(t1))      # freed after the run
     assert peak0 > weights0                                           # the stash was there
+
+
+@pytest.mark.slow   # (two Keras fits: kept out of the unit layer)
+def test_a_pipelined_models_optimizer_state_is_per_stage_and_in_its_checkpoint(isolated,
+                                                                               tmp_path):
+    """Adam's slots after a pipelined fit equal the unpipelined model's bit for bit (they
+    are ``model.optimizer.get_weights()`` and what a checkpoint saves and restores); each
+    variable's slots and accumulator are counted on its stage's IPU from compile on."""
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(32, 6).astype(np.float32), rng.randint(0, 3, 32)
+    strategy, piped = _keras_model(True, 2, tf_keras.optimizers.legacy.Adam(0.01))
+    with strategy.scope():
+        piped.set_pipelining_options(gradient_accumulation_steps_per_replica=4)
+        piped.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+        system = ipu_node.get_system()
+        ipus = system.replica_context(0).ipus
+        held = [system.memory[ipu.id].tensors() for ipu in ipus]
+        saved = tf.train.Checkpoint(model=piped, optimizer=piped.optimizer).save(
+            str(tmp_path / "ckpt"))
+    for stage, layer in enumerate(piped.layers[1:]):
+        for var in layer.trainable_weights:
+            name = var.name.split(":")[0]
+            mine = [t for t in held[stage] if t.startswith(f"{piped.name}/optimizer/{name}/")]
+            assert sorted(t.rsplit("/", 1)[1] for t in mine) == ["m:0", "v:0"]
+            assert f"{piped.name}/accumulator/{var.name}" in held[stage]
+            assert not any(t.startswith(f"{piped.name}/optimizer/{name}/")
+                           for t in held[1 - stage])
+    strategy, plain = _keras_model(False, 1, tf_keras.optimizers.legacy.Adam(0.01))
+    with strategy.scope():
+        plain.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=4)
+        plain.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+    got, want = piped.optimizer.get_weights(), plain.optimizer.get_weights()
+    assert len(got) == 1 + 2 * len(piped.trainable_variables)          # iterations, m, v
+    assert int(got[0]) == 2 * 32 // (4 * 4)                           # one update per window
+    for a, b in zip(got, want):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    piped.optimizer.set_weights([np.zeros_like(w) for w in got])    # then back from disk
+    tf.train.Checkpoint(model=piped, optimizer=piped.optimizer).restore(saved)
+    for a, b in zip(piped.optimizer.get_weights(), got):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow   # (a Keras fit: kept out of the unit layer)
+def test_a_pipelined_model_has_its_entry_in_the_run_report(isolated):
+    """The run report's ``tensorflow`` section lists the pipelined model as it lists an
+    unpipelined one: its stages on their IPUs (FLOPs, stash depth), memory per IPU
+    (optimizer state with the new tf-keras Adam, parameters, activations) and the modelled
+    step; ``ModelCard.from_run`` prices it."""
+    from collectives.performance.model_card import ModelCard
+    from ipu_tensorflow import _keras_memory
+
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(32, 6).astype(np.float32), rng.randint(0, 3, 32)
+    strategy, piped = _keras_model(True, 2, tf_keras.optimizers.Adam(0.01))
+    with strategy.scope():
+        piped.set_pipelining_options(gradient_accumulation_steps_per_replica=4)
+        piped.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    report = piped.modelReport()
+    assert report.schedule == "Grouped" and report.ipus_per_replica == 2
+    assert [s.ipu for s in report.stages] == [0, 1]
+    assert [s.stash_depth for s in report.stages] == [3, 1]
+    # TF's profiler on each stage: the matmul (2 b n_in n_out) and the bias add at least
+    assert report.stages[0].forward_flops >= 2 * 4 * 6 * 16 + 4 * 16
+    assert report.stages[1].forward_flops >= 2 * 4 * 16 * 3 + 4 * 3
+    assert report.steps == 32 // 4 and report.step_s > 0 and 0 < report.bubble_fraction < 1
+    assert len(report.memory) == 2
+    for kinds in report.memory.values():
+        assert kinds["optimizer_state"] > 0 and kinds["parameters"] > 0
+        assert kinds["activations"] > 0 and kinds["capacity"] > 0
+    section = _keras_memory.report_section()
+    entry = next(m for m in section["models"] if m["name"] == piped.name)
+    assert len(entry["stages"]) == 2 and entry["schedule"] == "Grouped"
+    assert f"{piped.name}: stage 1 backward" in section["breakdown"]
+    card = ModelCard.from_run(run=report)
+    assert card.params == sum(int(np.prod(v.shape)) for v in piped.trainable_variables)
+    assert card.flops_per_item == pytest.approx(
+        sum(3 * s.forward_flops for s in report.stages) / 4)

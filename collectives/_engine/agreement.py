@@ -1,27 +1,64 @@
 """Agreement between instances: every instance learns that all called the same collective.
 
-:class:`Agreement` agrees on a call's descriptor before any data moves
-(:meth:`Agreement.exchange_descriptors`: a fingerprint round, whole descriptors only when the
-fingerprints differ, compared by :meth:`Agreement.check_descriptors`), names the instances
-that have not arrived (:meth:`Agreement.arrival_patience`, :class:`Arrival`), and compares
-the descriptors of the local replicas of one call (:meth:`Agreement.check_local`).
+One protocol serves every collective of the job, the replicas' (the engine's plans) and
+Horovod's (:mod:`collectives.framework.horovod._request`):
+
+1. every member passes a fingerprint of its call to :meth:`Communicator.agree
+   <collectives.transports.base.Communicator.agree>` (O(log P) rounds, the same answer on
+   every member, a small call's data carried along);
+2. only when the fingerprints differ, every member all-gathers one fixed-size record of its
+   call (:meth:`Agreement.exchange_records`, :class:`Record`): the same bytes from every
+   member whatever it called, so an engine call, a Horovod request and an instance's end of
+   program meet in the same exchange, never a truncated or a hung one. A record says what it
+   carries (:data:`CALL_RECORD`: a call's :class:`Descriptor`; :data:`HOROVOD_RECORD`: a
+   Horovod request, JSON naming the call in words), so each side decodes the other's and
+   names the difference; an end of program met there is remembered (:attr:`Agreement.ended`).
+
+:class:`Agreement` also names the instances that have not arrived
+(:meth:`Agreement.arrival_patience`, :class:`Arrival`) and compares the descriptors of the
+local replicas of one call (:meth:`Agreement.check_local`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+import struct
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from collectives._engine.descriptor import Descriptor
-from collectives.errors import CollectiveMismatchError
+from collectives.errors import CollectiveMismatchError, TransportError
 from collectives.options import CollectiveOptions
 from collectives.transports.base import Transport
 from collectives.waiting import Patience
 
+__all__ = ["CALL_RECORD", "END_OF_PROGRAM", "HOROVOD_RECORD", "RECORD_BYTES",
+           "RECORD_MAX_TEXT_BYTES", "Agreement", "Arrival", "Record", "Text"]
+
 #: the op of the descriptor an instance sends when its program ends
 END_OF_PROGRAM = "end of program"
+
+#: bytes of every member's record in the exchange that follows a disagreement
+#: (:meth:`Agreement.exchange_records`), whatever it called: a header of three int64 (a
+#: magic number, the kind of record, the text's bytes), then the text; a text longer than
+#: its place here follows in a second all-gather, which every member then joins. ipupod
+#: assumption: room for a descriptor (``WIRE_BYTES``) and a Horovod request of a few dozen
+#: tensors, under ``NAMED_GATHER_MAX_BYTES`` (so the exchange names a member that is late)
+RECORD_BYTES = 1024
+_RECORD_HEAD = struct.Struct("<3q")
+_RECORD_TEXT_BYTES = RECORD_BYTES - _RECORD_HEAD.size
+_RECORD_MAGIC = int.from_bytes(b"ipupodR1", "little")
+#: the most text bytes a record may claim (a larger claim is not an ipupod peer's)
+RECORD_MAX_TEXT_BYTES = 16 << 20
+#: a record of a collective of the replicas (or an end of program): its descriptor's wire
+#: form (:meth:`Descriptor.encode`)
+CALL_RECORD = 1
+#: a record of a Horovod request: a JSON object whose ``"call"`` names the call in words
+#: (the rest is Horovod's: :mod:`collectives.framework.horovod._request`)
+HOROVOD_RECORD = 2
+_KINDS = (CALL_RECORD, HOROVOD_RECORD)
 
 
 class Text:
@@ -61,6 +98,80 @@ class Arrival:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One member's record in the exchange after a disagreement
+    (:meth:`Agreement.exchange_records`), decoded.
+
+    Attributes:
+        instance: the member's instance index.
+        kind: :data:`CALL_RECORD` or :data:`HOROVOD_RECORD`.
+        call: the call's :class:`Descriptor` (:data:`CALL_RECORD`) or the Horovod request's
+            JSON object (:data:`HOROVOD_RECORD`).
+    """
+
+    instance: int
+    kind: int
+    call: Descriptor | dict
+
+    @property
+    def descriptor(self) -> Descriptor | None:
+        """The descriptor of a :data:`CALL_RECORD`, else None."""
+        return self.call if self.kind == CALL_RECORD else None
+
+    @property
+    def ended_after(self) -> int | None:
+        """The collectives the instance had called when its program ended, when this record
+        is its end of program; else None."""
+        desc = self.descriptor
+        return desc.seq if desc is not None and desc.op == END_OF_PROGRAM else None
+
+    def describe(self) -> str:
+        """What the member did, in words: ``"called cross_replica_sum #3 float32[4] ADD
+        over ALL"``, ``"called hvd.allreduce(...)"``, ``"ended its program after 2
+        collectives"``."""
+        desc = self.descriptor
+        if desc is None:
+            return f"called {self.call.get('call')}"
+        if desc.op == END_OF_PROGRAM:
+            return f"ended its program after {desc.seq} collectives"
+        return f"called {desc.describe()}"
+
+    def differences(self, other: "Record") -> list[str]:
+        """What differs between two records, in words (empty: the same call)."""
+        if self.kind != other.kind:
+            return ["a Horovod collective beside a collective of the replicas"]
+        if self.kind == CALL_RECORD:
+            return self.call.differences(other.call)
+        return [] if self.call == other.call else ["another Horovod request"]
+
+    @staticmethod
+    def encode(kind: int, text: bytes) -> tuple[np.ndarray, bytes]:
+        """The fixed-size part of a record (``uint8[RECORD_BYTES]``) and the rest of its
+        text (empty when the text fits)."""
+        head = _RECORD_HEAD.pack(_RECORD_MAGIC, kind, len(text)) + text[:_RECORD_TEXT_BYTES]
+        return np.frombuffer(head.ljust(RECORD_BYTES, b"\0"), np.uint8).copy(), \
+            text[_RECORD_TEXT_BYTES:]
+
+    @staticmethod
+    def decode(instance: int, kind: int, text: bytes) -> "Record":
+        """The record of ``instance`` from its kind and whole text.
+
+        Raises:
+            TransportError: the text is not a record of its kind (names the instance).
+        """
+        try:
+            if kind == CALL_RECORD:
+                return Record(instance, kind, Descriptor.decode(np.frombuffer(text, np.uint8)))
+            call = json.loads(text.decode())
+            if isinstance(call, dict):
+                return Record(instance, kind, call)
+        except (ValueError, TypeError, KeyError, struct.error):
+            pass
+        raise TransportError(f"a malformed agreement record from instance {instance} "
+                             f"({len(text)} bytes of kind {kind})")
 
 
 class Agreement:
@@ -126,18 +237,58 @@ class Agreement:
 
     def disagree(self, desc: Descriptor, patience: Patience) -> None:
         """The fingerprints of call ``desc`` (its ``seq`` the call's) differ: every instance
-        all-gathers its whole descriptor and raises the difference
-        (:meth:`check_descriptors`).
+        all-gathers its record (:meth:`exchange_records`) and raises the difference
+        (:meth:`check_records`).
 
         Raises:
             CollectiveMismatchError: as :meth:`exchange_descriptors`.
         """
-        mine = desc.encode()
-        count = len(self.everyone)
-        gathered = np.empty(count * mine.nbytes, np.uint8)
-        self.communicator().allgatherv(mine, gathered, [mine.nbytes] * count,
-                                       patience).wait()
-        self.check_descriptors(desc, mine, gathered.reshape(count, mine.nbytes))
+        records = self.exchange_records(self.communicator(), CALL_RECORD,
+                                        desc.encode().tobytes(), patience)
+        self.check_records(desc, records)
+
+    def exchange_records(self, comm, kind: int, text: bytes, patience: Patience
+                         ) -> list[Record]:
+        """Every member's record of the call whose fingerprints differed on ``comm`` (this
+        member's: ``kind`` and ``text``), in member order: one all-gather of
+        :data:`RECORD_BYTES` a member, and a second of the texts' rest when some member's
+        is longer (every member sees every length, so all take the same path). An
+        instance found to have ended its program is remembered (:attr:`ended`).
+
+        Raises:
+            TransportError: a record that is not an ipupod peer's (names the instance).
+            CollectiveTimeoutError: a member did not arrive in time (names it).
+        """
+        head, rest = Record.encode(kind, text)
+        count = comm.size
+        rows = np.empty(count * RECORD_BYTES, np.uint8)
+        comm.allgatherv(head, rows, [RECORD_BYTES] * count, patience).wait()
+        raw = rows.tobytes()
+        heads = []
+        for j, instance in enumerate(comm.members):
+            magic, got_kind, length = _RECORD_HEAD.unpack_from(raw, j * RECORD_BYTES)
+            if magic != _RECORD_MAGIC or got_kind not in _KINDS or \
+                    not 0 <= length <= RECORD_MAX_TEXT_BYTES:
+                raise TransportError(f"a malformed agreement record from instance {instance}")
+            heads.append((got_kind, length))
+        extra = [max(length - _RECORD_TEXT_BYTES, 0) for _, length in heads]
+        more = b""
+        if any(extra):
+            spill = np.empty(sum(extra), np.uint8)
+            comm.allgatherv(np.frombuffer(rest, np.uint8).copy(), spill, extra,
+                            patience).wait()
+            more = spill.tobytes()
+        records, at = [], 0
+        for j, (instance, (got_kind, length)) in enumerate(zip(comm.members, heads)):
+            start = j * RECORD_BYTES + _RECORD_HEAD.size
+            whole = raw[start:start + min(length, _RECORD_TEXT_BYTES)] + \
+                more[at:at + extra[j]]
+            at += extra[j]
+            record = Record.decode(instance, got_kind, whole)
+            if record.ended_after is not None and instance != self.transport.process_index:
+                self.ended.setdefault(instance, record.ended_after)
+            records.append(record)
+        return records
 
     def arrival_patience(self, arrival: Arrival) -> Patience:
         """The wait for the other instances' descriptors (``arrival``: the call waited
@@ -145,38 +296,35 @@ class Agreement:
         return Patience(arrival, self.options, _other_instances,
                         name_absent=self._instance_names)
 
-    def check_descriptors(self, desc: Descriptor, mine: np.ndarray,
-                          gathered: np.ndarray) -> None:
-        """Raise ``CollectiveMismatchError`` unless every row of ``gathered`` (one encoded
-        descriptor per instance) is ``mine``, naming the first difference."""
-        if not desc.error and gathered.tobytes() == mine.tobytes() * len(gathered):
-            return  # the same bytes everywhere: nothing to decode
-        descs = [Descriptor.decode(row) for row in gathered]
-        for i, d in enumerate(descs):
-            if d.op == END_OF_PROGRAM and i != self.transport.process_index:
-                self.ended.setdefault(i, d.seq)
-        errors = [d.error for d in descs if d.error]
+    def check_records(self, desc: Descriptor, records: Sequence[Record]) -> None:
+        """Raise ``CollectiveMismatchError`` unless every instance's record (one per
+        instance, :meth:`exchange_records`) is that of ``desc``, naming the first
+        difference (an error a descriptor carries first).
+
+        Raises:
+            CollectiveMismatchError: as :meth:`exchange_descriptors`.
+        """
+        errors = [r.call.error for r in records if r.kind == CALL_RECORD and r.call.error]
         if errors:
             raise CollectiveMismatchError(errors[0])
-        for i, other in enumerate(descs):
-            diff = descs[0].differences(other)
+        first = records[0]
+        for other in records[1:]:
+            diff = first.differences(other)
             if diff:
-                raise CollectiveMismatchError(self._mismatch_message(descs[0], other, i, diff))
+                raise CollectiveMismatchError(self._mismatch_message(desc, first, other,
+                                                                     diff))
 
-    def _mismatch_message(self, first: Descriptor, other: Descriptor, i: int,
+    def _mismatch_message(self, desc: Descriptor, first: Record, other: Record,
                           diff: list[str]) -> str:
-        def what(d: Descriptor) -> str:
-            if d.op == END_OF_PROGRAM:
-                return f"ended its program after {d.seq} collectives"
-            return f"called {d.describe()}"
-
-        if END_OF_PROGRAM in (first.op, other.op):
+        if first.ended_after is not None or other.ended_after is not None:
             detail = "an instance stopped calling collectives (divergent control flow)"
         else:
             detail = "; ".join(diff)
-        label = other.label() if first.op == END_OF_PROGRAM else first.label()
-        return (f"replicas disagree on {label}: {self.instance_name(0)} {what(first)}, "
-                f"{self.instance_name(i)} {what(other)} ({detail})")
+        calls = [r.descriptor for r in (first, other) if r.descriptor is not None]
+        named = [d for d in calls if d.op != END_OF_PROGRAM] + calls + [desc]
+        return (f"replicas disagree on {named[0].label()}: "
+                f"{self.instance_name(first.instance)} {first.describe()}, "
+                f"{self.instance_name(other.instance)} {other.describe()} ({detail})")
 
     def check_local(self, descs: Sequence[Descriptor]) -> Descriptor:
         """The call's descriptor: the first replica's, carrying an error naming the first

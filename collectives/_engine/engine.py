@@ -215,11 +215,13 @@ class CollectiveEngine:
         agreement = self.agreement
         if agreement.ended:
             instance, ended_after = min(agreement.ended.items())
+            counts = (f" after {ended_after} collectives, while this instance called {calls}"
+                      if ended_after != calls else " while this instance still called "
+                      "collectives")
             raise PeerLostError(
                 f"{desc.label()} on {agreement.instance_name(self.process_index)}: "
-                f"{agreement.instance_name(instance)} ended its program after {ended_after} "
-                f"collectives, while this instance called {calls}: the job failed (every "
-                f"instance must call the same collectives)", instance)
+                f"{agreement.instance_name(instance)} ended its program{counts}: the job "
+                f"failed (every instance must call the same collectives)", instance)
         try:
             self.agreement.exchange_descriptors(desc)
         except CollectiveTimeoutError as exc:

@@ -248,8 +248,9 @@ def vector_time(chip: Chip, kind: str, nbytes: float) -> OpTime:
 
 def op_time(chip: Chip, op: OpRecord, *, dtype: str | None = None,
             partials: str = "float32") -> OpTime:
-    """Modelled seconds of ``op`` on ``chip``; ``dtype`` overrides the op's own (a float16
-    program run in float32 on the CPU, :mod:`poptorch.execution._precision`), scaling its bytes."""
+    """Modelled seconds of ``op`` on ``chip``; ``dtype`` overrides the op's own, scaling its
+    bytes (a what-if: the same operations in another precision; a float16 program's operations
+    are recorded as float16 already, :mod:`poptorch.execution._precision`)."""
     own = _name(op.dtype)
     use = _name(dtype) if dtype else own
     if op.kind in ("matmul", "conv") and not op.dims:  # shape unknown: FLOPs at peak

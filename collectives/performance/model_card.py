@@ -14,7 +14,7 @@ import numpy as np
 
 from ipu_node.execution.ipu_infeed_queue import dequeued_bytes
 
-from collectives.performance.compute_model import ComputeProfile
+from collectives.performance.compute_model import PARTIALS_BYTES, ComputeProfile
 from collectives.performance.cost_model import ALL_REDUCE_OPS
 
 __all__ = ["ModelCard"]
@@ -35,8 +35,9 @@ class ModelCard:
         params: trainable parameters.
         flops_per_item: training FLOPs (forward + backward) of one item, e.g. ``3 * 8.18e9``
             for ResNet-50 at 224x224.
-        grad_dtype: numpy dtype name of the gradients (and of the arithmetic):
-            ``'float16'`` or ``'float32'``.
+        grad_dtype: numpy dtype name of the gradients (and of the arithmetic priced from
+            ``flops_per_item``; ``compute_ops`` are priced each at the dtype it was recorded
+            in): ``'float16'`` or ``'float32'``.
         samples_per_item: samples per item (2 for a BERT pack of 2 sequences).
         input_bytes_per_item: bytes the host sends per item (150,528 for a 224x224x3 uint8
             image).
@@ -55,6 +56,10 @@ class ModelCard:
             (:mod:`collectives.performance.compute_model`); without, from ``flops_per_item``
             at a share of peak.
         compute_micro_batch: the items of the micro-batch ``compute_ops`` were counted at.
+        partials: the AMP's partial-sum type ``compute_ops``' matmuls and convolutions are
+            priced with: ``'float32'`` (PopART's default ``partialsTypeMatMuls``) or
+            ``'float16'`` (PopTorch's ``Precision.setPartialsType(torch.half)``, TF-IPU's
+            half partials).
 
     Raises:
         ValueError: a count or size out of range, an unknown dtype or place.
@@ -70,6 +75,7 @@ class ModelCard:
     optimizer_state_in: str = "sram"
     compute_ops: tuple = ()
     compute_micro_batch: int = 1
+    partials: str = "float32"
 
     def __post_init__(self):
         _positive("ModelCard.params", self.params, integer=True)
@@ -91,6 +97,9 @@ class ModelCard:
         _positive("ModelCard.compute_micro_batch", self.compute_micro_batch, integer=True)
         object.__setattr__(self, "compute_ops",
                            tuple(ComputeProfile.from_plain(p) for p in self.compute_ops))
+        if self.partials not in PARTIALS_BYTES:
+            raise ValueError(f"ModelCard.partials must be one of {tuple(PARTIALS_BYTES)}, got "
+                             f"{self.partials!r}")
         if self.optimizer_state_in not in ("sram", "streaming"):
             raise ValueError(f"ModelCard.optimizer_state_in must be 'sram' or 'streaming', "
                              f"got {self.optimizer_state_in!r}")
@@ -124,7 +133,8 @@ class ModelCard:
         * ``run``: a front end's own account of its model in plain types, a mapping of card
           fields (``params``, ``flops_per_item``, ``stage_shares``, ``grad_dtype``,
           ``input_bytes_per_item``, ``optimizer_state_bytes_per_param``,
-          ``optimizer_state_in``) or an object with a ``card_fields()`` method giving one
+          ``optimizer_state_in``, ``compute_ops``, ``compute_micro_batch``, ``partials``)
+          or an object with a ``card_fields()`` method giving one
           (PopTorch: ``model.modelReport()``, FLOPs counted from the PyTorch operations); the
           fields given as keywords win. With ``run`` nothing below is needed.
 

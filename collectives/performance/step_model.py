@@ -15,7 +15,8 @@ items, then one all-reduce of the gradients and one weight update:
   replica) is priced per operation on the system's chip
   (:mod:`collectives.performance.compute_model`: matmuls and convolutions on the AMP units
   by shape, the other operations by the bytes they move, each superstep's exchange and sync),
-  in the card's ``grad_dtype``, its work scaled linearly from the micro-batch it was counted
+  each operation at the dtype it was recorded in (a float16 program's in float16) with the
+  card's ``partials``, its work scaled linearly from the micro-batch it was counted
   at to the config's, its syncs not (ipupod assumption: the shapes' efficiency at the
   counted micro-batch holds);
   ``efficiency`` given overrides it. Otherwise, and for hand-written cards:
@@ -230,7 +231,8 @@ def predict(card: ModelCard, config: StepConfig, efficiency: float | None = None
     samples = (config.replicas * config.micro_batch * config.gradient_accumulation
                * card.samples_per_item)
     compute_how = (
-        f"compute per operation on the {chip.name} in {card.grad_dtype} "
+        f"compute per operation on the {chip.name} at each operation's dtype, "
+        f"{card.partials} partials "
         f"(collectives.performance.compute_model: AMP by shape, the rest by bytes, exchange "
         f"and sync per superstep; counted at micro-batch {card.compute_micro_batch}, scaled "
         f"to {config.micro_batch})" if per_op else
@@ -259,17 +261,18 @@ def predict(card: ModelCard, config: StepConfig, efficiency: float | None = None
 
 def _priced_micro_s(card: ModelCard, config: StepConfig, shares):
     """(seconds of one micro-batch on the slowest IPU, its PricedProfile): each IPU's
-    operations priced on the config's chip at the card's dtype, scaled from the counted
+    operations priced on the config's chip at their own dtypes and the card's partials
+    type, scaled from the counted
     micro-batch; a card counted on another number of IPUs: the whole replica's operations
     times the largest stage share."""
     scale = config.micro_batch / card.compute_micro_batch
-    priced = [ops.price(config.chip, dtype=card.grad_dtype, scale=scale)
+    priced = [ops.price(config.chip, partials=card.partials, scale=scale)
               for ops in card.compute_ops]
     if len(priced) == config.ipus_per_replica:
         slowest = max(priced, key=lambda p: p.total_s)
         return slowest.total_s, slowest
     whole = sum(card.compute_ops[1:], card.compute_ops[0]).price(
-        config.chip, dtype=card.grad_dtype, scale=scale * max(shares))
+        config.chip, partials=card.partials, scale=scale * max(shares))
     return whole.total_s, whole
 
 

@@ -191,13 +191,16 @@ class Timeline:
                 self.now_s = event.end_s
             return event
 
-    def extend(self, events: list[Event]) -> None:
+    def extend(self, events: list[Event], end_s: float | None = None) -> None:
         """Append ready-made events (the caller checked kinds and durations); ``now_s``
-        moves to the latest end."""
+        moves to the latest end (``end_s``: that end, when the caller knows it)."""
         with self._lock:
             self._fold()
             self._events.extend(events)
-            end = max(e.start_s + e.duration_s for e in events) if events else self.now_s
+            if end_s is not None:
+                end = end_s
+            else:
+                end = max(e.start_s + e.duration_s for e in events) if events else self.now_s
             if end > self.now_s:
                 self.now_s = end
 

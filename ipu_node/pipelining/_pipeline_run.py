@@ -15,10 +15,11 @@ import numpy as np
 
 from ipu_node import clock as _clock
 from ipu_node.execution import loops
-from ipu_node.hardware import routing
 from ipu_node.pipelining._pipeline_check import PipelinePlan
 from ipu_node.pipelining._pipeline_report import PipelineReport, StepRecord
-from ipu_node.pipelining.schedules import schedule_steps, stash_depths
+from ipu_node.pipelining.pricing import PipelinePricer
+from ipu_node.pipelining.scheduler import PipelineScheduler
+from ipu_node.pipelining.schedules import stash_depths
 from ipu_node.pipelining._pipeline_types import Stage
 from ipu_node.pipelining._pipeline_wu import WeightUpdate, nbytes_of
 from ipu_node.runtime.system import get_system
@@ -66,21 +67,22 @@ def _dequeue(infeed, what: str):
 
 
 class _Timing:
-    """The modelled clock of one run: BSP steps over the pipeline's IPUs. Link and peak
-    figures are looked up once per pair of IPUs and per dtype, then reused."""
+    """The modelled clock of one run: the pipeline's steps priced by
+    :class:`~ipu_node.pipelining.pricing.PipelinePricer` as they run and laid on the IPUs'
+    live timelines (a stage's FLOPs may depend on its inputs). Peak figures are looked up
+    once per dtype."""
 
     def __init__(self, plan: PipelinePlan):
         system = get_system()
-        self.model = system.model
         self.efficiency = system.config.execution.compute_efficiency
         self.ids = sorted({ipu.id for ipu in plan.ipus})
         self.tl = {i: _clock.timeline(i) for i in self.ids}
         self.start_s = max(t.now_s for t in self.tl.values())
         self._sync(self.start_s)
-        self.compute_phase_s = 0.0
-        self.busy = dict.fromkeys(self.ids, 0.0)
+        self.pricer = PipelinePricer(system.model, self.ids, start_s=self.start_s,
+                                     keep_events=False)
+        self.copy_s = self.pricer.copy_s
         self._rate: dict = {}   # (dtype, version) -> FLOP/s sustained
-        self._links: dict = {}  # (src, dst or None) -> (latency s, bytes/s)
 
     def _sync(self, t_s: float) -> None:
         for t in self.tl.values():
@@ -103,28 +105,11 @@ class _Timing:
             raise ValueError(f"a stage's flops must be >= 0, got {flops!r}")
         return flops / rate
 
-    def copy_s(self, src: int, dst: int | None, nbytes: int) -> float:
-        """Seconds to move ``nbytes`` from IPU ``src`` to IPU ``dst`` (None: the host), as
-        :func:`ipu_node.hardware.routing.transfer_time_s` / ``host_transfer_time_s`` price it."""
-        if self.model is None or not nbytes or dst == src:
-            return 0.0
-        link = self._links.get((src, dst))
-        if link is None:
-            links = ([self.model.host_link(src)] if dst is None
-                     else routing.route(self.model, src, dst))
-            link = self._links[(src, dst)] = (
-                sum(l.latency_s for l in links), min(l.bandwidth_bytes_per_s for l in links))
-        return link[0] + nbytes / link[1]
-
     def step(self, passes: list) -> None:
         """``passes``: ``(ipu, compute_s, label, stage, m, copies)`` with copies
-        ``[(dst or None, seconds)]``; lays the step out: compute, then exchange (BSP,
-        :func:`ipu_node.clock.bsp_step`)."""
-        start = self.now_s
-        laid = _clock.bsp_step(start, passes, self.ids)
-        for ipu, compute_s, *_ in passes:
-            self.busy[ipu] += compute_s
-        self.compute_phase_s += laid.compute_end_s - start
+        ``[(dst or None, seconds)]``; lays the step out on the timelines: compute, then
+        exchange (BSP, :meth:`~ipu_node.pipelining.pricing.PipelinePricer.step`)."""
+        laid = self.pricer.step(passes, start_s=self.now_s)
         for ipu, evs in laid.events.items():
             self.tl[ipu].extend(evs)
         self._sync(laid.end_s)
@@ -243,33 +228,35 @@ class _Run:
 
     def _run(self) -> None:
         plan = self.plan
-        steps = schedule_steps(plan.schedule, self.S, plan.g, plan.training)
-        t = 0
+        scheduler = PipelineScheduler(plan.schedule, self.S)
+        self.steps = scheduler.steps(plan.g, plan.training)
+        self.t = 0
         for repeat in range(plan.repeat_count):
             self.repeat = repeat
             self.acts: dict = {}
             self.saved: dict = {}
             self.out_grads: dict = {}
             self.wu.start_repeat()
-            for step in steps:
-                laid = []
-                for p in step:
-                    compute, copies = (self.forward if p.kind == "F" else self.backward)(
-                        p.stage, p.micro_batch)
-                    ipu = plan.ipus[p.stage].id
-                    laid.append((ipu, compute, f"{p.kind}{p.stage}", p.stage, p.micro_batch,
-                                 copies))
-                    self.records.append(StepRecord(t, ipu, p.kind, p.stage, p.micro_batch,
-                                                   compute, sum(c for _, c in copies), repeat))
-                self.timing.step(laid)
-                t += 1
+            scheduler.run(plan.g, plan.training, self.forward, self.backward,
+                          on_step=self._lay_step)
             spent = self.timing.weight_update(self.wu.finish_repeat)
             if plan.training:
                 for ipu in self.timing.ids:
-                    self.records.append(StepRecord(t, ipu, "WU", None, None, 0.0, spent[ipu],
-                                                   repeat))
-                t += 1
-        self.steps = steps
+                    self.records.append(StepRecord(self.t, ipu, "WU", None, None, 0.0,
+                                                   spent[ipu], repeat))
+                self.t += 1
+
+    def _lay_step(self, _: int, results: list) -> None:
+        """A step's passes ran: record them and lay the step on the IPUs' clocks."""
+        laid = []
+        ipus = self.plan.ipus
+        for p, (compute, copies) in results:
+            ipu = ipus[p.stage].id
+            laid.append((ipu, compute, f"{p.kind}{p.stage}", p.stage, p.micro_batch, copies))
+            self.records.append(StepRecord(self.t, ipu, p.kind, p.stage, p.micro_batch,
+                                           compute, sum(c for _, c in copies), self.repeat))
+        self.timing.step(laid)
+        self.t += 1
 
 
 def run_pipeline(plan: PipelinePlan) -> PipelineReport:
@@ -278,13 +265,11 @@ def run_pipeline(plan: PipelinePlan) -> PipelineReport:
     run = _Run(plan)
     run.run()
     timing = run.timing
-    ids = timing.ids
-    busy = sum(timing.busy.values())
-    phase = timing.compute_phase_s
+    pricer = timing.pricer
     return PipelineReport(
-        steps=run.records, total_s=timing.now_s - timing.start_s, compute_phase_s=phase,
-        bubble_fraction=(1.0 - busy / (len(ids) * phase)) if phase > 0 else 0.0,
-        stash_depth=stash_depths(run.steps, run.S), busy_s=dict(timing.busy),
+        steps=run.records, total_s=timing.now_s - timing.start_s,
+        compute_phase_s=pricer.compute_phase_s, bubble_fraction=pricer.bubble_fraction,
+        stash_depth=stash_depths(run.steps, run.S), busy_s=dict(pricer.busy_s),
         ipus=[ipu.id for ipu in plan.ipus], schedule=plan.schedule.name,
         gradient_accumulation_count=plan.g, repeat_count=plan.repeat_count,
         training=plan.training, recompute=plan.recompute, options=plan.options,

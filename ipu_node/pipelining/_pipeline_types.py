@@ -56,15 +56,21 @@ class OptimizerFunctionOutput:
 
     def __init__(self, opt, loss, compute_gradients_args=None, compute_gradients_kwargs=None,
                  apply_gradients_args=None, apply_gradients_kwargs=None):
-        if not isinstance(opt, Optimizer):
-            raise TypeError("OptimizerFunctionOutput: opt must be an "
-                            f"ipu_node.optimizers.Optimizer, not {type(opt).__name__}")
+        self._check_opt(opt)
         self.opt = opt
         self.loss = loss
         self.compute_gradients_args = tuple(compute_gradients_args or ())
         self.compute_gradients_kwargs = dict(compute_gradients_kwargs or {})
         self.apply_gradients_args = tuple(apply_gradients_args or ())
         self.apply_gradients_kwargs = dict(apply_gradients_kwargs or {})
+
+    @staticmethod
+    def _check_opt(opt) -> None:
+        """Raises TypeError: ``opt`` is not an ipu_node optimizer (a front end's subclass
+        takes its framework's)."""
+        if not isinstance(opt, Optimizer):
+            raise TypeError("OptimizerFunctionOutput: opt must be an "
+                            f"ipu_node.optimizers.Optimizer, not {type(opt).__name__}")
 
 
 class Stage:

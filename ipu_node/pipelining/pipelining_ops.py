@@ -35,6 +35,7 @@ ipupod rules where TF-IPU differs or is silent (each written where it applies):
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Callable, Sequence
 
@@ -48,7 +49,8 @@ from ipu_node.pipelining._pipeline_types import (GradientAccumulationReductionMe
 
 __all__ = ["pipeline", "Stage", "PipelineSchedule", "RecomputationMode",
            "PipelineStageOptions", "OptimizerFunctionOutput", "recomputation_checkpoint",
-           "last_report", "PipelineReport", "StepRecord", "GradientAccumulationReductionMethod"]
+           "last_report", "PipelineReport", "StepRecord", "GradientAccumulationReductionMethod",
+           "check_arguments"]
 
 def recomputation_checkpoint(tensors, name: str | None = None):
     """Returns ``tensors`` unchanged (TF-IPU marks a recomputation checkpoint; ipupod
@@ -127,3 +129,17 @@ def pipeline(computational_stages: Sequence, gradient_accumulation_count: int | 
     plan = check_pipeline(locals())
     report = run_pipeline(plan)
     _store_report(report, plan.local_index)
+
+
+def check_arguments(computational_stages: Sequence, **kwargs) -> None:
+    """Check :func:`pipeline`'s arguments as it does, without running anything: a front end
+    that builds its pipeline before running it (TF's op) raises TF-IPU's errors when it is
+    built, and widens the replicas (:class:`~ipu_node.errors.WiderReplicasNeeded`) before
+    anything ran.
+
+    Raises:
+        The errors of :func:`pipeline`'s checks.
+    """
+    bound = inspect.signature(pipeline).bind(computational_stages, **kwargs)
+    bound.apply_defaults()
+    check_pipeline(dict(bound.arguments))

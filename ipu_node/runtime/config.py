@@ -37,7 +37,7 @@ __all__ = [
     "IPUConfig", "AttributeMetadata", "SelectionOrder", "MergeRemoteBuffersBehaviour",
     "DeviceConnectionType", "SchedulingAlgorithm", "ExecutionProfileType",
     "StochasticRoundingBehaviour", "SyntheticDataCategory", "VerificationOptions", "KeyId",
-    "configure_ipu_system", "get_ipu_config", "set_launcher_config", "launcher_config",
+    "configure_ipu_system", "get_ipu_config",
     "reset_ipu_configuration", "running_on_ipu_model", "check_config", "ConfigAttributeError",
     # the groups (their classes; users reach them as attributes of an IPUConfig)
     "ConvolutionsConfig", "DeviceConnectionConfig", "ExperimentalConfig",
@@ -312,35 +312,6 @@ def configure_ipu_system(config: IPUConfig, device: str = "cpu",
             "configure_ipu_system(config, reset_configuration=True) or "
             "reset_ipu_configuration() first")
     return rt.configure(config)
-
-
-def set_launcher_config(provider: Callable[[], IPUConfig | None] | None) -> None:
-    """Register how a launched instance's default :class:`IPUConfig` is made (or ``None`` to
-    remove it): ``provider()`` returns this instance's share of the job (its local replicas'
-    IPUs, process count and index, transport), or None when the process was not started by
-    that launcher. ``popdist`` registers one when imported (``popdist.set_ipu_config`` on a
-    fresh config), so that a program which never configures the IPU system itself, as real
-    Horovod and PopTorch programs do not, still gets the system poprun placed it on
-    (``hvd.init()``). ipu_node never imports the launcher: the launcher registers here."""
-    _Launcher.provider = provider
-
-
-def launcher_config() -> IPUConfig | None:
-    """The registered launcher's config for this instance (:func:`set_launcher_config`), or
-    None: no launcher registered, or this process was not started by it.
-
-    Raises:
-        whatever the provider raises for an inconsistent launch environment (``popdist``:
-        ValueError naming the ``POPDIST_*`` variables).
-    """
-    provider = _Launcher.provider
-    return provider() if provider is not None else None
-
-
-class _Launcher:
-    """The provider :func:`set_launcher_config` registered."""
-
-    provider: Callable[[], IPUConfig | None] | None = None
 
 
 def get_ipu_config(session: Any = None) -> list[IPUConfig]:

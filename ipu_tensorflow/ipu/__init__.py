@@ -28,3 +28,4 @@ __all__ = [
 
 _tf_runtime.attach_keras_ipu()
 keras_extensions.install()
+ipu_infeed_queue.install_dataset_iterators()

@@ -74,6 +74,21 @@ class IPUOutfeedQueue:
         """Drops every queued value."""
         return self._queue.deleter
 
+    def note_enqueue_built(self) -> None:
+        """Record an enqueue built in the current graph (by :meth:`enqueue`, or by a
+        pipeline op that enqueues when it runs); no-op in eager code.
+
+        Raises:
+            ValueError: a second one in the same graph ("An outfeed can only be enqueued
+                once.", TFI ``:217-218``).
+        """
+        if tf.executing_eagerly():
+            return
+        graph = tf.compat.v1.get_default_graph()   # (a loop body's own graph)
+        if graph in self._graphs:
+            raise ValueError("An outfeed can only be enqueued once.")
+        self._graphs.add(graph)
+
     def enqueue(self, tensors: Any):
         """Queue ``tensors`` (a tensor, or a list/tuple/dict nest of tensors, dict keys
         strings) of the replica this op runs for.
@@ -89,11 +104,7 @@ class IPUOutfeedQueue:
                 keys that are not strings.
             NotInReplicaError: outside a replica function.
         """
-        if not tf.executing_eagerly():
-            graph = tf.compat.v1.get_default_graph()   # (a loop body's own graph)
-            if graph in self._graphs:
-                raise ValueError("An outfeed can only be enqueued once.")
-            self._graphs.add(graph)
+        self.note_enqueue_built()
         leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tensors)]
 
         def push(*arrays):

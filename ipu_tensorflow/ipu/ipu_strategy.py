@@ -19,7 +19,9 @@ class IPUStrategyV1(IPUStrategyBase):
     Args:
         ipu_device: only ``"/device:IPU:0"``.
         cpu_device: the host device (accepted as TF-IPU's).
-        enable_dataset_iterators: accepted (ipupod's Keras splits the batches itself).
+        enable_dataset_iterators: ``iter(dataset)`` in eager code under the scope is an
+            infeed (``ipu_infeed_queue.IPUOwnedIterator``), and so is iterating
+            :meth:`experimental_distribute_dataset`'s result.
         enable_keras_extensions: Keras models constructed in scope get the IPU extension.
 
     Raises:
@@ -31,6 +33,13 @@ class IPUStrategyV1(IPUStrategyBase):
                  enable_dataset_iterators=True, enable_keras_extensions=True):
         super().__init__(_np.IPUStrategy(ipu_device), enable_keras_extensions)
         self._cpu_device = cpu_device
+        self._enable_dataset_iterators = bool(enable_dataset_iterators)
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """``dataset`` as it is (TF-IPU: one input worker, ``num_replicas_in_sync`` 1, batches
+        not split, TFI ``ipu_strategy.py:367-373``): iterating it in eager code under the
+        scope gives an ``IPUOwnedIterator``, each replica its own element."""
+        return dataset
 
     @property
     def supports_loss_scaling(self) -> bool:

@@ -62,6 +62,8 @@ def _loop(condition, body, inputs, infeed_queue, maximum_iterations) -> Any:
             return [tf.identity(i + 1)] + [tf.identity(t) for t in tensors]
 
     final = tf.while_loop(cond, step, [tf.constant(0, tf.int32)] + carried)
+    if infeed_queue is not None and not infeed_queue.dequeued:   # (TFI loops.py, a courtesy)
+        raise ValueError("The infeed queue has not been dequeued.")
     final = _as_list(final)
     if not carried:
         return None if tf.executing_eagerly() else final[0].op
@@ -90,7 +92,8 @@ def while_loop(condition: Callable[..., Any], body: Callable[..., Any], inputs: 
         TypeError: ``body`` or ``condition`` cannot take the inputs (TF-IPU's message);
             the body's output dtypes differ from the inputs'.
         ValueError: the body returns operations before tensors; a bad
-            ``maximum_iterations``.
+            ``maximum_iterations``; the infeed was never dequeued (an eager loop of no
+            iterations: "The infeed queue has not been dequeued.").
     """
     if maximum_iterations is not None and (
             isinstance(maximum_iterations, bool) or

@@ -53,6 +53,9 @@ __all__ = ["compile_executable", "attach_device", "make_optimizers", "place_tens
 
 #: the PopART option PopTorch sets for a pipeline over more than one IPU (3: Pipeline)
 RECOMPUTATION_OPTION = "autoRecomputation"
+#: ``Precision.setPartialsType`` (PopART's ``partialsTypeMatMuls``) -> the compute model's
+#: partials type
+_PARTIALS = {"float": "float32", "half": "float16"}
 
 
 def precision(options, module: torch.nn.Module, inputs=()):
@@ -247,6 +250,7 @@ def _profile_model(replicas: Replicas, layout: Layout, rng0: ReplicaRNG, strateg
             leaves = flatten(output)[0]
             loss_index = next((i for i, leaf in enumerate(leaves) if leaf is loss), None)
         traced = trace.random_calls > 0 or (training and loss_index is None)
+        profile.partials = _PARTIALS[partials_of(opts._Popart.options)]
         changed = replicas.changed_buffers(versions)
         if changed and opts.replication_factor > 1 and opts.broadcast_buffers:
             raise createPoptorchError(

@@ -115,6 +115,11 @@ class PoplarExecutor:
         return self._executable.device if self._executable is not None else None
 
     @property
+    def _profile(self):
+        """The compiled model's counts and stages (``ModelProfile``), or None."""
+        return self._executable.profile if self._executable is not None else None
+
+    @property
     def _clock(self):
         """The compiled model's modelled clock, or None."""
         return self._executable.clock if self._executable is not None else None

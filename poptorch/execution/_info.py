@@ -230,7 +230,7 @@ def _card(exe, optimizer) -> dict:
     """``ModelCard`` fields of training executable ``exe``: its trainable parameters, FLOPs
     per item (forward, backward and recomputation; per IPU of a replica for the stage
     shares), input bytes per item, optimizer state, the operations of a micro-batch per IPU
-    (for the per-operation compute model)."""
+    and the partials type (for the per-operation compute model)."""
     profile, clock = exe.profile, exe.clock
     plan, micro = profile.plan, exe.micro_rows or 1
     trainable = [p for p in exe.replicas.modules[0].parameters() if p.requires_grad]
@@ -253,7 +253,8 @@ def _card(exe, optimizer) -> dict:
             "optimizer_state_bytes_per_param": float(sum(
                 state_nbytes_per_param(optimizer).values())),
             "optimizer_state_in": "streaming" if streaming else "sram",
-            "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro}
+            "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro,
+            "partials": profile.partials}
 
 
 def offer_card(exe) -> None:

@@ -11,7 +11,8 @@ the first time an operation reads it: an activation read by its backward, or a p
 read by the forward, the backward and the optimizer, is converted once a step) and its
 floating results are rounded back to float16
 (operations that write into an operand, ``add_`` and the like, write the rounded result into
-the float16 tensor). The tensors the program sees stay float16: parameters, activations and
+the float16 tensor; the new results of an operation that also writes operands, batch norm's
+output beside the running statistics it updates, are rounded as any operation's). The tensors the program sees stay float16: parameters, activations and
 gradients are float16, so the memory plan counts them at 2 bytes, and the compute model
 prices their operations in float16 (:class:`poptorch.modelling._op_ledger.OpLedger` sees the float16
 operations: this mode sits below it). What is rounded, and where, is the IPU's:
@@ -121,12 +122,18 @@ class HalfAsFloat(TorchDispatchMode):
             out = self._half_partials(func, up_args, up_kwargs or {})
         else:
             out = func(*up_args, **(up_kwargs or {}))
-        if writes:  # an in-place op: its result goes into the float16 operands it writes
-            for orig, new in zip(args, up_args):
+        if writes:  # an op that writes operands: its writes go into the float16 operands
+            copied = {}
+            for orig, new in _pairs(args, up_args, kwargs, up_kwargs):
                 if isinstance(orig, torch.Tensor) and orig is not new:
                     orig.copy_(new)
+                    copied[id(new)] = orig
             self._forget_written(args)  # (the op may have written their float32 copies)
-            return args[0] if isinstance(out, torch.Tensor) else out
+            # a result that is a written operand (``add_``'s self, an ``out=``) is that
+            # float16 operand; a new result (batch norm's output beside the running
+            # statistics it updates) is rounded as any op's
+            return tree_map(lambda t: copied[id(t)] if id(t) in copied else round_half(t),
+                            out)
         if isinstance(out, torch.Tensor):
             return round_half(out)
         return tree_map(round_half, out)
@@ -146,9 +153,22 @@ class HalfAsFloat(TorchDispatchMode):
         return beta * args[0] + alpha * product
 
 
+def _pairs(args: tuple, up_args: tuple, kwargs, up_kwargs):
+    """``(operand, its float32 stand-in)`` of every positional and keyword operand."""
+    yield from zip(args, up_args)
+    if kwargs:
+        yield from ((kwargs[k], up_kwargs[k]) for k in kwargs)
+
+
 def _writes(func) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write
-               for a in func._schema.arguments)
+    return func in _UNMARKED_WRITES or any(a.alias_info is not None and a.alias_info.is_write
+                                           for a in func._schema.arguments)
+
+
+#: operations that write operands their schema does not mark as written: ``native_batch_norm``
+#: updates ``running_mean`` and ``running_var`` in training (its schema has no ``(a!)``, unlike
+#: ``_native_batch_norm_legit``'s)
+_UNMARKED_WRITES = frozenset({_aten.native_batch_norm.default})
 
 
 _INFO: dict = {}  # op -> (runs as it is, writes an operand)

@@ -1,7 +1,9 @@
 """What the real IPUs would take for a model's steps: the modelled clock of each replica's
 IPUs (:mod:`ipu_node.clock`), laid out from the model's own counts
-(:mod:`poptorch.modelling._profile`) and the same BSP steps as the numpy pipeline
-(:func:`ipu_node.clock.bsp_step`).
+(:mod:`poptorch.modelling._profile`) by the pipeline pricer of every front end
+(:class:`ipu_node.pipelining.pricing.PipelinePricer`: the transfers' prices, the BSP steps,
+the bubble). This module prices what is PopTorch's own: each pass's compute and the bytes it
+sends.
 
 One training step (device iteration) of a replica, in modelled seconds:
 
@@ -40,42 +42,17 @@ they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import ipu_node
 from ipu_node import clock
 from ipu_node.chips import chip_of_system
+from ipu_node.pipelining.pricing import PipelinePricer, PricedSteps
 
 __all__ = ["ModelledClock", "Template"]
 
 
-@dataclass
-class Template:
-    """Events of one step of one replica, from 0 (modelled seconds).
-
-    Attributes:
-        events: IPU index -> events (peers are gc-info IPU ids).
-        total_s: the step's length.
-        compute_phase_s: the sum over BSP steps of their compute phase.
-        busy_s: IPU index -> compute seconds.
-        exchange_s: the sum over BSP steps of their exchange phase.
-        host_s: seconds of the host transfers phase (training: the input).
-    """
-
-    events: dict = field(default_factory=dict)
-    total_s: float = 0.0
-    compute_phase_s: float = 0.0
-    busy_s: dict = field(default_factory=dict)
-    exchange_s: float = 0.0
-    host_s: float = 0.0
-
-    @property
-    def bubble_fraction(self) -> float:
-        """The share of the IPUs' compute phases spent idle (as the numpy pipeline's)."""
-        phase = self.compute_phase_s
-        busy = sum(self.busy_s.values())
-        n = len(self.busy_s)
-        return max(0.0, 1.0 - busy / (n * phase)) if phase > 0 and n else 0.0
+#: The events and account of one step of one replica, from modelled time 0 (the pricer's
+#: :class:`ipu_node.pipelining.pricing.PricedSteps`: events and busy seconds by the replica's
+#: IPU index, the host input phase, the bubble, the replay on a replica's timelines).
+Template = PricedSteps
 
 
 class ModelledClock:
@@ -103,6 +80,7 @@ class ModelledClock:
         self.stage_ipus = stage_ipus
         self.timelines = timelines
         self.model = system_model
+        self._links = PipelinePricer(system_model, ())  # the transfers' prices, per route
         self.chip = chip_of_system(system_model.name)
         self.efficiency = clock.compute_efficiency()
         self.streaming_bytes_per_s = self.chip.streaming_memory_bytes_per_s_per_ipu
@@ -111,12 +89,11 @@ class ModelledClock:
         self.per_op = not clock.efficiency_overridden()
         self.forward_s, self.backward_s, self.priced = [], [], []
         for s, stage in enumerate(profile.stages):
-            if self.per_op:  # the per-operation compute model, on this system's chip
-                dtype = getattr(profile, "compute_dtype", None)
-                fwd = stage.forward_ops.price(self.chip, dtype=dtype,
-                                              partials=getattr(profile, "partials", "float32"))
-                bwd = stage.backward_ops.price(self.chip, dtype=dtype,
-                                               partials=getattr(profile, "partials", "float32"))
+            if self.per_op:  # the per-operation compute model, on this system's chip, each
+                # operation at the dtype it ran in (a float16 program's are float16:
+                # poptorch.execution._precision), partials as Precision set them
+                fwd = stage.forward_ops.price(self.chip, partials=profile.partials)
+                bwd = stage.backward_ops.price(self.chip, partials=profile.partials)
                 self.priced.append((fwd, bwd))
                 forward_s, backward_s = fwd.total_s, bwd.total_s
             else:  # IPUConfig.execution.compute_efficiency set: FLOPs at that share of peak
@@ -146,12 +123,10 @@ class ModelledClock:
         return nbytes / self.streaming_bytes_per_s if nbytes else 0.0
 
     def _host_s(self, ipu: int, nbytes: float) -> float:
-        return ipu_node.host_transfer_time_s(self.model, ipu, int(nbytes)) if nbytes else 0.0
+        return self._links.copy_s(ipu, None, nbytes)
 
     def _copy_s(self, src: int, dst: int, nbytes: int) -> float:
-        if not nbytes or src == dst:
-            return 0.0
-        return ipu_node.transfer_time_s(self.model, src, dst, int(nbytes))
+        return self._links.copy_s(src, dst, nbytes)
 
     def _stage_share(self, s: int, kind: str) -> float:
         """Stage s's share of its IPU's Streaming Memory bytes of ``kind`` (by parameter
@@ -202,40 +177,21 @@ class ModelledClock:
 
     def _pipeline_template(self, ids: tuple[int, ...], steps: list, G: int) -> Template:
         local = sorted(set(self.stage_ipus))
-        gids = [ids[i] for i in local]
-        index = {ids[i]: i for i in local}
-        tpl = Template(events={i: [] for i in local}, busy_s=dict.fromkeys(local, 0.0))
-        t = 0.0
-        laid_steps = []
+        pricer = PipelinePricer(self.model, [ids[i] for i in local], sync=True)
         if self.training:
             host = [(ids[self.stage_ipus[s]], 0.0, "host input", s, None,
                      [(None, self._host_s(ids[self.stage_ipus[s]], G * st.host_input_bytes))])
                     for s, st in enumerate(self.profile.stages) if st.host_input_bytes]
             if host:
-                laid = clock.bsp_step(t, host, gids, sync=True)
-                laid_steps.append(laid)
-                tpl.host_s = laid.end_s - t
-                t = laid.end_s
+                pricer.host_step(host)
         for step in steps:
-            passes = self._passes(ids, step)
-            laid = clock.bsp_step(t, passes, gids, sync=True)
-            laid_steps.append(laid)
-            tpl.compute_phase_s += laid.compute_end_s - t
-            tpl.exchange_s += laid.end_s - laid.compute_end_s
-            for gid, compute_s, *_ in passes:
-                tpl.busy_s[index[gid]] += compute_s
-            t = laid.end_s
-        for laid in laid_steps:
-            for gid, events in laid.events.items():
-                tpl.events[index[gid]].extend(events)
-        tpl.total_s = t
-        return tpl
+            pricer.step(self._passes(ids, step))
+        return pricer.priced({ids[i]: i for i in local})
 
     def _update_template(self, ids: tuple[int, ...], elements: dict[int, int],
                          output_bytes: int) -> Template:
         from collectives.step_model import WEIGHT_UPDATE_FLOPS_PER_PARAM  # (0.2 s: lazily)
         local = sorted(set(self.stage_ipus))
-        gids = [ids[i] for i in local]
         rate = self.chip.peak_flops("float32") * self.efficiency
         out_ipu = ids[self.stage_ipus[self.profile.output_stage]]
         passes = []
@@ -246,34 +202,23 @@ class ModelledClock:
             passes.append((ids[i], flops / rate, "weight update", None, None, copies))
         passes.append((out_ipu, 0.0, "host output", None, None,
                        [(None, self._host_s(out_ipu, output_bytes))]))
-        laid = clock.bsp_step(0.0, passes, gids, sync=True)
-        index = {ids[i]: i for i in local}
-        return Template(events={index[g]: evs for g, evs in laid.events.items()},
-                        total_s=laid.end_s, compute_phase_s=laid.compute_end_s,
-                        busy_s={i: p[1] for i, p in zip(local, passes)},
-                        exchange_s=laid.end_s - laid.compute_end_s)
+        pricer = PipelinePricer(self.model, [ids[i] for i in local], sync=True)
+        pricer.step(passes)
+        return pricer.priced({ids[i]: i for i in local})
 
     # -- replaying ---------------------------------------------------------------------------
     def now(self, r: int) -> float:
         """Where replica ``r``'s IPUs are (the latest of their clocks)."""
         return max(t.now_s for t in self.timelines[r].values())
 
-    def _replay(self, r: int, template: Template) -> None:
-        tls = self.timelines[r]
-        start = max(t.now_s for t in tls.values())
-        for i, events in template.events.items():
-            tl = tls[i]
-            tl.wait_until(start)
-            tl.extend([e._replace(start_s=e.start_s + start) for e in events])
-
     def pipeline(self, r: int) -> None:
         """One training step's pipeline on replica ``r``'s IPUs (before the reduction)."""
-        self._replay(r, self.templates[r])
+        self.templates[r].replay(self.timelines[r])
 
     def weight_update(self, r: int) -> None:
         """One weight update (and the step's outputs) on replica ``r``'s IPUs."""
-        self._replay(r, self.updates[r])
+        self.updates[r].replay(self.timelines[r])
 
     def inference(self, r: int) -> None:
         """One inference call on replica ``r``'s IPUs."""
-        self._replay(r, self.templates[r])
+        self.templates[r].replay(self.timelines[r])

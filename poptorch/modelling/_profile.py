@@ -132,6 +132,9 @@ class ModelProfile:
         output_bytes: bytes of the forward's outputs; ``output_stage``: the stage that makes
             the most of them.
         loss_stage: the stage of the loss (training), else None.
+        partials: the AMP's partial-sum type the compute model prices matmuls and
+            convolutions with: ``"float32"`` (PopART's default) or ``"float16"``
+            (``Precision.setPartialsType(torch.half)``); the executor sets it at compile.
     """
 
     plan: StagePlan
@@ -141,6 +144,7 @@ class ModelProfile:
     output_bytes: int = 0
     output_stage: int = 0
     loss_stage: int | None = None
+    partials: str = "float32"
 
     @property
     def forward_flops(self) -> float:

@@ -56,7 +56,7 @@ class Options(OptionsDict):
         self._popart = PopartOptions()
         self._precision = PrecisionOptions(self._popart)
         self._training = TrainingOptions(self._popart)
-        self._distributed = DistributedOptions()
+        self._distributed = self._distributed_options()
         self._tensor_locations = TensorLocationOptions()
         #: the execution strategy (poptorch.pipelining._strategies); None: the default
         #: PipelinedExecution(AutoStage.SameAsIpu), made at compile
@@ -82,6 +82,11 @@ class Options(OptionsDict):
             self.from_json(defaults)
 
     # -- the groups ---------------------------------------------------------------------
+    def _distributed_options(self) -> DistributedOptions:
+        """The :attr:`Distributed` group of new options (made in the constructor): from the
+        launcher's environment. ``popdist.poptorch.Options`` makes its own, from poprun."""
+        return DistributedOptions()
+
     @property
     def Training(self) -> TrainingOptions:
         """Options of training (:class:`~poptorch.options._options_groups.TrainingOptions`)."""

@@ -262,11 +262,13 @@ class DistributedOptions(OptionsDict):
     replicationFactor`` replicas, process p holds ``[p R, (p+1) R)``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, process: tuple[int, int] | None = None) -> None:
+        """``process``: this process's id and the number of processes; None: from the
+        launcher's environment (:func:`launcher_process`)."""
         super().__init__(num_distributed_processes=1, distributed_process_id=0,
                          ipuof_configs={})
-        process_id, num_processes = launcher_process()
-        self.configureProcessId(process_id, num_processes)
+        process_id, num_processes = launcher_process() if process is None else process
+        DistributedOptions.configureProcessId(self, process_id, num_processes)
 
     def disable(self) -> "DistributedOptions":
         """One process, id 0, whatever the environment says."""

@@ -1,5 +1,7 @@
 """A model cut into stages, run pass by pass in its schedule's order (poptorch reference
-§7.2; the schedules are ipu_node's, :mod:`ipu_node.pipelining.schedules`).
+§7.2; the schedules and the scheduler that runs them are ipu_node's, those of every front end:
+:mod:`ipu_node.pipelining.schedules`, :class:`ipu_node.pipelining.scheduler.PipelineScheduler`;
+this module supplies the passes).
 
 ``PipelinedExecution`` is PopART's pipeline: Grouped with the last forward stage and the first
 backward stage fused (``2N - 1`` training stages; stage s's forward of micro-batch m at step
@@ -34,7 +36,8 @@ from typing import Any, Callable
 import torch
 from greenlet import greenlet
 
-from ipu_node.pipelining.schedules import PipelineSchedule, schedule_steps
+from ipu_node.pipelining.scheduler import PipelineScheduler
+from ipu_node.pipelining.schedules import PipelineSchedule
 
 from poptorch.data._batching import MicroBatches, OutputCollector
 from poptorch._errors import createPoptorchError
@@ -43,14 +46,20 @@ from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._forward_pass import ForwardPass
 from poptorch._replica_rng import ReplicaRNG
 
-__all__ = ["PipelinedStages", "schedule_of"]
+__all__ = ["PipelinedStages", "schedule_of", "scheduler_of"]
+
+
+def scheduler_of(plan: StagePlan) -> PipelineScheduler:
+    """The scheduler of ``plan``: PopART's pipeline (Grouped, the last forward stage fused
+    with the first backward stage) or, sharded, the Sequential schedule."""
+    schedule = PipelineSchedule.Sequential if plan.sharded else PipelineSchedule.Grouped
+    return PipelineScheduler(schedule, plan.num_stages, fused_last=True)
 
 
 def schedule_of(plan: StagePlan, micro_batches: int, training: bool) -> list:
     """The passes of every step of one pipeline run of ``micro_batches``
     (:func:`ipu_node.pipelining.schedules.schedule_steps`)."""
-    schedule = PipelineSchedule.Sequential if plan.sharded else PipelineSchedule.Grouped
-    return schedule_steps(schedule, plan.num_stages, micro_batches, training, fused_last=True)
+    return scheduler_of(plan).steps(micro_batches, training)
 
 
 class _Forward:
@@ -107,13 +116,11 @@ class PipelinedStages:
         self.plan, self.strategy = plan, strategy
         self.stage_params = stage_params
         self.traced = traced
-        self._steps: dict[tuple[int, bool], list] = {}
+        self.scheduler = scheduler_of(plan)
 
     def steps(self, micro_batches: int, training: bool) -> list:
-        key = (micro_batches, training)
-        if key not in self._steps:
-            self._steps[key] = schedule_of(self.plan, micro_batches, training)
-        return self._steps[key]
+        """The passes of every step of a run of ``micro_batches``."""
+        return self.scheduler.steps(micro_batches, training)
 
     # -- a micro-batch's forward pass ------------------------------------------------------
     def _forward_body(self, fwd: _Forward, module: torch.nn.Module, rng: ReplicaRNG | None,
@@ -130,7 +137,7 @@ class PipelinedStages:
         except _Cancelled:
             pass
 
-    # -- the scheduler -----------------------------------------------------------------------
+    # -- the passes, run by the scheduler --------------------------------------------------
     def _run(self, module: torch.nn.Module, rng: ReplicaRNG | None, count: int,
              inputs: Callable[[int], tuple[tuple, dict]], training: bool,
              on_output: Callable[[int, Any], None], on_backward=None) -> None:
@@ -139,29 +146,28 @@ class PipelinedStages:
 
         def body(fwd: _Forward) -> None:
             self._forward_body(fwd, module, rng, training)
+
+        def forward(stage: int, m: int) -> None:
+            fwd = forwards.get(m)
+            if fwd is None:
+                args, kwargs = inputs(m)
+                fwd = forwards[m] = _Forward(m, args, kwargs, body)
+            if not fwd.done and fwd.reached == stage:
+                fwd.run_until_paused()
+            if stage == last:
+                if not fwd.done:
+                    raise createPoptorchError(
+                        "the forward pass ran past its last stage")  # guarded
+                on_output(m, fwd.output)
+                if not training:
+                    del forwards[m]
+
+        def backward(stage: int, m: int) -> None:
+            on_backward(forwards[m], stage)
+            if stage == 0:
+                del forwards[m]
         try:
-            for step in self.steps(count, training):
-                for p in step:
-                    if p.kind == "F":
-                        fwd = forwards.get(p.micro_batch)
-                        if fwd is None:
-                            args, kwargs = inputs(p.micro_batch)
-                            fwd = forwards[p.micro_batch] = _Forward(p.micro_batch, args,
-                                                                     kwargs, body)
-                        if not fwd.done and fwd.reached == p.stage:
-                            fwd.run_until_paused()
-                        if p.stage == last:
-                            if not fwd.done:
-                                raise createPoptorchError(
-                                    "the forward pass ran past its last stage")  # guarded
-                            on_output(p.micro_batch, fwd.output)
-                            if not training:
-                                del forwards[p.micro_batch]
-                    else:
-                        fwd = forwards[p.micro_batch]
-                        on_backward(fwd, p.stage)
-                        if p.stage == 0:
-                            del forwards[p.micro_batch]
+            self.scheduler.run(count, training, forward, backward)
         except BaseException:
             for fwd in forwards.values():
                 fwd.cancel()

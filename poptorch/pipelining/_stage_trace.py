@@ -3,8 +3,9 @@
 :class:`StageTrace` extends :class:`poptorch._tracing.Trace` (losses, the replica's random
 numbers) with the blocks: it is the forward pass the annotations of
 :mod:`poptorch.pipelining._blocks` talk to (entered by a
-:class:`poptorch._forward_pass.ForwardPass`, which owns the thread state of the pass). The forward is cut into *segments*, one per stage it runs in, in the order it runs
-them (a pipelined model's stage ids must grow along the forward; a sharded one may come back
+:class:`poptorch._forward_pass.ForwardPass`, which owns the thread state of the pass). The
+forward is cut into *segments*, one per stage it runs in, in the order it runs them (a
+pipelined model's stage ids must grow along the forward; a sharded one may come back
 to an IPU, each visit its own segment).
 
 With ``boundaries`` (training), a tensor made in one segment and used by a later one reaches
@@ -97,22 +98,28 @@ class _Producers:
     tensors alive (a dead tensor's id may come back on a new one: its entry is then stale).
 
     ``torch.utils.weak.WeakIdKeyDictionary`` does the same but builds a weak reference object
-    in Python for every lookup, and every op's tensor arguments are looked up."""
+    in Python for every lookup, and every op's tensor arguments are looked up.
 
-    __slots__ = ("_by_id",)
+    Attributes:
+        by_id: ``id(tensor) -> (weak reference, segment)``; the per-op path of
+            :class:`StageTrace` reads and writes it directly (a method call per tensor of
+            every op was a measurable share of a pipelined step).
+    """
+
+    __slots__ = ("by_id",)
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref, int]] = {}
+        self.by_id: dict[int, tuple[weakref.ref, int]] = {}
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self.by_id)
 
     def get(self, t: torch.Tensor) -> int | None:
-        entry = self._by_id.get(id(t))
+        entry = self.by_id.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
     def __setitem__(self, t: torch.Tensor, segment: int) -> None:
-        self._by_id[id(t)] = (weakref.ref(t), segment)
+        self.by_id[id(t)] = (weakref.ref(t), segment)
 
 
 class _Cancelled(BaseException):
@@ -237,7 +244,7 @@ class StageTrace(Trace):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         producers = self._producers
-        if producers is not None and len(producers):
+        if producers is not None and producers.by_id:
             args = self._cross_all(args)
             if kwargs:
                 kwargs = dict(zip(kwargs, self._cross_all(tuple(kwargs.values()))))
@@ -249,29 +256,39 @@ class StageTrace(Trace):
                 self.observer.op(self.segment, args, kwargs)
         out = super().__torch_function__(func, types, args, kwargs)
         if producers is not None:
+            by_id, segment = producers.by_id, self.segment
             if isinstance(out, torch.Tensor):
-                producers[out] = self.segment
+                by_id[id(out)] = (weakref.ref(out), segment)
             elif isinstance(out, (tuple, list)):
                 for o in out:
                     if isinstance(o, torch.Tensor):
-                        producers[o] = self.segment
+                        by_id[id(o)] = (weakref.ref(o), segment)
         if discovering and self.observer is not None:
             self.observer.result(self.segment, out)
         return out
 
     def _cross_all(self, values: tuple) -> tuple:
-        changed, out = False, []
-        for v in values:
+        """``values`` with each tensor of an earlier segment replaced by its copy here (the
+        same tuple when none is: the common case of parameters and this segment's
+        tensors, told apart by one lookup each)."""
+        by_id, segment = self._producers.by_id, self.segment
+        out = None
+        for i, v in enumerate(values):
             if isinstance(v, torch.Tensor):
+                entry = by_id.get(id(v))
+                if entry is None or entry[1] == segment:
+                    continue
                 c = self._cross(v)
             elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
                 c = type(v)(self._cross(x) if isinstance(x, torch.Tensor) else x for x in v)
                 c = v if all(a is b for a, b in zip(c, v)) else c
             else:
-                c = v
-            changed |= c is not v
-            out.append(c)
-        return tuple(out) if changed else values
+                continue
+            if c is not v:
+                if out is None:
+                    out = list(values)
+                out[i] = c
+        return values if out is None else tuple(out)
 
     def _cross(self, t: torch.Tensor) -> torch.Tensor:
         src = self._producers.get(t)

@@ -6,7 +6,8 @@ call it (``python -m tests.programs.hvd_first MODE``):
   configured, and Horovod averages a metric after it;
 * ``tf``: ``hvd.init()``, then the program configures the IPU system with popdist (the same
   instances) and keeps calling Horovod;
-* ``bare``: no popdist imported, so hvd.init() cannot know the launcher's layout.
+* ``bare``: no popdist imported: hvd.init() configures the share of the job poprun gave
+  the instance (read from poprun's environment by ipu_node), and Horovod sums over it.
 
 Prints ``RESULT <mode> <rank> <size> <value>`` lines.
 """
@@ -71,6 +72,10 @@ def main(mode: str) -> None:
         _tf()
     elif mode == "bare":
         hvd.init()
+        total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+        imported = "poprun.popdist" in sys.modules or "popdist" in sys.modules
+        print(f"RESULT bare {hvd.rank()} {hvd.size()} {total[0]:g} popdist={imported}",
+              flush=True)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -5,8 +5,11 @@ each instance prints ``RESULT <text>``.
     mpirun -n N python -m tests.programs.mpi_ended MODE
 
 MODE ``horovod``: after one ``hvd.allreduce``, the last rank ends its program; the others
-call a second one (which the engine's end-of-program descriptor does not reach: only the
-MPI transport's notice tells them). MODE ``before-mpi``: the last instance ends before it
+call a second one, whose agreement meets the last rank's end of program. MODE
+``horovod-set``: ranks 1 and 2 are a process set; after one ``hvd.allreduce`` on it, rank
+2 ends its program while rank 1 calls a second one (on the set's communicator, which the
+end of program does not reach: only the MPI transport's notice tells it) and rank 0
+computes for 5 s. MODE ``before-mpi``: the last instance ends before it
 started MPI (no collective, no transport); the others call a ``cross_replica_sum`` (their
 MPI_Init waits for it: the bootstrap's notice). MODE ``caught``: after one ``cross_replica_sum``, the last instance ends its program; the
 others call a second one, catch its error and end their program normally (the ended
@@ -81,6 +84,17 @@ def main(mode: str) -> int:
             print("RESULT ended", flush=True)
             return 0
         _report(lambda: hvd.allreduce(np.ones(3), op=hvd.Sum, name="second"))
+    elif mode == "horovod-set":
+        pair = hvd.add_process_set([1, 2])
+        if hvd.rank() == 0:
+            time.sleep(5.0)
+            return 0
+        hvd.allreduce(np.ones(3), op=hvd.Sum, name="first", process_set=pair)
+        if hvd.rank() == 2:
+            print("RESULT ended", flush=True)
+            return 0
+        _report(lambda: hvd.allreduce(np.ones(3), op=hvd.Sum, name="second",
+                                      process_set=pair))
     elif mode == "staggered":
         hvd.barrier()
         time.sleep(float(hvd.rank()))

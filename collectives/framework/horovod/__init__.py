@@ -18,7 +18,11 @@ Where ipupod differs from Horovod, on purpose:
   raised on every rank; the next call works. A rank calling on a process set it is not in
   raises ValueError at once (as Horovod); ranks calling on different process sets wait
   for each other and time out (``CollectiveTimeoutError`` naming the missing ranks) after
-  ``IPUPOD_COLLECTIVE_TIMEOUT_S``.
+  ``IPUPOD_COLLECTIVE_TIMEOUT_S``. Horovod's calls agree through the collectives' one
+  agreement (:mod:`collectives.framework.horovod._request`), as the replicas' calls do: a
+  Horovod call where another instance calls a collective of the replicas raises
+  ``CollectiveMismatchError`` on both, naming both calls, and one that meets another
+  instance's end of program raises ``PeerLostError`` naming that instance.
 * ``broadcast_object``/``allgather_object`` encode objects as JSON with numpy arrays and
   torch tensors, not cloudpickle (see :mod:`collectives.framework.horovod._objects` for the types
   allowed).

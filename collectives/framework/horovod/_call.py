@@ -1,6 +1,6 @@
 """One Horovod call on a process set, and the checks of its arguments (horovod.torch's).
 
-Every call runs the agreement of :mod:`collectives.framework.horovod._wire` first, so ranks that
+Every call runs the agreement of :mod:`collectives.framework.horovod._request` first, so ranks that
 disagree raise ``CollectiveMismatchError`` on every rank and the next call works. A rank
 whose arguments are invalid (:meth:`Call.checking`) takes part in that agreement with its
 error, so every rank of the process set raises it, instead of the others waiting for a
@@ -15,7 +15,7 @@ import numpy as np
 
 from collectives.errors import CollectiveError, CollectiveTypeError
 from collectives.framework.horovod._state import ProcessSet, state
-from collectives.framework.horovod._wire import Signature, agree, error_signature
+from collectives.framework.horovod._request import Signature, agree, error_signature
 from collectives.ops import SUPPORTED_DTYPES
 
 Sum, Average, Min, Max, Product, Adasum = "Sum", "Average", "Min", "Max", "Product", "Adasum"

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from collectives._engine.exchange import Exchange, Scratch, tree_reduce
-from collectives.framework.horovod._wire import patience_for
+from collectives.framework.horovod._request import patience_for
 from collectives.operators import CollectiveOperator, combine_into
 
 #: Horovod's reduction ops (``hvd.Sum`` ...) as ipupod operators

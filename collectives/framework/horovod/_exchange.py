@@ -18,7 +18,7 @@ from collectives.framework.horovod._move import gather_shape, refuse_scalars
 from collectives.framework.horovod._state import ProcessSet, global_process_set
 from collectives.framework.horovod._tensors import (from_array, is_torch, reduction_check, to_array,
                                           torch_module)
-from collectives.framework.horovod._wire import Signature
+from collectives.framework.horovod._request import Signature
 
 
 def _splits(splits, rows: int, P: int) -> np.ndarray:

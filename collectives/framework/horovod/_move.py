@@ -14,7 +14,7 @@ from collectives.framework.horovod._reduce import allreduce, writable
 from collectives.framework.horovod._state import ProcessSet, global_process_set, state
 from collectives.framework.horovod._tensors import (from_array, is_torch, to_array, torch_module,
                                           write_into)
-from collectives.framework.horovod._wire import Signature
+from collectives.framework.horovod._request import Signature
 
 # -- allgather -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import numpy as np
 from collectives.framework.horovod import _reduce
 from collectives.framework.horovod._call import Call
 from collectives.framework.horovod._state import ProcessSet, global_process_set
-from collectives.framework.horovod._wire import Signature
+from collectives.framework.horovod._request import Signature
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

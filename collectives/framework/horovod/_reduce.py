@@ -15,7 +15,7 @@ from collectives.framework.horovod._compression import Compression
 from collectives.framework.horovod._state import ProcessSet, global_process_set
 from collectives.framework.horovod._tensors import (from_array, is_torch, reduction_check, to_array,
                                           write_into)
-from collectives.framework.horovod._wire import Signature
+from collectives.framework.horovod._request import Signature
 
 
 def signature(arrays, op, pre, post, ps, name, grouped) -> Signature:

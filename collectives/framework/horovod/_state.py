@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 from ipu_node import IPUConfig, get_system
-from ipu_node.runtime.config import launcher_config
+from ipu_node.runtime.launched import launched_config
 from ipu_node.errors import NotConfiguredError
 
 from collectives._engine.runtime import get_engine
@@ -25,8 +25,9 @@ from collectives._engine.runtime import get_engine
 #: Open MPI's, then MPICH Hydra's
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
-#: set by poprun or a TF_CONFIG cluster: their programs configure the IPU system themselves
-_JOB_VARS = ("POPDIST_NUM_TOTAL_REPLICAS", "TF_CONFIG", "IPUPOD_NUM_INSTANCES")
+#: set for a TF_CONFIG cluster (or by a launcher other than poprun): their programs configure
+#: the IPU system themselves
+_JOB_VARS = ("TF_CONFIG", "IPUPOD_NUM_INSTANCES")
 
 _HOST_BYTES = 64
 
@@ -145,25 +146,26 @@ def _env_int(names: Sequence[str]) -> int | None:
 
 
 def _configure_default_system() -> None:
-    """No IPU system is configured: configure this process's default one. Started by poprun
-    or with TF_CONFIG, the system the launcher placed the instance on (popdist's
-    ``set_ipu_config`` on a fresh ``IPUConfig``, registered by ``import popdist``, which
-    ``poptorch`` imports too); under plain mpirun one IPU per MPI rank; alone, rank 0 of 1.
+    """No IPU system is configured: configure this process's default one. Started by poprun,
+    the system poprun placed the instance on (its share of the job, read from poprun's
+    environment: :func:`ipu_node.runtime.launched.launched_config`); under plain mpirun one
+    IPU per MPI rank; alone, rank 0 of 1.
 
     Raises:
-        NotConfiguredError: started by poprun or with TF_CONFIG, and ``popdist`` was not
-            imported, so no launcher config is registered.
+        NotConfiguredError: started with TF_CONFIG (not by poprun): its cluster's
+            coordinator is started by ``popdist.set_ipu_config``, which the program calls.
+        ValueError: poprun's variables disagree (names them).
     """
-    if any(os.environ.get(n) for n in _JOB_VARS):
-        cfg = launcher_config()
-        if cfg is None:
-            raise NotConfiguredError(
-                "hvd.init(): this process was started by poprun or with TF_CONFIG, and no IPU "
-                "system is configured: import popdist (hvd.init() then configures the system "
-                "poprun placed this instance on), or configure it first: cfg = IPUConfig(); "
-                "popdist.set_ipu_config(cfg); cfg.configure_ipu_system()")
+    cfg = launched_config()
+    if cfg is not None:
         cfg.configure_ipu_system()
         return
+    if any(os.environ.get(n) for n in _JOB_VARS):
+        raise NotConfiguredError(
+            "hvd.init(): this process was started with TF_CONFIG and no IPU system is "
+            "configured: configure it first (instance 0 then hosts the cluster's "
+            "coordinator): cfg = IPUConfig(); popdist.set_ipu_config(cfg); "
+            "cfg.configure_ipu_system()")
     cfg = IPUConfig()
     cfg.auto_select_ipus = 1
     count = _env_int(_MPI_SIZE_VARS) or 1
@@ -181,15 +183,14 @@ def init() -> None:
     Uses the configured IPU system's instances and transport; without one, configures one
     IPU per process (plain ``mpirun``: the MPI ranks; alone: rank 0 of 1). Collective over
     every process (each tells the others its host, for :func:`local_rank`). Started by
-    poprun or with TF_CONFIG without a configured system, configures the one the launcher
-    placed this instance on (needs ``import popdist``). As in Horovod, the IPU system may be
+    poprun without a configured system, configures the one poprun placed this instance on
+    (read from poprun's environment). As in Horovod, the IPU system may be
     configured again later (``configure_ipu_system``): Horovod's calls then go over the new
     system's transport, as long as it has the same instances (process count and index);
     one with other instances needs :func:`shutdown` and :func:`init` again.
 
     Raises:
-        NotConfiguredError: started by poprun/TF_CONFIG without a configured IPU system,
-            and ``popdist`` not imported.
+        NotConfiguredError: started with TF_CONFIG without a configured IPU system.
         CollectiveError: the processes cannot reach each other.
     """
     global _state
@@ -214,7 +215,7 @@ def init() -> None:
 
 
 def _exchange_hosts(engine) -> list[str]:
-    from collectives.framework.horovod._wire import gather_rows, patience_for
+    from collectives.framework.horovod._request import gather_rows, patience_for
     name = socket.gethostname()
     # the host's name and a digest (names longer than the field still compare whole)
     raw = (hashlib.sha256(name.encode()).hexdigest()[:16] + name)[:_HOST_BYTES]

@@ -36,8 +36,9 @@ missing peer into a timeout instead of a hang:
   :data:`protos.mpi_notice.ENDED`. A peer whose own program goes on records it; a wait of
   that peer still incomplete :data:`ENDED_GRACE_S` after it
   saw the notice raises ``PeerLostError`` "instance i ended its program": so a call the
-  ended instance never makes (a Horovod call, which the engine's end-of-program descriptor
-  does not reach) fails within seconds instead of the timeout. As in Horovod, whose
+  ended instance never makes on another communicator than the job's (a Horovod call on a
+  process set, which the end-of-program agreement does not reach) fails within seconds
+  instead of the timeout. As in Horovod, whose
   collectives all fail once a rank has shut down, every collective of the job is then over.
   A peer whose own program has ended too takes the notice as the end of the job. When every
   instance ends together, nobody waits and no notice is sent (MPICH's ``MPI_Finalize`` with
@@ -222,10 +223,7 @@ class MPITransport(Transport):
         source, seen = min(self._ended.items(), key=lambda item: item[1])
         if time.monotonic() - seen < ENDED_GRACE_S:
             return
-        self._lost = PeerLostError(
-            f"instance {source} {mpi_notice.ENDED} while this instance still calls "
-            "collectives (every instance must call the same collectives; after an instance "
-            "has ended, none can complete)", source)
+        self._lost = PeerLostError.program_ended(source)
         raise self._lost
 
     def program_ended(self) -> None:

@@ -22,14 +22,13 @@ import threading
 
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
-from ipu_node import Variable, current_replica_context
-from ipu_node.optimizers import Optimizer
+from ipu_node import current_replica_context
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
 
 from ipu_tensorflow._keras_modelled import graph_flops
+from ipu_tensorflow.ipu.ops._tf_stages import HandOver, VariableProxies
 from ipu_tensorflow.keras.pipelining._cut import StageCut
 
 __all__ = ["PipelineRun", "MicroBatches"]
@@ -83,18 +82,6 @@ def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
     return float(graph_flops(tf.function(body).get_concrete_function(*specs)))
 
 
-class _KerasWeightUpdate(Optimizer):
-    """The optimizer the runtime applies once per ``G`` micro-batches: hands the
-    accumulated gradients to :meth:`PipelineRun.apply_gradients`."""
-
-    def __init__(self, run: "PipelineRun"):
-        super().__init__("KerasPipelineWeightUpdate")
-        self._run = run
-
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> None:
-        self._run.apply_gradients(grads_and_vars)
-
-
 class PipelineRun:
     """The stages of one pipelined model for one replica, reusable across executions.
 
@@ -109,27 +96,16 @@ class PipelineRun:
         self.cut = cut
         self.model = cut.model
         self.reduce_gradients = reduce_gradients
-        self._proxies: dict = {}   # tf variable ref -> ipu_node.Variable
-        self._tf_of: dict = {}     # ipu_node.Variable -> tf variable
+        self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
-        self._update = _KerasWeightUpdate(self)
+        self._update = HandOver(self, "KerasPipelineWeightUpdate")
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
         self._shared_lock = threading.Lock()
+        self.saved_bytes: dict[int, int] = {}  # stage -> bytes it stashes per micro-batch
+        self.input_bytes: dict[int, int] = {}  # stage > 0 -> bytes it receives per micro-batch
 
     # -- the stages -----------------------------------------------------------------------
-    def _proxy(self, var: tf.Variable) -> Variable:
-        """The calling replica's ``ipu_node.Variable`` for ``var`` (its bytes accounted
-        on the IPU of the stage that uses it)."""
-        key = (current_replica_context().local_index, var.ref())
-        proxy = self._proxies.get(key)
-        if proxy is None:
-            proxy = Variable(np.zeros(var.shape, var.dtype.as_numpy_dtype),
-                             var.name.split(":")[0])
-            self._proxies[key] = proxy
-            self._tf_of[proxy] = var
-        return proxy
-
     def _live_of(self, s: int, args: tuple, kwargs: dict) -> tuple[dict, Any, Any]:
         """The stage's input tensors by id, and the labels and sample weights it carries."""
         if s == 0:
@@ -146,6 +122,10 @@ class PipelineRun:
             self._flops[key] = _flops_of(self.cut, s, dict(live), training)
         return self._flops[key]
 
+    def stage_flops(self, s: int, training: bool = True) -> float:
+        """Stage ``s``'s FLOPs of one forward pass (0 before it ran)."""
+        return self._flops.get((s, training), 0.0)
+
     def _stage(self, s: int, training: bool) -> Stage | Callable:
         cut, last = self.cut, s == self.cut.num_stages - 1
 
@@ -157,6 +137,9 @@ class PipelineRun:
             live = cut.run_stage(s, live, training)
             if held is not None:   # the activations the backward pass keeps (the stash)
                 held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
+                self.saved_bytes[s] = sum(h.nbytes for h in held)
+                if s > 0:
+                    self.input_bytes[s] = sum(t.numpy().nbytes for t in inputs.values())
             if last:
                 y_pred = cut.model_outputs(live)
                 if y is None:             # predict
@@ -203,7 +186,7 @@ class PipelineRun:
                 return {}, {}
             grads = tape.gradient([t for t, _ in pairs], variables + [inputs[k] for k in floats],
                                   output_gradients=[g for _, g in pairs])
-            var_grads = {self._proxy(v): (None if g is None else g.numpy())
+            var_grads = {self.proxies.proxy(v): (None if g is None else g.numpy())
                          for v, g in zip(variables, grads[:len(variables)])}
             in_grads = {k: g.numpy() for k, g in zip(floats, grads[len(variables):])
                         if g is not None}
@@ -228,7 +211,7 @@ class PipelineRun:
         in the runtime's order), reduced across replicas by ``reduce_gradients`` (one fused
         collective, charged to the IPUs' timelines in the update phase), kept for
         :meth:`take_gradients`; the model's optimizer applies them once per instance."""
-        pairs = [(g, self._tf_of[v]) for g, v in grads_and_vars]
+        pairs = [(g, self.proxies.variable(v)) for g, v in grads_and_vars]
         grads = [g for g, _ in pairs]
         if self.reduce_gradients is not None:
             grads = list(self.reduce_gradients(grads))

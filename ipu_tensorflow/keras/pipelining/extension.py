@@ -77,6 +77,14 @@ def refuse_overrides(model: Any, original: type, checks: list) -> None:
                 "`enable_keras_extensions=False` when creating the IPUStrategy.")
 
 
+def _sum_over_replicas(grads: list) -> list:
+    """A replica's accumulated gradients summed over every replica of the job (ONE fused
+    ``collectives.cross_replica_sum``). One function, so that every window of a model reuses
+    its :class:`PipelineRun` (the runs are cached by their reduction)."""
+    from collectives import cross_replica_sum
+    return cross_replica_sum(grads, name="gradients")
+
+
 def _positive_g(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
                               value < 1):
@@ -405,6 +413,32 @@ class PipeliningExtension:
                           compute_metrics=compute_metrics, **kwargs)
         return outputs, (run.take_gradients() if training else None)
 
+    def _pipeline_device_mapping(self) -> list[int]:
+        """The replica's IPU index of each stage (``device_mapping``, default stage i on
+        IPU i)."""
+        mapping = self._pipelining_state()["device_mapping"]
+        return list(mapping) if mapping is not None else \
+            list(range(self._pipeline_cut().num_stages))
+
+    def _pipeline_compile_memory(self, G: int) -> None:
+        """At compile (the first ``fit``): the optimizer state, gradient accumulators and
+        code of each stage on its IPU, on every local replica (:mod:`._account`; raises
+        ``ipu_node.IPUOutOfMemoryError`` before any step when they do not fit)."""
+        from ipu_tensorflow.keras.pipelining._account import place_state
+        place_state(self, self.distribute_strategy, G)
+
+    def _pipeline_record_report(self, element, G: int, spe: int) -> None:
+        """After the first training window: the model's report facts from the runtime's
+        report of local replica 0 (:mod:`._account`)."""
+        from ipu_node.pipelining_ops import last_report
+        from ipu_tensorflow.keras.pipelining._account import element_nbytes, record_report
+        report = last_report()
+        runs = [r for k, r in self._pipelining_state()["runs"].items() if k != "cut"]
+        if report is None or not runs:
+            return
+        batch = int(tf.nest.flatten(element[0])[0].shape[0])
+        record_report(self, runs[-1], report, batch, element_nbytes(element), G, spe)
+
     def _pipeline_apply(self, grads_and_vars: list) -> None:
         """Apply one window's reduced gradients with the model's optimizer (call once per
         instance, after the replicas' windows)."""
@@ -436,12 +470,9 @@ class PipeliningExtension:
         containers; returns the gradients summed over every replica of the job (one fused
         ``collectives.cross_replica_sum``), in ``trainable_variables`` order, for the
         extension's once-per-instance apply."""
-        from collectives import cross_replica_sum
-
         loss_fn, metrics_fn = self._containers_fns(loss_container, metrics_container, self)
-        _, pairs = self._pipeline_window(
-            elements, True, lambda grads: cross_replica_sum(grads, name="gradients"),
-            loss_fn, metrics_fn)
+        _, pairs = self._pipeline_window(elements, True, _sum_over_replicas, loss_fn,
+                                         metrics_fn)
         by_var = {v.ref(): g for g, v in pairs}
         return [by_var[v.ref()] if v.ref() in by_var else tf.zeros_like(v)
                 for v in self.trainable_variables]

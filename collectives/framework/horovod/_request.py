@@ -1,24 +1,36 @@
-"""The agreement that precedes every Horovod collective: no call moves data before every
-member of the process set has said what it calls.
+"""The request of every Horovod collective and its agreement: no call moves data before
+every member of the process set has said what it calls.
 
-Round 1 (every call): each member sends a fixed header of ``_HEADER`` int64 — the kind of
-call, whether it has joined (:func:`collectives.framework.horovod.join`), the length of its signature
-text, the number of int64 of per-rank sizes it brings, its join position, and a SHA-256
-digest of its signature (kind, op, dtypes, shapes, scale factors, root, name: the canonical
-JSON text of :class:`Signature`). Equal digests: the call goes on. Otherwise, or when some
-member has joined and needs to learn the call, round 2 exchanges the signature texts
-(allgatherv); every member then computes the same error message from the same texts and
-raises it, so a disagreement raises on every rank and the process set stays usable.
-Round 3, only for variable-size calls: the per-rank sizes (first dimensions, splits).
+A rank's request is its call's :class:`Signature` (kind, op, dtypes, shapes, scale
+factors, root, name: compared as canonical JSON text), or, on a rank that has joined
+(:func:`collectives.framework.horovod.join`), none. Horovod's calls agree through the
+collectives' one agreement (:mod:`collectives._engine.agreement`), as the replicas' calls
+do, on the same communicators:
+
+1. every member passes a fingerprint of its request to ``Communicator.agree`` (a
+   SHA-256 digest of the signature's text; a joined rank's names the rank, so that joined
+   ranks never agree with anything). A variable-size call carries its per-rank sizes
+   (first dimensions, splits) in that agreement where the transport carries data, else
+   all-gathers them after it;
+2. only when the fingerprints differ, every member sends its record
+   (``Agreement.exchange_records``: a Horovod record, JSON of the signature, whether the
+   rank has joined and its join position, and the call in words): every member then
+   computes the same error from the same records and raises it, so a disagreement raises
+   on every rank and the process set stays usable; or, where some members have joined,
+   every member learns the call and the joined ranks take part. A member whose record is
+   a collective of the replicas (not a Horovod call) is a mismatch named as such, and one
+   whose record is its end of program raises ``PeerLostError`` naming that instance, as
+   the MPI transport's notice of it would.
 
 A rank whose arguments are invalid (Horovod's argument errors: non-integer ``alltoall``
 splits, a dtype no reduction takes...) takes part with an ``error`` signature carrying its
 message (:func:`error_signature`): the others raise it too, naming that rank, instead of
-waiting for a call it will not make. A rank that has joined never raises here: when the
-others call what joined ranks cannot take part in, they raise (Horovod's messages) and the
-joined rank's :func:`~collectives.framework.horovod.join` goes on waiting.
+waiting for a call it will not make. A rank that has joined raises none of the others'
+Horovod errors: when the others call what joined ranks cannot take part in, they raise
+(Horovod's messages) and the joined rank's :func:`~collectives.framework.horovod.join`
+goes on waiting (it raises only for a collective of the replicas or an end of program).
 
-Nothing here is pickled: headers and sizes are int64 arrays, signatures JSON text.
+Nothing here is pickled: fingerprints and sizes are int64, records JSON text.
 """
 
 from __future__ import annotations
@@ -30,13 +42,14 @@ from typing import Sequence
 
 import numpy as np
 
+from collectives._engine.agreement import HOROVOD_RECORD, Record
+from collectives._engine.descriptor import FINGERPRINT_MASK
 from collectives.errors import (CollectiveArgumentError, CollectiveMismatchError,
-                                CollectiveTypeError)
+                                CollectiveTypeError, PeerLostError, TransportError)
+from collectives.transports.base import CARRIED_MAX_BYTES, Carry
 from collectives.waiting import Patience
 
-_MAGIC = 0x48564431  # "HVD1"
-_HEADER = 12         # int64 fields: magic, kind, joined, sig_len, var_len, join_pos, 2 spare, digest x4
-#: kind codes in the header (the kinds of Horovod collective)
+#: the kinds of Horovod collective
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
          "error")
 #: what the others raise when a rank has joined and they call a collective that joined
@@ -48,7 +61,6 @@ JOIN_UNSUPPORTED = {
     "broadcast": "Broadcast is not supported with Join at this time.",
     "reducescatter": "Reducescatter is not supported with Join at this time.",
 }
-_KIND_CODE = {k: i + 1 for i, k in enumerate(KINDS)}
 
 
 def patience_for(engine, what: str, members: Sequence[int], committed: bool = False) -> Patience:
@@ -90,8 +102,8 @@ class Signature:
                           sort_keys=True, separators=(",", ":"))
 
     @staticmethod
-    def from_text(text: str) -> "Signature":
-        obj = json.loads(text)
+    def from_json(obj: dict) -> "Signature":
+        """The signature of the JSON object of :meth:`text`."""
         return Signature(obj["kind"], obj["fields"],
                          [(d, tuple(s)) for d, s in obj["tensors"]])
 
@@ -176,47 +188,109 @@ def agree(engine, comm, members: Sequence[int], sig: Signature | None,
     Raises:
         CollectiveMismatchError: on every non-joined member, when their signatures differ
             (names the ranks, both calls and the difference), or they call a collective
-            that joined ranks cannot take part in (Horovod's message).
+            that joined ranks cannot take part in (Horovod's message); on every member when
+            another called a collective of the replicas instead.
         CollectiveArgumentError, CollectiveTypeError: on a member whose call was valid,
             when another's arguments were invalid (its message, naming it).
+        PeerLostError: another member ended its program instead (names its instance).
         CollectiveTimeoutError: a member did not arrive in time (names it).
     """
     sizes = np.zeros(0, np.int64) if sizes is None else np.ascontiguousarray(sizes, np.int64)
     if comm is None:
         return Agreement(sig, [sig is None], sizes.reshape(1, -1), sig is None, [join_pos])
-    text = b"" if sig is None else sig.text().encode()
-    header = np.zeros(_HEADER, np.int64)
-    header[:6] = (_MAGIC, _KIND_CODE["join"] if sig is None else _KIND_CODE[sig.kind],
-                  sig is None, len(text), sizes.size, join_pos)
-    if sig is not None:
-        header[8:] = np.frombuffer(hashlib.sha256(text).digest(), np.int64)
+    text = None if sig is None else sig.text()
     what = f"hvd.{sig.kind if sig else 'join'}" + (f" {sig.fields.get('name')!r}"
                                                   if sig and sig.fields.get("name") else "")
-    rows = gather_rows(comm, header.view(np.uint8), patience_for(engine, what, members))
-    heads = rows.view(np.int64).reshape(len(members), _HEADER)
-    joined = [bool(h[2]) for h in heads]
-    positions = [int(h[5]) for h in heads]
+    patience = patience_for(engine, what, members)
+    digest = hashlib.sha256((f"joined rank {members[comm.rank]}" if text is None
+                             else text).encode()).digest()
+    fingerprint = int.from_bytes(digest[:8], "little") & FINGERPRINT_MASK
+    carry = None
+    if sizes.size and 0 < sizes.nbytes <= CARRIED_MAX_BYTES and comm.capabilities.carries:
+        carry = Carry.gathered([sizes.nbytes] * comm.size)
+        comm.send_buffer(carry)[...] = sizes.view(np.uint8)
+    agreed, blocks = comm.agree(fingerprint, patience, carry).wait()
+    if agreed:  # (the same request everywhere: never a joined rank, whose fingerprint differs)
+        none = [False] * comm.size
+        if blocks is not None:
+            got = np.stack([block.view(np.int64) for block in blocks])
+        elif sizes.size:
+            got = _gather_sizes(engine, comm, members, sizes, what)
+        else:
+            got = np.zeros((comm.size, 0), np.int64)
+        return Agreement(sig, none, got, False, [-1] * comm.size)
+    mine = {"call": _named(sig),
+            "joined": sig is None, "join_pos": join_pos, "var_len": int(sizes.size),
+            "signature": None if sig is None else json.loads(text)}
+    records = engine.agreement.exchange_records(
+        comm, HOROVOD_RECORD, json.dumps(mine, sort_keys=True, separators=(",", ":")).encode(),
+        patience)
+    requests, sigs = _requests(records, members, sig)
+    joined = [q["joined"] for q in requests]
+    positions = [int(q["join_pos"]) for q in requests]
+    none = np.zeros((len(members), 0), np.int64)
     if all(joined):
-        return Agreement(None, joined, np.zeros((len(members), 0), np.int64), True, positions)
-    active = [i for i, j in enumerate(joined) if not j]
-    digests = {heads[i, 8:].tobytes() for i in active}
-    if len(digests) > 1 or any(joined) or heads[:, 0].min() != _MAGIC:
-        texts = _exchange_texts(engine, comm, members, text, [int(h[3]) for h in heads], what)
-        sigs = {i: Signature.from_text(texts[i]) for i in active}
-        failed = _failure(sigs, joined, members)
-        if failed is not None:
-            if sig is None:  # a joined rank: the others raise; it goes on waiting
-                return Agreement(Signature("skip"), joined, np.zeros((len(members), 0),
-                                                                     np.int64), False, positions)
-            failed(sig)
-        sig = sigs[active[0]]
-    var_len = max(int(heads[i, 4]) for i in active)
+        return Agreement(None, joined, none, True, positions)
+    active = sorted(sigs)
+    failed = _failure(sigs, joined, members)
+    if failed is not None:
+        if sig is None:  # a joined rank: the others raise; it goes on waiting
+            return Agreement(Signature("skip"), joined, none, False, positions)
+        failed(sig)
+    sig = sigs[active[0]]
+    var_len = max(int(requests[i]["var_len"]) for i in active)
     if var_len == 0:
-        return Agreement(sig, joined, np.zeros((len(members), 0), np.int64), False, positions)
-    mine = sizes if sig is not None and sizes.size == var_len else np.zeros(var_len, np.int64)
-    got = gather_rows(comm, mine.view(np.uint8), patience_for(engine, what, members, True))
-    return Agreement(sig, joined, got.view(np.int64).reshape(len(members), var_len), False,
-                     positions)
+        return Agreement(sig, joined, none, False, positions)
+    mine_sizes = sizes if sizes.size == var_len else np.zeros(var_len, np.int64)
+    return Agreement(sig, joined, _gather_sizes(engine, comm, members, mine_sizes, what),
+                     False, positions)
+
+
+def _requests(records: Sequence[Record], members: Sequence[int], sig: Signature | None
+              ) -> tuple[list[dict], dict[int, Signature]]:
+    """The Horovod requests of ``records`` (one per member), and the signatures of those of
+    members that have not joined (by member position).
+
+    Raises:
+        PeerLostError: a member's record is its end of program (names its instance).
+        CollectiveMismatchError: a member called a collective of the replicas instead.
+        TransportError: a request that is not a Horovod rank's (names the rank).
+    """
+    for record in records:
+        if record.kind == HOROVOD_RECORD:
+            continue
+        if record.ended_after is not None:
+            raise PeerLostError.program_ended(record.instance)
+        raise CollectiveMismatchError(
+            f"ranks disagree on a Horovod collective: rank {record.instance} "
+            f"{record.describe()}, a collective of the replicas, where the ranks of "
+            f"{list(members)} call Horovod collectives (this one {_named(sig)})")
+    requests, sigs = [r.call for r in records], {}
+    for i, (member, q) in enumerate(zip(members, requests)):
+        try:
+            if not isinstance(q["joined"], bool) or not isinstance(q["join_pos"], int) \
+                    or not isinstance(q["var_len"], int):
+                raise TypeError(q)
+            if not q["joined"]:
+                sigs[i] = Signature.from_json(q["signature"])
+        except (KeyError, TypeError, ValueError):
+            raise TransportError(f"a malformed Horovod request from rank {member}") from None
+    return requests, sigs
+
+
+def _named(sig: Signature | None) -> str:
+    """A rank's call in words: ``hvd.allreduce([float32(4,)], ...)``."""
+    if sig is None:
+        return "hvd.join"
+    return sig.describe() if sig.kind == "error" else f"hvd.{sig.describe()}"
+
+
+def _gather_sizes(engine, comm, members: Sequence[int], sizes: np.ndarray, what: str
+                  ) -> np.ndarray:
+    """Every member's per-rank sizes (``int64[len(sizes)]``, the same length on every
+    member) after the call's agreement: ``int64[members, len(sizes)]``."""
+    got = gather_rows(comm, sizes.view(np.uint8), patience_for(engine, what, members, True))
+    return got.view(np.int64).reshape(len(members), sizes.size)
 
 
 def _failure(sigs: dict, joined: list[bool], members: Sequence[int]):
@@ -254,16 +328,3 @@ def _failure(sigs: dict, joined: list[bool], members: Sequence[int]):
 
 def _raise(text: str) -> None:
     raise CollectiveMismatchError(text)
-
-
-def _exchange_texts(engine, comm, members, text: bytes, lengths: list[int], what: str):
-    counts = [max(n, 0) for n in lengths]
-    data = np.empty(sum(counts), np.uint8)
-    comm.allgatherv(np.frombuffer(text, np.uint8).copy(), data, counts,
-                    patience_for(engine, what, members, True)).wait()
-    out, pos = [], 0
-    raw = bytes(data)
-    for n in counts:
-        out.append(raw[pos:pos + n].decode(errors="replace"))
-        pos += n
-    return out
