@@ -36,11 +36,17 @@ def test_compiling_makes_one_frozen_executable():
     model.destroy()
 
 
-def test_detach_and_attach_replace_only_the_device_state():
+def _trained():
+    """A training model of an MLP after one call, and the MLP."""
     net = mlp()
     model = poptorch.trainingModel(WithLoss(net), poptorch.Options(),
                                    torch.optim.SGD(net.parameters(), lr=0.1))
     model(*_data(4))
+    return model, net
+
+
+def test_detach_and_attach_replace_only_the_device_state():
+    model, _ = _trained()
     compiled = model._executable
     model.detachFromDevice()
     detached = model._executable
@@ -54,10 +60,7 @@ def test_detach_and_attach_replace_only_the_device_state():
 
 
 def test_another_optimizer_replaces_only_the_replicas_optimizers():
-    net = mlp()
-    model = poptorch.trainingModel(WithLoss(net), poptorch.Options(),
-                                   torch.optim.SGD(net.parameters(), lr=0.1))
-    model(*_data(4))
+    model, net = _trained()
     compiled = model._executable
     model.setOptimizer(torch.optim.SGD(net.parameters(), lr=0.05))
     now = model._executable
