@@ -106,7 +106,7 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
     def scope(self):
         """TF's scope, plus: variables made here take instance 0's initial value and have a
         copy per local replica (:mod:`ipu_tensorflow._replica_variables`), and Keras models
-        constructed here get the IPU extension (the class swap that
+        constructed here get the IPU extension (the ``Model.__new__`` that
         ``tensorflow.python.ipu`` installs looks for ``_enable_keras_extensions``)."""
         with super().scope(), ops.get_default_graph()._variable_creator_scope(
                 self._create_variable, priority=_CREATOR_PRIORITY):
