@@ -33,7 +33,6 @@ import numpy as np
 import tensorflow as tf
 from ipu_node import current_replica_context
 from ipu_node.runtime.system import current_system
-
 from tensorflow.python.framework import ops
 
 from ipu_tensorflow import _bridge, _replica_variables
