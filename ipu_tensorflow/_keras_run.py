@@ -360,7 +360,19 @@ def _setup(model, x, y, sample_weight, batch_size, shuffle):
             model(next(iter(dataset))[0])
     if "_ipu_fns" not in model.__dict__:
         model._ipu_reset_functions()
+    _own_state_per_replica(model)
     return strategy, dataset, num_batches, replicas, spec
+
+
+def _own_state_per_replica(model) -> None:
+    """Give each local replica its own copy of the model's non-trainable variables (those a
+    training step writes itself, such as BatchNormalization's moving statistics), as each
+    replica of the IPU holds its own: replica r's copy follows replica r's batches only, so
+    the values are the same at every layout; the host reads replica 0's copy. The trainable
+    variables stay one copy per instance, written once by the reduced update."""
+    for variable in model.non_trainable_variables:
+        if isinstance(variable, _replica_variables.ReplicaVariable):
+            variable.materialize()
 
 
 def _execution_batches(iterator, count):

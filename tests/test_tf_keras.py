@@ -299,3 +299,34 @@ def test_one_replica_fit_equals_plain_tf_keras_fit_bit_for_bit(ipus):
     for got, want in zip(model.trainable_variables, plain.trainable_variables):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert ours.history["loss"] == theirs.history["loss"]
+
+
+def test_each_replica_keeps_its_own_batchnorm_moving_statistics(ipus):
+    """BatchNormalization's moving statistics are written by the training step itself: each
+    replica updates its own copy from its own batches (batch i on replica i % 2), as on the
+    IPU, never one shared variable updated once per local replica (which made the values
+    depend on how many replicas an instance runs); the host reads replica 0's copy."""
+    import tensorflow as tf
+    ipu = ipus(2)
+    x = np.arange(16, dtype=np.float32).reshape(8, 2) ** 1.5
+    y = np.ones((8, 1), np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(2, drop_remainder=True)
+    momentum = 0.9
+    with ipu.ipu_strategy.IPUStrategy().scope():
+        model = tf.keras.Sequential([
+            tf.keras.layers.BatchNormalization(momentum=momentum, input_shape=(2,)),
+            tf.keras.layers.Dense(1)])
+        model.compile(loss="mse", optimizer="sgd", steps_per_execution=2)
+        model.fit(ds, epochs=1, verbose=0)
+    bn = model.layers[0]
+    copies = [c.numpy() for c in bn.moving_mean.read_all()]
+    expected = []
+    for replica in range(2):
+        m = np.zeros(2, np.float32)
+        for i in range(replica, 4, 2):
+            batch_mean = x[2 * i:2 * i + 2].mean(axis=0)
+            m = m - (m - batch_mean) * np.float32(1 - momentum)
+        expected.append(m)
+    np.testing.assert_allclose(copies, expected, rtol=1e-5)
+    assert not np.allclose(copies[0], copies[1])
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), copies[0])
