@@ -179,6 +179,34 @@ def test_two_local_replicas_train_their_own_copies_with_the_cross_replica_mean(i
                 np.testing.assert_array_equal(copy.numpy(), want)
 
 
+def test_without_a_cross_replica_optimizer_each_replica_applies_its_own_gradients(ipus):
+    """Reference §1.4: the pipeline reduces nothing across replicas itself; with a plain
+    optimizer replica r's copy moves by its own accumulated gradient (the sum of its
+    elements ``m·R + r``), and a host read gives replica 0's copy."""
+    import tensorflow as tf
+    ipu = ipus(4)
+    P = ipu.pipelining_ops
+    x = np.arange(1, 2 * G + 1, dtype=np.float32).reshape(2 * G, 1)
+    infeed = ipu.ipu_infeed_queue.IPUInfeedQueue(
+        tf.data.Dataset.from_tensor_slices(x).batch(1, drop_remainder=True))
+    outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        w = tf.Variable([[1.0]])
+        sgd = tf.keras.optimizers.SGD(0.5)
+
+        @tf.function
+        def train():
+            return P.pipeline([lambda v: tf.matmul(v, w), tf.reduce_sum], G,
+                              infeed_queue=infeed, outfeed_queue=outfeed,
+                              optimizer_function=lambda loss:
+                                  P.OptimizerFunctionOutput(sgd, loss))
+        strategy.run(train)
+    got = [float(c.numpy()[0, 0]) for c in w.read_all()[:2]]
+    assert got == [1.0 - 0.5 * float(x[r::2].sum()) for r in range(2)]     # [-7, -9]
+    assert float(w.numpy()[0, 0]) == got[0]
+
+
 def _slot(opt, variable, name):
     """The tf-keras Adam's slot ``name`` ("m" or "v") of ``variable``."""
     slots = opt._momentums if name == "m" else opt._velocities
