@@ -36,7 +36,7 @@ from ipu_node import current_replica_context, get_system, require_replica_contex
 from ipu_node.runtime.replica import entered_replica_context
 
 __all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "call_eager",
-           "local_index_scope", "take_error", "ordered_numpy_function"]
+           "local_index_scope", "take_error", "ordered_numpy_function", "call_unwrapped"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -53,6 +53,19 @@ def take_error(local_index: int) -> BaseException | None:
     the strategy raises it in place of TensorFlow's wrapper."""
     with _errors_lock:
         return _errors.pop(local_index, None)
+
+
+def call_unwrapped(local_index: int, fn: Callable[..., Any], *args, **kwargs) -> Any:
+    """``fn(*args, **kwargs)`` (a traced function of replica ``local_index`` that may hold
+    bridged ops), raising a bridged op's own exception in place of TensorFlow's wrapper."""
+    take_error(local_index)
+    try:
+        return fn(*args, **kwargs)
+    except tf.errors.OpError:
+        original = take_error(local_index)   # (a collective's own error, unwrapped)
+        if original is None:
+            raise
+        raise original from None
 
 
 @contextlib.contextmanager

@@ -1,11 +1,14 @@
 """Keras under the IPU strategies (GK ``keras/ipu/extensions/``; reference tf-keras-ipu.md §4):
-the class swap of models constructed in scope, and ``fit``/``evaluate``/``predict`` on
+the extended class of models constructed in scope, and ``fit``/``evaluate``/``predict`` on
 ipupod's replicas.
 
-**Class swap.** A tf-keras ``Model`` (Sequential, Functional or subclassed) constructed while
-an IPU strategy's scope is active (and the strategy has ``enable_keras_extensions``) becomes
+**Extended class.** A tf-keras ``Model`` (Sequential, Functional or subclassed) constructed
+while an IPU strategy's scope is active (and the strategy has ``enable_keras_extensions``) is
 an instance of ``(KerasExtension, its class)`` — the extension first in the bases, as stock
 tf-keras needs (reference §1.3, RN E12); the original class is ``__original_class__``.
+TF-IPU swaps the class in ``Layer.__init__`` (GK ``base_layer.py:442-445``); ipupod
+constructs the instance of the extended class in the first place (``Model.__new__``), so no
+object's class changes after construction (issue 31).
 
 **Execution.** ``fit`` splits the data as TF-IPU does: batch i goes to local replica
 i % R, and ``steps_per_epoch``/``steps`` count batches over all local replicas (each runs
@@ -17,7 +20,10 @@ window (SUM, MEAN or RUNNING_MEAN) are summed over every replica of the job by O
 the optimizer applies the reduced gradient once per instance, to replica 0's copy of the
 variables (the copies of the other replicas exist once a custom ``strategy.run`` made them,
 :mod:`ipu_tensorflow._replica_variables`; until then every replica reads that one copy; after,
-the update is copied to theirs). Keras divides the loss by the strategy's
+the update is copied to theirs). An instance of one replica without accumulation
+does all of it in the replica's step function (the sum a bridged op,
+:mod:`ipu_tensorflow._bridge`; nothing to sum in a job of one replica) and runs an
+execution's steps in one call of its replica thread. Keras divides the loss by the strategy's
 ``num_replicas_in_sync`` (1 for IPUStrategy: a SUM over replicas; all replicas for
 PopDistStrategy: a MEAN).
 
@@ -65,8 +71,8 @@ def _current_ipu_strategy():
 
 
 def install() -> None:
-    """Install the class swap in tf-keras' ``Model.__init__`` (once per process; importing
-    ``tensorflow.python.ipu`` does)."""
+    """Install the construction of extended models in tf-keras' ``Model.__new__`` (once per
+    process; importing ``tensorflow.python.ipu`` does)."""
     _install()
 
 
@@ -74,17 +80,21 @@ def _install() -> None:
     with _patch_lock:
         if _patched:
             return
-        model_class = _keras().Model
-        original_init = model_class.__init__
+        training = _keras()
+        model_class = training.Model
+        original_new = model_class.__dict__["__new__"].__func__
 
-        def __init__(self, *args, **kwargs):
-            cls = type(self)
-            if not issubclass(cls, KerasExtension) and _current_ipu_strategy() is not None:
-                self.__class__ = extended_class(cls)
-            original_init(self, *args, **kwargs)
+        def __new__(cls, *args, **kwargs):
+            # tf.keras.Model(inputs, outputs) is tf-keras' redirect to Functional, whose own
+            # construction comes back here for the class
+            if not issubclass(cls, KerasExtension) and _current_ipu_strategy() is not None \
+                    and not (cls is model_class and
+                             training.is_functional_model_init_params(args, kwargs)):
+                cls = extended_class(cls)
+            return original_new(cls, *args, **kwargs)
 
-        model_class.__init__ = __init__
-        _patched["init"] = original_init
+        model_class.__new__ = staticmethod(__new__)
+        _patched["new"] = original_new
 
 
 def extended_class(cls):
@@ -92,13 +102,13 @@ def extended_class(cls):
     if issubclass(cls, KerasExtension):
         return cls
     with _patch_lock:
-        swapped = _classes.get(cls)
-        if swapped is None:
-            swapped = type(cls.__name__, (KerasExtension, cls),
-                           {"__original_class__": cls, "__module__": cls.__module__,
-                            "__qualname__": cls.__qualname__})
-            _classes[cls] = swapped
-        return swapped
+        extended = _classes.get(cls)
+        if extended is None:
+            extended = type(cls.__name__, (KerasExtension, cls),
+                            {"__original_class__": cls, "__module__": cls.__module__,
+                             "__qualname__": cls.__qualname__})
+            _classes[cls] = extended
+        return extended
 
 
 #: the methods a model may not override under an IPU strategy (reference §4.6)

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from collectives import all_gather, cross_replica_mean, cross_replica_sum
 
-from ipu_tensorflow import _keras_memory, _keras_modelled, _replica_variables
+from ipu_tensorflow import _bridge, _keras_memory, _keras_modelled, _replica_variables
 from ipu_tensorflow._keras_options import (GradientAccumulationReductionMethod as _GA,
                                            ReplicatedMetricReductionMethod as _MR)
 
@@ -165,35 +165,54 @@ def _containers(model, r):
     return fns[key]
 
 
-def _replica_fn(model, kind, r, element_spec, strategy=None):
+def _replica_fn(model, kind, r, element_spec, strategy=None, steps=1):
     """Replica r's traced function of ``kind`` (train/test/predict; train_apply: train and
-    apply the gradients at once, for a job of one replica without accumulation), traced now,
-    in the caller's thread (replicas never trace a Keras model at once)."""
+    apply the gradients at once, for a job of one replica without accumulation;
+    train_reduce_apply: train, sum the gradients over the job's replicas and apply them at
+    once, for an instance of one replica without accumulation), traced now, in the caller's
+    thread (replicas never trace a Keras model at once). The two fused kinds run ``steps``
+    steps in one call, as tf-keras' ``steps_per_execution`` loop: their arguments are the
+    steps' batches stacked (:func:`_stacked`)."""
     fns = model.__dict__["_ipu_fns"]
     if (kind, r) in fns:
         return fns[(kind, r)]
     loss_c, metrics_c = _containers(model, r)
 
+    def gradients(x, y, sw, zeros=True):
+        """The step's gradients (``zeros``: a variable without one gets zeros, as the
+        gradients that are reduced do; else None, which the optimizer skips)."""
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        metrics_c.update_state(y, y_pred, sw)
+        if not zeros:
+            return grads
+        return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                for g, v in zip(grads, variables)]
+
+    def apply(grads):
+        with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
+            model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
     if kind == "train_apply":
         def fn(x, y, sw):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
-            variables = model.trainable_variables
-            grads = tape.gradient(loss, variables)
-            with tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
-                model.optimizer.apply_gradients(zip(grads, variables))
-            metrics_c.update_state(y, y_pred, sw)
+            apply(gradients(x, y, sw, zeros=False))
+            return tf.constant(0)
+    elif kind == "train_reduce_apply":
+        def fn(x, y, sw):
+            grads = gradients(x, y, sw)
+            # the gradients' sum as one bridged op: one crossing into numpy and back per
+            # step, the collective's fused buffers as the host path's (bit for bit the same)
+            with _bridge.local_index_scope(tf.constant(r, tf.int32)):
+                reduced = _bridge.call(lambda *g: cross_replica_sum(list(g), name="gradients"),
+                                       grads, [g.dtype for g in grads],
+                                       [g.shape for g in grads], "gradients")
+            apply(reduced)
             return tf.constant(0)
     elif kind == "train":
-        def fn(x, y, sw):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = loss_c(y, y_pred, sw, regularization_losses=model.losses)
-            grads = tape.gradient(loss, model.trainable_variables)
-            metrics_c.update_state(y, y_pred, sw)
-            return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                    for g, v in zip(grads, model.trainable_variables)]
+        fn = gradients
     elif kind == "test":
         def fn(x, y, sw):
             y_pred = model(x, training=False)
@@ -204,12 +223,33 @@ def _replica_fn(model, kind, r, element_spec, strategy=None):
         def fn(x, y, sw):
             return model(x, training=False)
     traced = tf.function(fn, autograph=True)
-    concrete = traced.get_concrete_function(*element_spec)
-    if kind in ("train", "train_apply") and "train_flops" not in fns:
+    if kind.startswith("train") and "train_flops" not in fns:   # (one step's)
+        concrete = traced.get_concrete_function(*element_spec)
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
         fns["train_concrete"] = concrete
+    if kind in ("train_apply", "train_reduce_apply"):
+        step = fn
+
+        def fn(xs, ys, sws):
+            for i in tf.range(steps):   # (a tf.while_loop: one step after another)
+                step(*[None if t is None else tf.nest.map_structure(lambda a: a[i], t)
+                       for t in (xs, ys, sws)])
+            return tf.constant(0)
+        traced = tf.function(fn, autograph=True)
+        element_spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([steps] + s.shape.as_list(), s.dtype)
+            if isinstance(s, tf.TensorSpec) else s, element_spec)
+    traced.get_concrete_function(*element_spec)
     fns[(kind, r)] = traced
     return traced
+
+
+def _stacked(batches: list) -> tuple:
+    """``(x, y, sample_weight)`` batches as one, each tensor stacked over the batches
+    (a new first dimension); None stays None."""
+    return tuple(None if parts[0] is None else
+                 tf.nest.map_structure(lambda *t: tf.stack(t), *parts)
+                 for parts in zip(*batches))
 
 
 def _metric_objects(model, r):
@@ -351,11 +391,14 @@ def fit(model, a: dict):
         logger.info("The model `%s` has been configured with only 1 steps per execution. "
                     "Consider increasing the value for the `steps_per_execution` argument "
                     "passed to the `compile()` method to improve performance.", model.name)
-    # one replica in the job, no accumulation: nothing to reduce; the update joins the step
-    # (no gradients through numpy and back)
-    fused = not pipelined and G == 1 and total_replicas == 1
-    train = [] if pipelined else [_replica_fn(model, "train_apply" if fused else "train", r,
-                                              spec, strategy) for r in range(R)]
+    # one replica in the instance, no accumulation: the update joins the step, after the
+    # gradients' sum over the job's replicas when it has several (one bridged op: no
+    # gradients through the host thread and a second function per step)
+    fused = not pipelined and G == 1 and R == 1
+    kind = ("train_apply" if total_replicas == 1 else "train_reduce_apply") if fused else \
+        "train"
+    train = [] if pipelined else [_replica_fn(model, kind, r, spec, strategy, spe)
+                                  for r in range(R)]
     apply = _apply_fn(model, strategy)
     flops = model.__dict__["_ipu_fns"].get("train_flops", 0)
     params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
@@ -388,33 +431,39 @@ def fit(model, a: dict):
             step = execution * spe
             callbacks.on_train_batch_begin(step)
             batches = _execution_batches(iterator, spe * R)
-            for w in range(windows):
-                last = w == windows - 1
 
-                def window(r, w=w, last=last):
-                    mine = [batches[(w * G + g) * R + r] for g in range(G)]
-                    if pipelined:    # the pipeline runtime charges its passes itself
-                        reduced = model._pipeline_train_window(mine, *_containers(model, r))
-                    elif fused:
-                        train[r](*mine[0])
-                        _keras_modelled.charge_window(mine, flops)
-                        reduced = None
-                    else:
-                        acc = _Accumulator(method, G)
-                        for xb, yb, swb in mine:
-                            acc.add(train[r](xb, yb, swb))
-                        _keras_modelled.charge_window(mine, flops)
-                        reduced = cross_replica_sum(acc.result(), name="gradients")
+            def execution_steps(r):   # (fused: every step of the execution in one call)
+                mine = [batches[s * R + r] for s in range(spe)]
+                _bridge.call_unwrapped(r, train[r], *_stacked(mine))
+                for element in mine:
+                    _keras_modelled.charge_window([element], flops)
                     _keras_modelled.charge_update(params)
-                    results = _reduced_logs(_metric_results(model, r),
-                                            opts["metric_reduction"]) if last else None
-                    return reduced, results
-                out = strategy.run_replicas(window)
-                if not fused:
+                return None, _reduced_logs(_metric_results(model, r), opts["metric_reduction"])
+
+            def window(r, w):
+                mine = [batches[(w * G + g) * R + r] for g in range(G)]
+                if pipelined:    # the pipeline runtime charges its passes itself
+                    reduced = model._pipeline_train_window(mine, *_containers(model, r))
+                else:
+                    acc = _Accumulator(method, G)
+                    for xb, yb, swb in mine:
+                        acc.add(train[r](xb, yb, swb))
+                    _keras_modelled.charge_window(mine, flops)
+                    reduced = cross_replica_sum(acc.result(), name="gradients")
+                _keras_modelled.charge_update(params)
+                results = _reduced_logs(_metric_results(model, r),
+                                        opts["metric_reduction"]) if w == windows - 1 else None
+                return reduced, results
+            if fused:
+                out = strategy.run_replicas(execution_steps)
+                _keras_memory.count_steps(model, spe)
+            else:
+                for w in range(windows):
+                    out = strategy.run_replicas(lambda r, w=w: window(r, w))
                     apply(out[0][0])
-                if pipelined and "model_facts" not in model.__dict__["_ipu_fns"]:
-                    model._pipeline_record_report(batches[0], G, spe)
-                _keras_memory.count_steps(model, G)
+                    if pipelined and "model_facts" not in model.__dict__["_ipu_fns"]:
+                        model._pipeline_record_report(batches[0], G, spe)
+                    _keras_memory.count_steps(model, G)
             logs = _host_logs([o[1] for o in out], opts["metric_reduction"])
             callbacks.on_train_batch_end(step + spe - 1, logs)
             if model.stop_training:

@@ -39,6 +39,15 @@ nothing but the host writes (Keras ``fit``, which applies the reduced update onc
 of one local replica never makes copies. Variables made inside a function graph without
 ``tf.init_scope`` (TF lifts their initialisation into the function's first call) stay one
 per instance; Keras layers and optimizers make theirs under ``init_scope``.
+
+**Construction.** The strategy's variable creator constructs a variable of this kind
+directly (:func:`create`, in the place of TF's default creator, after every other creator);
+no object's class is changed after construction. A variable made under ``tf.init_scope``
+while a ``tf.function`` traces its first call is constructed so too, where TF's capturing
+creator would have made an ``UnliftedInitializerVariable`` (off the function graph, a plain
+``ResourceVariable``) and recorded it as the function's: such a function is not told it
+made variables, so a later trace of it may make more without TF's "tf.function only
+supports singleton tf.Variables" error.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ from tensorflow.python.ops import control_flow_v2_func_graphs as _control_flow
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import save_context
 
-__all__ = ["ReplicaVariable", "replicate", "sync_copies"]
+__all__ = ["ReplicaVariable", "create", "sync_copies"]
 
 #: the class of the copies of replicas 1..R-1
 _Copy = resource_variable_ops.ResourceVariable
@@ -134,15 +143,14 @@ def _install_forwarding() -> None:
 
 class ReplicaVariable:
     """A ``tf.Variable`` with one copy per local replica (module docstring). Made by the IPU
-    strategies' scope: :func:`replicate` puts this class first in the bases of the variable TF
-    made (a ``ResourceVariable``, or the ``UninitializedVariable`` kind a ``tf.function``
-    makes under ``init_scope``); everything else is that class's.
+    strategies' variable creator: :func:`create` constructs a ``ResourceVariable`` subclass
+    with this class first in its bases; everything else is ``ResourceVariable``'s.
 
     Reads outside ``strategy.run`` give replica 0's copy; eager writes outside ``run`` write
     every copy; inside ``run`` each replica reads and writes its own.
     """
 
-    # set by replicate(): the local replicas, the copies 1..R-1 (None until materialized),
+    # set by the constructor: the local replicas, the copies 1..R-1 (None until materialized),
     # the capture key
     _ipupod_replicas: int
     _ipupod_copies: list | None
@@ -253,39 +261,51 @@ for _name in ("assign", "assign_add", "assign_sub", "scatter_sub", "scatter_add"
 del _name
 
 
-#: the variable classes TF makes eagerly that :func:`replicate` takes (by name: the second
-#: is private to TF's polymorphic_function)
-_REPLICABLE = ("ResourceVariable", "UnliftedInitializerVariable")
-_classes: dict = {}
+class _ReplicaResourceVariable(ReplicaVariable, resource_variable_ops.ResourceVariable):
+    """A ``ResourceVariable`` with one copy per local replica, constructed as such by
+    :func:`create` (no class is changed after construction). Named as TF's class, so that
+    what reads a variable's class name (messages, reprs) reads what stock TF gives."""
+
+    def __init__(self, *, replicas: int, **kwargs):
+        # set before TF's constructor, which may read ``handle`` (copy 0 until materialized)
+        self._ipupod_replicas = int(replicas)
+        self._ipupod_copies = None
+        self._ipupod_key = _CaptureKey()
+        super().__init__(**kwargs)
 
 
-def _replica_class(cls):
-    with _lock:
-        swapped = _classes.get(cls)
-        if swapped is None:
-            swapped = _classes[cls] = type(cls.__name__, (ReplicaVariable, cls),
-                                           {"__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__})
-        return swapped
+_ReplicaResourceVariable.__name__ = _ReplicaResourceVariable.__qualname__ = "ResourceVariable"
+_ReplicaResourceVariable.__module__ = resource_variable_ops.ResourceVariable.__module__
+
+#: the creator arguments TF's default creator passes to ``ResourceVariable`` (TF
+#: ``resource_variable_ops.default_variable_creator_v2``); the others (``colocate_with``,
+#: ``use_resource``, ...) are for creators above it
+_CONSTRUCTOR_KWARGS = ("initial_value", "trainable", "validate_shape", "caching_device",
+                       "name", "dtype", "constraint", "variable_def", "import_scope",
+                       "distribute_strategy", "synchronization", "aggregation", "shape",
+                       "experimental_enable_variable_lifting")
 
 
-def replicate(variable, replicas: int, materialize: bool = False):
-    """``variable`` (made eagerly) as a :class:`ReplicaVariable` of ``replicas`` local
-    replicas, the same object (:class:`ReplicaVariable` first in its class's bases); with
-    ``materialize``, its copies made now. Returns ``variable`` unchanged when it is of
-    another kind (a TF distributed or DTensor variable) or ``replicas == 1``."""
-    if replicas <= 1 or isinstance(variable, ReplicaVariable) or \
-            not isinstance(variable, resource_variable_ops.BaseResourceVariable) or \
-            type(variable).__name__ not in _REPLICABLE:
-        return variable
+def create(replicas: int, **kwargs):
+    """A :class:`ReplicaVariable` of ``replicas`` local replicas (a ``ResourceVariable``
+    subclass), made eagerly from a variable creator's keyword arguments as TF's default
+    creator makes its ``ResourceVariable`` (the arguments it takes: ``initial_value``,
+    ``trainable``, ``name``, ``dtype``, ``shape``, ...; the rest are ignored, as TF's creator
+    ignores them). Its copies 1..R-1 are made by :meth:`ReplicaVariable.materialize`.
+
+    Raises:
+        ValueError: ``replicas`` < 2 (one replica keeps TF's plain variable), or not
+            executing eagerly (a variable made in a function graph is TF's, lifted into
+            the function's first call).
+    """
+    if replicas < 2:
+        raise ValueError(f"a ReplicaVariable needs 2 or more local replicas, got {replicas}")
+    if not tf.executing_eagerly():
+        raise ValueError("a ReplicaVariable is made eagerly (under tf.init_scope in a "
+                         "function); this variable is being made in a function graph")
     _install_forwarding()
-    variable.__class__ = _replica_class(type(variable))
-    variable._ipupod_replicas = int(replicas)
-    variable._ipupod_copies = None
-    variable._ipupod_key = _CaptureKey()
-    if materialize:
-        variable.materialize()
-    return variable
+    return _ReplicaResourceVariable(
+        replicas=replicas, **{k: kwargs[k] for k in _CONSTRUCTOR_KWARGS if k in kwargs})
 
 
 def sync_copies(variables) -> None:

@@ -33,10 +33,16 @@ import numpy as np
 import tensorflow as tf
 from ipu_node import current_replica_context
 from ipu_node.runtime.system import current_system
+from tensorflow.python.framework import ops
 
 from ipu_tensorflow import _bridge, _replica_variables
 
 __all__ = ["IPUStrategyBase", "TF1RunV2"]
+
+#: the priority of the scope's variable creator: below ``tf.variable_creator_scope``'s (100,
+#: called first), above the creator a ``tf.function`` adds while tracing its first call (50,
+#: TF ``polymorphic_function.py``), so that it sees every other creator's arguments
+_CREATOR_PRIORITY = 75
 
 
 def _flat_dtypes(structure) -> list:
@@ -99,25 +105,37 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
     def scope(self):
         """TF's scope, plus: variables made here take instance 0's initial value and have a
         copy per local replica (:mod:`ipu_tensorflow._replica_variables`), and Keras models
-        constructed here get the IPU extension (the class swap that
+        constructed here get the IPU extension (the ``Model.__new__`` that
         ``tensorflow.python.ipu`` installs looks for ``_enable_keras_extensions``)."""
-        with super().scope(), tf.variable_creator_scope(self._create_variable):
+        with super().scope(), ops.get_default_graph()._variable_creator_scope(
+                self._create_variable, priority=_CREATOR_PRIORITY):
             yield self
 
     def _create_variable(self, next_creator, **kwargs):
-        lifted = not tf.executing_eagerly()   # (made in a function graph: one per instance)
-        variable = next_creator(**kwargs)
+        """The scope's variable creator. It runs after every ``tf.variable_creator_scope``
+        creator (TF's strategy creator, which adds ``distribute_strategy``, and the user's)
+        and in the place of TF's default creator: a variable made eagerly with several
+        local replicas is constructed as a :class:`~ipu_tensorflow._replica_variables.
+        ReplicaVariable`. A variable made in a function graph (one per instance, its
+        initialisation lifted into the function's first call) is TF's: ``next_creator``."""
+        replicas = self.num_local_replicas
+        if tf.executing_eagerly() and replicas > 1:
+            # (under tf.init_scope during a tf.function's first trace, TF's capturing creator
+            # sits below: its variable would be an UnliftedInitializerVariable, which off
+            # the function graph is a plain ResourceVariable; this one is not recorded as
+            # the function's, so a later trace may make variables without TF's error)
+            variable = _replica_variables.create(replicas, **kwargs)
+        else:
+            variable = next_creator(**kwargs)
         system = current_system()
         if system is not None and system.process_count > 1 and \
                 current_replica_context() is None:
             with tf.init_scope():
                 value = self._numpy.broadcast(np.asarray(variable.numpy()))
                 variable.assign(value)
-        if lifted:
-            return variable
-        variable = _replica_variables.replicate(variable, self.num_local_replicas,
-                                                materialize=self._copies_made)
         if isinstance(variable, _replica_variables.ReplicaVariable):
+            if self._copies_made:
+                variable.materialize()
             self._replica_variables.append(weakref.ref(variable))
         return variable
 
@@ -165,14 +183,8 @@ class IPUStrategyBase(tf.distribute.OneDeviceStrategy):
             replica_fn = self._replica_fns[key] = _bridge.replica_function(
                 fn, lambda: tf.distribute.ReplicaContext(self, replica_id_in_sync_group=0))
         def in_replica(r):
-            _bridge.take_error(r)
-            try:
-                return replica_fn(tf.constant(r, tf.int32), *args, **kwargs)
-            except tf.errors.OpError:
-                original = _bridge.take_error(r)   # (a collective's own error, unwrapped)
-                if original is None:
-                    raise
-                raise original from None
+            return _bridge.call_unwrapped(r, replica_fn, tf.constant(r, tf.int32), *args,
+                                          **kwargs)
         return self.run_replicas(in_replica)[-1]
 
     def run_replicas(self, fn: Callable[[int], Any]) -> list:

@@ -11,22 +11,21 @@ and its random numbers (poptorch reference §5.3, §12).
   independent losses found in graph. ..."``.
 * **Random numbers.** Each replica draws from its own generator (seeded by the job's seed
   and its global replica index, so the draws do not depend on the layout or on the order in
-  which concurrent replica threads run): around every random op the replica's state is put
-  into PyTorch's default generator under a process-wide lock and read back after.
+  which concurrent replica threads run): every random op is handed the replica's generator
+  (:class:`poptorch._replica_rng.ReplicaRNG`).
 """
 
 from __future__ import annotations
-
-import threading
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from poptorch._errors import createPoptorchError
+from poptorch._forward_pass import current_pass
+from poptorch._replica_rng import ReplicaRNG
 
-__all__ = ["Trace", "ReplicaRNG", "record_identity_loss", "LOSS_FUNCTIONS", "RANDOM_FUNCTIONS"]
+__all__ = ["Trace", "record_identity_loss", "LOSS_FUNCTIONS", "RANDOM_FUNCTIONS"]
 
 #: PyTorch loss functions that PopTorch lowers to a loss
 LOSS_FUNCTIONS = frozenset(getattr(F, name) for name in (
@@ -47,81 +46,28 @@ RANDOM_FUNCTIONS = frozenset(
                                         "random_", "exponential_", "geometric_", "cauchy_",
                                         "log_normal_", "multinomial") if hasattr(torch.Tensor, n)])
 
-_rng_lock = threading.Lock()
-_current = threading.local()
-
-
-class ReplicaRNG:
-    """The random state of one replica (a ``torch.Generator`` state, bytes).
-
-    Args:
-        seed: the job's seed.
-        replica: the global replica index.
-    """
-
-    def __init__(self, seed: int, replica: int):
-        generator = torch.Generator()
-        generator.manual_seed((int(seed) * 1_000_003 + replica) % (2 ** 63))
-        self.state = generator.get_state()
-
-    def call(self, func, args, kwargs) -> Any:
-        """``func(*args, **kwargs)`` drawing from this replica's state."""
-        with _rng_lock:
-            saved = torch.get_rng_state()
-            torch.set_rng_state(self.state)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.state = torch.get_rng_state()
-                torch.set_rng_state(saved)
-
-
 class Trace(TorchFunctionMode):
-    """Records losses and routes random ops to ``rng`` while active in this thread.
+    """Records losses and routes random ops to ``rng`` while on torch's function mode stack
+    (entered by a :class:`poptorch._forward_pass.ForwardPass`, which owns the thread state
+    of a pass).
 
     Args:
-        rng: the replica's random state, or None to use PyTorch's default generator.
+        rng: the replica's random numbers, or None to use PyTorch's default generator.
+
+    Attributes:
+        intercept: whether the pass pushes it on the function mode stack (sees every op).
+        follows_blocks: whether it is the forward the block annotations talk to (a
+            :class:`~poptorch.pipelining._stage_trace.StageTrace`).
     """
+
+    intercept = True
+    follows_blocks = False
 
     def __init__(self, rng: ReplicaRNG | None = None):
         super().__init__()
         self.rng = rng
         self.losses: list[torch.Tensor] = []
         self.random_calls = 0
-
-    def __enter__(self):
-        self._previous = getattr(_current, "trace", None)
-        _current.trace = self
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        _current.trace = self._previous
-        return super().__exit__(*exc)
-
-    def suspend(self) -> None:
-        """Step out of this trace inside its ``with`` block (a forward pass that pauses lets
-        other code run in its thread: the mode stack and the current trace are the thread's),
-        :meth:`resume` steps back in.
-
-        Raises:
-            poptorch.Error: this trace is not the thread's innermost torch function mode or
-                its current trace (a mode entered inside a block and still active where the
-                forward pass pauses, at the next block): stepping out would drop that one.
-        """
-        depth = torch._C._len_torch_function_stack()
-        top = torch._C._get_function_stack_at(depth - 1) if depth else None
-        if top is not self or getattr(_current, "trace", None) is not self:
-            raise createPoptorchError(
-                "A pipelined forward pass pauses at the start of a block with "
-                f"{type(top).__name__ if top is not None else 'no torch function mode'} "
-                "active inside it: leave every TorchFunctionMode (and poptorch context) "
-                "entered in a block before the next block begins")
-        _current.trace = self._previous
-        super().__exit__(None, None, None)
-
-    def resume(self) -> None:
-        super().__enter__()
-        _current.trace = self
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -175,6 +121,7 @@ def _feeds(earlier: torch.Tensor, later: torch.Tensor) -> bool:
 
 def record_identity_loss(loss: torch.Tensor) -> None:
     """Mark ``loss`` as a loss of the forward pass running in this thread (if traced)."""
-    trace = getattr(_current, "trace", None)
+    forward = current_pass()
+    trace = forward.trace if forward is not None else None
     if trace is not None:
         trace.losses.append(loss)

@@ -87,5 +87,5 @@ def load(filename: str, edit_opts_fn: Callable | None = None):
         executor = trainingModel(data["model"], options, optimizer)
     else:
         executor = inferenceModel(data["model"], options)
-    executor._pending_rng_state = data["rng_state"]
+    executor._set_loaded_rng_state(data["rng_state"])
     return executor

@@ -21,17 +21,23 @@ def _dense_model(tf, units=2, inputs=3, seed=1):
 
 def test_a_model_constructed_in_scope_gets_the_extension_first(ipus):
     import tensorflow as tf
+    ipu = ipus(1)                       # (imports tensorflow.python.ipu first, as programs do)
     from ipu_tensorflow._keras import KerasExtension
-    ipu = ipus(1)
     with ipu.ipu_strategy.IPUStrategy().scope():
         sequential = _dense_model(tf)
         inputs = tf.keras.Input((3,))
         functional = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))
 
         class Sub(tf.keras.Model):
+            def __init__(self):
+                self.class_at_construction = type(self)    # (before Model.__init__ runs)
+                super().__init__()
+
             def call(self, x):
                 return x
         subclassed = Sub()
+    # constructed as the extended class, not re-classed later (issue 31)
+    assert subclassed.class_at_construction is type(subclassed)
     from tf_keras.src.engine.functional import Functional
     for model, original in ((sequential, tf.keras.Sequential), (functional, Functional),
                             (subclassed, Sub)):

@@ -49,3 +49,29 @@ def test_an_instance_that_exits_ends_the_job_with_an_error_naming_it(tmp_path):
     assert result.returncode != 0
     assert re.search(r"instance 1", result.stdout + result.stderr), \
         result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_an_instance_that_ends_its_fit_early_fails_the_job_with_the_collectives_error(
+        tmp_path):
+    # one replica per instance: the gradients' sum is a bridged op in the traced step; the
+    # instance still in fit gets the collectives' divergence error within seconds, naming
+    # the gradients' sum and the instance that ended
+    prog = tmp_path / "early.py"
+    prog.write_text(
+        "import numpy as np, popdist, popdist.tensorflow, tensorflow as tf\n"
+        "from tensorflow.python import ipu\n"
+        "cfg = ipu.config.IPUConfig()\n"
+        "popdist.tensorflow.set_ipu_config(cfg, ipus_per_replica=1)\n"
+        "cfg.configure_ipu_system()\n"
+        "with ipu.distributed.PopDistStrategy().scope():\n"
+        "    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])\n"
+        "    model.compile(loss='mse', optimizer='sgd')\n"
+        "n = 4 if popdist.getInstanceIndex() == 1 else 8\n"
+        "model.fit(np.zeros((n, 3), np.float32), np.zeros((n, 2), np.float32),\n"
+        "          batch_size=2, verbose=0)\n")
+    result = poprun(["-n", "2", sys.executable, str(prog)], 240)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"CollectiveMismatchError: replicas disagree on cross_replica_sum "
+                     r"#\d+ \('gradients'\).*instance 1 \(replica 1\) ended its program",
+                     output), output[-4000:]

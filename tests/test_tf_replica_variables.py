@@ -161,6 +161,39 @@ def test_one_local_replica_keeps_plain_variables(ipus):
     assert type(v).__name__ == "ResourceVariable" and not isinstance(v, ReplicaVariable)
 
 
+def test_variables_are_constructed_as_replica_variables_under_the_users_creators(ipus):
+    """The strategy's creator constructs the replica variable (issue 31: no re-classing): a
+    creator of the user's around the scope gets it from ``next_creator`` already, a variable
+    made under ``init_scope`` in a ``tf.function``'s first trace is one too, and a variable
+    made in the function graph stays TF's."""
+    import tensorflow as tf
+    ipu = ipus(2)
+    from ipu_tensorflow._replica_variables import ReplicaVariable
+    seen = []
+
+    def users_creator(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        seen.append(isinstance(variable, ReplicaVariable))
+        return variable
+    made = []
+
+    @tf.function
+    def make():
+        if not made:
+            with tf.init_scope():
+                made.append(tf.Variable(2.0))
+            made.append(tf.Variable(3.0))
+        return made[0].read_value() + made[1].read_value()
+    with tf.variable_creator_scope(users_creator), \
+            ipu.ipu_strategy.IPUStrategy().scope():
+        v = tf.Variable(1.0)
+        assert float(make()) == 5.0
+    assert isinstance(v, ReplicaVariable) and seen[0]
+    assert isinstance(made[0], ReplicaVariable) and not isinstance(made[1], ReplicaVariable)
+    v.assign(4.0)
+    assert _values(v) == [4.0]                 # (copies made by the first run)
+
+
 def test_a_custom_loop_updating_variables_is_bit_identical_at_every_layout_and_by_hand():
     program = str(PROGRAMS / "tf_replica_variables_layout.py")
     jobs = [run([sys.executable, program], 240, env=child_env(), cwd=ROOT),

@@ -1,20 +1,17 @@
 """``PoplarExecutor``: a model wrapped by ``trainingModel``/``inferenceModel`` (poptorch
 reference §5).
 
-The first call (or :meth:`~PoplarExecutor.compile`) checks the options and the input batch,
-makes the replica copies (:mod:`poptorch.execution._replicas`), runs the model once on replica 0
-with
-its first micro-batch to find its blocks and stages and count it (the loss rules, the buffer
-rule, the stage rules; buffers and random state are put back:
-:mod:`poptorch.execution._executor_stages`), attaches the replicas to emulated IPUs
-(:mod:`poptorch.execution._device`), makes the optimizers
-(:mod:`poptorch.execution._device_optim`), places the
-model's memory on each IPU and lays out its modelled steps. Each call then runs
-``deviceIterations`` steps on every local replica (:mod:`poptorch.execution._step`, through the
-pipeline schedule for a model of several stages: :mod:`poptorch.pipelining._pipeline`), charges
-their
-modelled time to the IPUs' clocks and returns the outputs of the output mode
-(:mod:`poptorch.data._batching`).
+The executor keeps the user's model, the options, the user's optimizer and, once compiled,
+one :class:`~poptorch.execution._executable.Executable` (PopTorch's ``self._executable``):
+the first call (or :meth:`~PoplarExecutor.compile`) makes it
+(:func:`poptorch.execution._compile.compile_executable`). Each call then runs
+``deviceIterations`` steps on every local replica (:mod:`poptorch.execution._step`, through
+the pipeline schedule for a model of several stages: :mod:`poptorch.pipelining._pipeline`),
+charges their modelled time to the IPUs' clocks and returns the outputs of the output mode
+(:mod:`poptorch.data._batching`). Attaching and detaching replace the executable's device;
+information and export are functions of the executable (:mod:`poptorch.execution._info`,
+:mod:`poptorch.execution._export`, :mod:`poptorch.execution._weights`); the executor's own
+record of its calls is a :class:`~poptorch.execution._info.CallRecord`.
 """
 
 from __future__ import annotations
@@ -27,37 +24,30 @@ from typing import Any
 import torch
 
 from poptorch import enums
-from poptorch.data._batching import Layout, MicroBatches, OutputCollector, check_batch
-from poptorch.execution._device import attach_free, attach_job, ipus_to_reserve
-from poptorch.execution._device_optim import (ReplicaOptimizer, constant_attributes, native_class,
-                                              needs_running_mean)
-from poptorch._errors import createPoptorchError
-from poptorch.execution._executor_info import ExecutorInfo
-from poptorch.execution._executor_stages import ExecutorStages
-from poptorch.execution._executor_weights import NO_EXECUTABLE_ERR, ExecutorWeights
-from poptorch.execution._export import ExecutorExport
-from poptorch._logging import logger
-from poptorch.options._options import Options
-from poptorch.options._popart_options import validate as validate_popart
-from poptorch.execution._replicas import Replicas
-from poptorch.modelling._report import register_model
-from poptorch.execution._runner import JobRunner, LocalRunner
-from poptorch.execution._signature import CompiledInputs
+from poptorch.data._batching import MicroBatches, OutputCollector
+from poptorch.execution._compile import (attach_device, compile_executable, make_optimizers,
+                                         place_tensors, precision, set_rng_state)
+from poptorch.execution._device_optim import check_constants, native_class, needs_running_mean
+from poptorch.execution._executable import Executable
+from poptorch.execution._export import check_export, write_export
+from poptorch.execution._info import (CallRecord, anchored_tensor, cycle_count, describe,
+                                      rng_state, with_counts)
 from poptorch.execution._step import Accumulation, TrainPlan, infer_replica, train_replica
-from poptorch._threads import threads_per_replica
-from poptorch._tracing import ReplicaRNG
+from poptorch.execution._weights import (NO_EXECUTABLE_ERR, copy_named_buffers,
+                                         copy_weights_to_device)
+from poptorch._errors import createPoptorchError
+from poptorch._logging import logger
+from poptorch.modelling._model_report import ModelReport
+from poptorch.modelling._report import register_model, remember
+from poptorch.options._options import Options
 from poptorch._wrapped import unwrap
 
 __all__ = ["PoplarExecutor", "NO_EXECUTABLE_ERR"]
 
 
-class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStages):
+class PoplarExecutor:
     """A PyTorch model running on emulated IPUs (make one with ``poptorch.trainingModel``
-    or ``poptorch.inferenceModel``). Attributes not found here are the user model's.
-    Weight and optimizer methods: :class:`~poptorch.execution._executor_weights.ExecutorWeights`;
-    reporting: :class:`~poptorch.execution._executor_info.ExecutorInfo`; precompilation:
-    :class:`~poptorch.execution._export.ExecutorExport`; stages, memory and modelled time:
-    :class:`~poptorch.execution._executor_stages.ExecutorStages`."""
+    or ``poptorch.inferenceModel``). Attributes not found here are the user model's."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
                  optimizer: torch.optim.Optimizer | None = None,
@@ -91,25 +81,12 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
                 options.Training._values["meanAccumulationAndReplicationReductionStrategy"] = \
                     enums.MeanReductionStrategy.Running
         self._optimizer = optimizer
+        #: the compiled model (None: never compiled); kept, without its device, runner,
+        #: stages, clock and optimizers, after destroy() (its report and random state)
+        self._executable: Executable | None = None
         self._compiled = False
-        self._attached = False
-        self._device = None
-        self._runner = None
-        self._replicas: Replicas | None = None
-        self._optimizers: list[ReplicaOptimizer] = []
-        self._constants: dict = {}
-        self._rngs: list[ReplicaRNG] = []
-        self._inputs: CompiledInputs | None = None
-        self._layout: Layout | None = None
-        self._stage = None  # SingleStage or PipelinedStages
-        self._profile = self._memory = self._clock = self._report_base = None
-        self._loss_index, self._traced, self._micro_rows = None, True, 1
-        self._ipr = self._reserved = 1  # IPUs per replica (a power of two), in all
-        self._modelled = {"calls": 0, "steps": 0, "total_s": 0.0, "last_call_s": 0.0}
-        self._compile_time: datetime.timedelta | None = None
-        self._pending_rng_state: list | None = None  # poptorch.load's, set at compile
-        self._perf: dict[str, list] = {k: [[]] for k in
-                                       ("input", "input_complete", "output", "output_complete")}
+        self._record = CallRecord()
+        self._loaded_rng_state: list | None = None  # poptorch.load's, used at compile
         register_model(self)
 
     # -- PopTorch's attributes ------------------------------------------------------------
@@ -132,14 +109,35 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
     def training(self) -> bool:
         return self._training
 
+    @property
+    def _device(self):
+        """The compiled model's IPUs (:class:`poptorch.execution._device.Device`), or None."""
+        return self._executable.device if self._executable is not None else None
+
+    @property
+    def _profile(self):
+        """The compiled model's counts and stages (``ModelProfile``), or None."""
+        return self._executable.profile if self._executable is not None else None
+
+    @property
+    def _clock(self):
+        """The compiled model's modelled clock, or None."""
+        return self._executable.clock if self._executable is not None else None
+
     def isCompiled(self) -> bool:
         return self._compiled
 
     def isAttachedToDevice(self) -> bool:
-        return self._compiled and self._attached
+        return self._compiled and self._executable.attached
 
     def _device_attached(self) -> bool:
-        return self._attached
+        return self._executable is not None and self._executable.attached
+
+    def _compiled_executable(self) -> Executable:
+        """Raises: poptorch.Error: not compiled (or destroyed)."""
+        if not self._compiled:
+            raise createPoptorchError(NO_EXECUTABLE_ERR)
+        return self._executable
 
     # -- compiling ----------------------------------------------------------------------
     def compile(self, *args, **kwargs) -> None:
@@ -150,78 +148,34 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
         self._compile(args, kwargs)
 
     def _compile(self, args: tuple, kwargs: dict) -> None:
-        started = time.perf_counter()
-        opts = self._options
-        for name in ("device_iterations", "replication_factor"):
-            if getattr(opts, name) < 1:
-                raise createPoptorchError(f"Options.{name} must be >= 1, got "
-                                          f"{getattr(opts, name)}")
-        if opts.Training.gradient_accumulation < 1:
-            raise createPoptorchError("Options.Training.gradientAccumulation must be >= 1")
-        validate_popart(opts._Popart.options)
-        layout = Layout(opts.device_iterations, opts.Training.gradient_accumulation,
-                        opts.replication_factor, opts.input_group_size, opts.input_cgt)
-        check_batch(args, kwargs, layout)
-        OutputCollector(layout, enums.OutputMode(opts.output_mode), opts.output_return_period)
-        procs, pid = opts.Distributed.numProcesses, opts.Distributed.processId
-        replicas = opts.replication_factor
-        if self._training and procs > 1:
-            _check_poprun(replicas, procs)
-        self._layout = layout
-        self._replicas = Replicas(self._model, replicas)
-        seed = opts.random_seed if opts.exists("random_seed") else torch.initial_seed()
-        self._rngs = [ReplicaRNG(seed, pid * replicas + r) for r in range(replicas)]
-        if self._pending_rng_state:
-            self.rng_state, self._pending_rng_state = self._pending_rng_state, None
-        threads = threads_per_replica(replicas * procs)
-        try:
-            self._profile_model(args, kwargs)
-            ipus = self._ipus_per_replica()
-            count = ipus_to_reserve(replicas, ipus, opts.auto_round_num_ipus)
-            self._ipr, self._reserved = 1 << (ipus - 1).bit_length(), count
-            if opts.connection_type != enums.ConnectionType.Never:
-                self._attach_new(replicas, count, procs, pid)
-            self._runner = (JobRunner(threads) if self._device is not None and
-                            self._device.job_system is not None else
-                            LocalRunner(replicas, threads))
-            if self._training:
-                self._make_optimizers()
-            self._stage = self._make_stage()
-            self._plan_memory()
-            if self._attached:
-                self._place_tensors()
-            self._make_clock()
-            self._remember()
-            self._offer_card()
-        except BaseException:
-            self._drop_executable()
-            raise
-        self._inputs = CompiledInputs(self._model, args, kwargs)
+        rng, self._loaded_rng_state = self._loaded_rng_state, None
+        exe = compile_executable(self._model, self._options, self._training, self._optimizer,
+                                 args, kwargs, self, rng)
+        self._set_executable(exe)
         self._compiled = True
-        self._compile_time = datetime.timedelta(seconds=time.perf_counter() - started)
 
-    def _attach_new(self, replicas: int, count: int, procs: int, pid: int) -> None:
-        label = f"poptorch {self._name()}"
-        if self._training and replicas * procs > 1:
-            self._device = attach_job(replicas, self._ipr, count, pid, procs, self,
-                                      self._options._Popart.options.get("engineOptions"))
-        else:
-            ipu_id = self._options.ipu_id if self._options.exists("ipu_id") else None
-            self._device = attach_free(replicas, self._ipr, count, label, ipu_id)
-        self._attached = True
-        # a model that is garbage collected lets its IPUs go (PopTorch's executable does)
-        weakref.finalize(self, self._device.release)
+    def _set_executable(self, exe: Executable) -> None:
+        """Take ``exe`` (compiled, or on a new device): its report goes to the run report,
+        and its IPUs go when this model is garbage collected (PopTorch's executable lets
+        them go)."""
+        if exe.device is not None and (self._executable is None or
+                                       exe.device is not self._executable.device):
+            weakref.finalize(self, exe.device.release)
+        self._executable = exe
+        self._remember()
 
-    def _name(self) -> str:
-        opts = self._options
-        return opts.model_name if opts.exists("model_name") else \
-            ("training" if self._training else "inference")
+    def _remember(self) -> None:
+        """Leave the run report what to say of this model once it is gone."""
+        exe, record = self._executable, self._record
+        entry = {k: v for k, v in describe(exe, record, self._options, self._training,
+                                            compiled=False).items() if k != "model"}
+        base = exe.report
 
-    def _make_optimizers(self) -> None:
-        opt = self._optimizer
-        self._optimizers = [ReplicaOptimizer(opt, self._replicas.mapping(r), share_state=r == 0)
-                            for r in range(len(self._replicas.modules))]
-        self._constants = constant_attributes(opt)
+        def snapshot() -> dict:
+            now = with_counts(base, record)
+            return {**entry, "compiled": False, "attached": False, "alive": False,
+                    "model": now.to_dict(), "table": now.table()}
+        remember(self, snapshot)
 
     # -- running ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs) -> Any:
@@ -229,56 +183,59 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
         if not self._compiled:
             self._compile(args, kwargs)
         else:
-            self._inputs.validate(args, kwargs)
+            self._executable.inputs.validate(args, kwargs)
         if self._options.connection_type == enums.ConnectionType.Never:
             raise AssertionError("Trying to run a model on an offline device "
                                  "(ConnectionType.Never): use model.compile(inputs) instead "
                                  "of model(inputs)")
-        if not self._attached:
+        if not self._executable.attached:
             self.attachToDevice()
-        if self._replicas.host_changed():
+        exe = self._executable
+        if exe.replicas.host_changed():
             self.copyWeightsToDevice()
-        opts, layout = self._options, self._layout
+        opts, layout = self._options, exe.layout
         micro = MicroBatches(args, kwargs, layout)
         collector = OutputCollector(layout, enums.OutputMode(opts.output_mode),
                                     opts.output_return_period)
         t_ready = time.perf_counter()
-        modules, rngs, stage = self._replicas.modules, self._rngs, self._stage
-        flags = self._replicas.enter_compiled_mode()
+        modules, rngs, stage, clock = exe.replicas.modules, exe.rngs, exe.stage, exe.clock
+        flags = exe.replicas.enter_compiled_mode()
         try:
-            clock = self._clock
             before = clock.now(0) if clock is not None else 0.0
             if self._training:
-                reduction = opts.Training.accumulation_and_replication_reduction_type
-                running = (reduction == enums.ReductionType.Mean and
-                           opts.Training.meanAccumulationAndReplicationReductionStrategy ==
-                           enums.MeanReductionStrategy.Running)
-                half = getattr(self._optimizer, "accum_type", None) == torch.float16
-                plan = TrainPlan(micro, collector, stage,
-                                 opts.replication_factor * opts.Distributed.numProcesses,
-                                 reduction,
-                                 opts.Training.meanAccumulationAndReplicationReductionStrategy,
-                                 float(getattr(self._optimizer, "loss_scaling", 1.0)),
-                                 Accumulation(running, half, layout.G), clock)
-                optimizers, runner = self._optimizers, self._runner
+                plan = self._train_plan(micro, collector, exe)
+                optimizers, runner = exe.optimizers, exe.runner
 
                 def replica(r: int) -> None:
-                    with torch.enable_grad(), self._precision(modules[r], (args, kwargs)):
+                    with torch.enable_grad(), precision(opts, modules[r], (args, kwargs)):
                         train_replica(r, plan, modules[r], optimizers[r], rngs[r], runner)
             else:
                 def replica(r: int) -> None:
-                    with self._precision(modules[r], (args, kwargs)):
+                    with precision(opts, modules[r], (args, kwargs)):
                         infer_replica(r, micro, collector, stage, modules[r], rngs[r], clock)
-            self._runner.run(replica)
+            exe.runner.run(replica)
         finally:
-            self._replicas.restore_mode(flags)
+            exe.replicas.restore_mode(flags)
         if clock is not None:
-            self._count_modelled(clock.now(0) - before)
-        self._replicas.mark_synced()
+            self._record.count(clock.now(0) - before, layout.di if self._training else 1)
+        exe.replicas.mark_synced()
         t_output = time.perf_counter()
         result = collector.result()
-        self._record_perf(t_input, t_ready, t_output, time.perf_counter(), args, result)
+        self._record.stamp(layout.di, t_input, t_ready, t_output, time.perf_counter(), args,
+                           result)
         return result
+
+    def _train_plan(self, micro: MicroBatches, collector: OutputCollector,
+                    exe: Executable) -> TrainPlan:
+        opts, optimizer = self._options, self._optimizer
+        reduction = opts.Training.accumulation_and_replication_reduction_type
+        strategy = opts.Training.meanAccumulationAndReplicationReductionStrategy
+        running = (reduction == enums.ReductionType.Mean and
+                   strategy == enums.MeanReductionStrategy.Running)
+        half = getattr(optimizer, "accum_type", None) == torch.float16
+        return TrainPlan(micro, collector, exe.stage, exe.global_replicas, reduction, strategy,
+                         float(getattr(optimizer, "loss_scaling", 1.0)),
+                         Accumulation(running, half, exe.layout.G), exe.clock)
 
     # -- device -------------------------------------------------------------------------
     def detachFromDevice(self) -> None:
@@ -287,12 +244,11 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
         Raises:
             poptorch.Error: not compiled; not attached.
         """
-        if not self._compiled:
-            raise createPoptorchError(NO_EXECUTABLE_ERR)
-        if not self._attached:
+        exe = self._compiled_executable()
+        if not exe.attached:
             raise createPoptorchError("Device is not attached")
-        self._device.release()
-        self._attached = False
+        exe.device.release()
+        self._executable = exe.replace(attached=False)
 
     def attachToDevice(self) -> None:
         """Attach the same IPUs again and upload weights and optimizer state.
@@ -302,28 +258,18 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
                 another model or process holds the IPUs.
             AssertionError: ``ConnectionType.Never``.
         """
-        if not self._compiled:
-            raise createPoptorchError(NO_EXECUTABLE_ERR)
+        exe = self._compiled_executable()
         if self._options.connection_type == enums.ConnectionType.Never:
             raise AssertionError("Trying to attach to an offline device "
                                  "(ConnectionType.Never)")
-        if self._attached:
+        if exe.attached:
             raise createPoptorchError("Device is already attached")
-        if self._device is None or self._device.stale:
-            opts = self._options
-            replicas = opts.replication_factor
-            self._attach_new(replicas, self._reserved, opts.Distributed.numProcesses,
-                             opts.Distributed.processId)
-            threads = self._runner.threads
-            self._runner.close()
-            self._runner = (JobRunner(threads) if self._device.job_system is not None
-                            else LocalRunner(replicas, threads))
-            self._make_clock()
-            self._remember()
+        if exe.device is None or exe.device.stale:
+            self._set_executable(attach_device(exe, self, self._optimizer))
         else:
-            self._device.reattach(self)
-            self._attached = True
-        self._place_tensors()
+            exe.device.reattach(self)
+            self._executable = exe.replace(attached=True)
+        place_tensors(self._executable)
         self.copyWeightsToDevice()
 
     def destroy(self) -> None:
@@ -331,33 +277,230 @@ class PoplarExecutor(ExecutorWeights, ExecutorInfo, ExecutorExport, ExecutorStag
         user's model. Nothing happens when not compiled."""
         if not self._compiled:
             return
-        self._drop_executable()
+        exe = self._executable
+        if exe.device is not None and exe.attached:
+            exe.device.release()
+        if exe.runner is not None:
+            exe.runner.close()
+        self._executable = exe.replace(device=None, attached=False, runner=None, stage=None,
+                                       clock=None, optimizers=())
+        self._compiled = False
         if self._training:
             unwrap(self._user_model)
 
-    def _drop_executable(self) -> None:
-        if self._device is not None and self._attached:
-            self._device.release()
-        if self._runner is not None:
-            self._runner.close()
-        self._device = self._runner = self._stage = self._clock = None
-        self._attached = self._compiled = False
-        self._optimizers = []
+    # -- weights and optimizer ------------------------------------------------------------
+    def copyWeightsToDevice(self) -> None:
+        """Host weights (and optimizer state) to every replica. Replica 0's weights are the
+        host's; the others get copies.
 
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        copy_weights_to_device(self._compiled_executable(), self._optimizer)
 
-def _check_poprun(replicas: int, procs: int) -> None:
-    """Under poprun, a training model's replicas and processes are poprun's.
+    def copyWeightsToHost(self) -> None:
+        """Device weights to the host: nothing to copy, the host's weights are replica 0's
+        (always up to date after a call).
 
-    Raises:
-        poptorch.Error: ``replicationFactor`` or the process count disagrees.
-    """
-    from poprun import popdist
-    if not popdist.isPopdistEnvSet():
-        return
-    local, instances = popdist.getNumLocalReplicas(), popdist.getNumInstances()
-    if replicas != local or procs != instances:
-        raise createPoptorchError(
-            f"replicationFactor({replicas}) over {procs} processes does not match poprun's "
-            f"{local} local replicas over {instances} instances (--num-replicas "
-            f"{popdist.getNumTotalReplicas()}): use popdist.poptorch.Options(), which sets "
-            "them from poprun")
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        self._compiled_executable()
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        """False: the host weights are never out of date (see :meth:`copyWeightsToHost`)."""
+        return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Copy the buffers named by ``updatableNamedBuffers`` from host to the replicas.
+
+        Raises:
+            poptorch.Error: no buffers were named.
+        """
+        if not self._options.exists("updatable_named_buffers"):
+            raise createPoptorchError("No named buffers marked as updatable via "
+                                      "updatableNamedBuffers option")
+        if self._executable is not None:
+            copy_named_buffers(self._executable, set(self._options.updatable_named_buffers))
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True):
+        """Load into the user's model, then into the replicas when attached."""
+        result = self._user_model.load_state_dict(state_dict, strict)
+        if self.isAttachedToDevice():
+            self.copyWeightsToDevice()
+        return result
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        return self._user_model.state_dict(*args, **kwargs)
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Take ``optimizer``'s hyper-parameters (the only way a change of them, e.g. by an
+        LR scheduler, reaches the device).
+
+        Raises:
+            poptorch.Error: a hyper-parameter compiled as a constant changed.
+            ValueError: the optimizer needs the Running mean strategy after compiling.
+        """
+        native_class(optimizer)
+        strategy = self._options.Training.meanAccumulationAndReplicationReductionStrategy
+        if needs_running_mean(optimizer) and strategy != enums.MeanReductionStrategy.Running:
+            if self._compiled:
+                raise ValueError(
+                    "Invalid optimizer: the new optimizer would require changing "
+                    "options.Training.meanAccumulationAndReplicationReductionStrategy to "
+                    "poptorch.MeanReductionStrategy.Running but the executable is already "
+                    "compiled.")
+            self._options.Training._values["meanAccumulationAndReplicationReductionStrategy"] \
+                = enums.MeanReductionStrategy.Running
+        if not self._compiled:
+            self._optimizer = optimizer
+            return
+        exe = self._executable
+        check_constants(exe.constants, optimizer)
+        if type(optimizer) is type(self._optimizer) and optimizer is self._optimizer:
+            for replica in exe.optimizers:
+                replica.refresh(optimizer)
+            return
+        old = self._optimizer
+        if not optimizer.state and type(optimizer) is type(old):
+            optimizer.state.update(old.state)  # carry the device state over
+        self._optimizer = optimizer
+        optimizers, constants = make_optimizers(optimizer, exe.replicas)
+        self._executable = exe.replace(optimizers=optimizers, constants=constants)
+
+    # -- information ----------------------------------------------------------------------
+    def compilationTime(self) -> datetime.timedelta:
+        """Wall time the (emulated) compilation took.
+
+        Raises:
+            poptorch.Error: not compiled, or the progress bar is off.
+        """
+        if self._executable is None:
+            raise createPoptorchError("Please compile the model before obtaining "
+                                      "compilation time.")
+        if not self._options._show_compilation_progress_bar:
+            raise createPoptorchError("Please set showCompilationProgressBar option to obtain "
+                                      "compilation time.")
+        return self._executable.compile_time
+
+    def cycleCount(self) -> int:
+        """The IPU cycles of the last call (:func:`poptorch.execution._info.cycle_count`).
+
+        Raises:
+            poptorch.Error: ``logCycleCount`` is off, or the model has not run.
+        """
+        return cycle_count(self._options, self._clock, self._record)
+
+    def modelReport(self) -> ModelReport:
+        """ipupod's account of this model (an ipupod extension): its stages, memory per IPU,
+        modelled step time and bubble, and the numbers a ``collectives.step_model.ModelCard``
+        needs (:class:`poptorch.modelling._model_report.ModelReport`).
+
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        if self._executable is None:
+            raise createPoptorchError("Please compile the model before asking for its report.")
+        return with_counts(self._executable.report, self._record)
+
+    def getPerfCounters(self) -> dict[str, list]:
+        """Wall-clock time stamps (seconds) of the last call: per input/output tensor, one
+        per device iteration."""
+        return {k: [list(v) for v in vals] for k, vals in self._record.perf.items()}
+
+    def getHostIpuLatency(self) -> tuple[float, float, float]:
+        return self._record.latency("input", "input_complete")
+
+    def getComputeLatency(self) -> tuple[float, float, float]:
+        return self._record.latency("input_complete", "output")
+
+    def getIpuHostLatency(self) -> tuple[float, float, float]:
+        return self._record.latency("output", "output_complete")
+
+    def getLatency(self) -> tuple[float, float, float]:
+        return self._record.latency("input", "output_complete")
+
+    def getTensorNames(self) -> list[str]:
+        """The names of the model's parameters and buffers."""
+        return [name for name, _ in self._user_model.named_parameters()] + \
+            [name for name, _ in self._user_model.named_buffers()]
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
+        """The tensor anchored as ``short_name`` by ``Options.anchorTensor(short_name,
+        long_name)``, after the last call, of replica 0 (a copy). ipupod has no PopART
+        graph; the long names it knows are those of the model's parameters and buffers
+        (:meth:`getTensorNames`): ``"<name>"`` and PopART's ``"UpdatedVar___<name>"`` give
+        its value, ``"Gradient___<name>"`` the gradient reduced over the replicas in the
+        last step (training). ``output_mode`` has no effect (the value of the last step).
+        The call is recorded in the run report.
+
+        Raises:
+            poptorch.Error: not anchored; a long name that is none of these; a gradient of
+                an inference model or before the first training call.
+        """
+        return anchored_tensor(self._executable, self._model, self._options, short_name)
+
+    @property
+    def rng_state(self) -> list:
+        """Replica 0's random state as ``[seed, *state bytes]``."""
+        return rng_state(self._executable) if self._executable is not None else []
+
+    @rng_state.setter
+    def rng_state(self, value: list) -> None:
+        if self._executable is not None:
+            set_rng_state(self._executable.rngs, value)
+
+    def _set_loaded_rng_state(self, value: list | None) -> None:
+        """``poptorch.load``'s random state, taken at compile."""
+        self._loaded_rng_state = value
+
+    def _describe(self) -> dict:
+        """This model's entry in the run report."""
+        return describe(self._executable, self._record, self._options, self._training,
+                        compiled=self._compiled)
+
+    # -- the run report's questions (poptorch.modelling._report) --------------------------
+    def _report_table(self) -> str | None:
+        """The model's table once it ran, else None."""
+        if self._executable is None or not self._record.calls:
+            return None
+        return self.modelReport().table()
+
+    def _engine_options(self) -> dict:
+        """The model's Poplar engine options (where its report goes)."""
+        return self._options._Popart.options.get("engineOptions") or {}
+
+    def _own_ipus(self) -> tuple | None:
+        """``(device, global replicas)`` of a model on IPUs of its own (no job IPU
+        system), else None."""
+        device = self._device
+        if device is None or device.job_system is not None:
+            return None
+        return device, self._executable.global_replicas
+
+    # -- precompilation -------------------------------------------------------------------
+    def compileAndExport(self, filename: str, *args, export_model: bool = True,
+                         **kwargs) -> None:
+        """Compile for ``args``/``kwargs`` (without running) and :meth:`save` to ``filename``."""
+        if not self.isCompiled():
+            self.compile(*args, **kwargs)
+        self.save(filename, export_model=export_model)
+
+    def save(self, filename: str, export_model: bool = True,
+             save_rng_state: bool = True) -> None:
+        """Write the model's export to ``filename`` (:mod:`poptorch.execution._export`).
+
+        Raises:
+            poptorch.Error: not compiled.
+        """
+        write_export(filename, self._compiled_executable(), self._user_model, self._optimizer,
+                     export_model=export_model, save_rng_state=save_rng_state)
+
+    def loadExecutable(self, filename: str) -> None:
+        """Check that ``filename`` is an export of this kind of model (training or
+        inference); the emulation has no executable to load and compiles at the first call.
+
+        Raises:
+            poptorch.Error: not an export, or one of the other kind of model.
+        """
+        check_export(filename, self._training)

@@ -1,5 +1,5 @@
-"""Precompilation: ``compileAndExport``, ``save``, ``loadExecutable`` and ``poptorch.load``
-(poptorch reference §5.2; a mixin of :class:`poptorch.execution._executor.PoplarExecutor`).
+"""Precompilation: the file of ``compileAndExport``/``save``, read by ``loadExecutable`` and
+``poptorch.load`` (poptorch reference §5.2).
 
 ipupod compiles nothing, so an export holds what a model needs to be made again: the
 PopTorch version, whether it trains, its options, the user's model (``export_model``), the
@@ -13,53 +13,39 @@ from __future__ import annotations
 import torch
 
 from poptorch._errors import createPoptorchError
-from poptorch.execution._executor_weights import NO_EXECUTABLE_ERR
+from poptorch.execution._info import rng_state
 from poptorch._version import __version__
 
-__all__ = ["ExecutorExport", "read_export", "EXPORT_KIND"]
+__all__ = ["write_export", "read_export", "check_export", "EXPORT_KIND"]
 
 #: the marker of an ipupod PopTorch export
 EXPORT_KIND = "ipupod-poptorch-export"
 
 
-class ExecutorExport:
-    """PopTorch's precompilation methods of a model."""
+def write_export(filename: str, exe, user_model: torch.nn.Module, optimizer, *,
+                 export_model: bool = True, save_rng_state: bool = True) -> None:
+    """Write the export of compiled ``exe`` (module docstring) to ``filename``;
+    ``user_model`` and ``optimizer``: the user's."""
+    torch.save({
+        "kind": EXPORT_KIND, "poptorch_version": __version__, "training": exe.training,
+        "options": exe.options, "model": user_model if export_model else None,
+        "optimizer": optimizer if exe.training and export_model else None,
+        "optimizer_state": optimizer.state_dict() if exe.training else None,
+        "rng_state": rng_state(exe) if save_rng_state else None,
+    }, filename)
 
-    def compileAndExport(self, filename: str, *args, export_model: bool = True,
-                         **kwargs) -> None:
-        """Compile for ``args``/``kwargs`` (without running) and :meth:`save` to ``filename``."""
-        if not self.isCompiled():
-            self.compile(*args, **kwargs)
-        self.save(filename, export_model=export_model)
 
-    def save(self, filename: str, export_model: bool = True,
-             save_rng_state: bool = True) -> None:
-        """Write the model's export to ``filename`` (module docstring).
+def check_export(filename: str, training: bool) -> None:
+    """Check that ``filename`` is an export of this kind of model (``training`` or
+    inference).
 
-        Raises:
-            poptorch.Error: not compiled.
-        """
-        if not self.isCompiled():
-            raise createPoptorchError(NO_EXECUTABLE_ERR)
-        torch.save({
-            "kind": EXPORT_KIND, "poptorch_version": __version__, "training": self._training,
-            "options": self._options, "model": self._user_model if export_model else None,
-            "optimizer": self._optimizer if self._training and export_model else None,
-            "optimizer_state": self._optimizer.state_dict() if self._training else None,
-            "rng_state": self.rng_state if save_rng_state else None,
-        }, filename)
-
-    def loadExecutable(self, filename: str) -> None:
-        """Check that ``filename`` is an export of this kind of model (training or
-        inference); the emulation has no executable to load and compiles at the first call.
-
-        Raises:
-            poptorch.Error: not an export, or one of the other kind of model.
-        """
-        data = read_export(filename)
-        if data["training"] != self._training:
-            kind = "a training" if data["training"] else "an inference"
-            raise createPoptorchError(f"{filename} is the export of {kind} model")
+    Raises:
+        poptorch.Error: not an export, or one of the other kind of model.
+    """
+    data = read_export(filename)
+    if data["training"] != training:
+        kind = "a training" if data["training"] else "an inference"
+        raise createPoptorchError(f"{filename} is the export of {kind} model")
 
 
 def read_export(filename: str) -> dict:

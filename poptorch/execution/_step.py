@@ -27,7 +27,9 @@ import torch
 from poptorch import enums
 from poptorch.data._batching import MicroBatches, OutputCollector
 from poptorch._nest import flatten
-from poptorch._tracing import ReplicaRNG, Trace
+from poptorch._forward_pass import ForwardPass
+from poptorch._replica_rng import ReplicaRNG
+from poptorch._tracing import Trace
 
 __all__ = ["SingleStage", "TrainPlan", "Accumulation", "train_replica", "infer_replica"]
 
@@ -86,7 +88,8 @@ class SingleStage:
         """Forward and backward of one micro-batch; returns the forward's outputs (the
         gradients accumulate into ``.grad``)."""
         if self.traced:
-            with Trace(rng) as trace:
+            trace = Trace(rng)
+            with ForwardPass(trace, grad=True):
                 output = module(*args, **kwargs)
             loss = trace.final_loss()
         else:
@@ -110,11 +113,8 @@ class SingleStage:
 
     def infer_micro(self, module: torch.nn.Module, args: tuple, kwargs: dict,
                     rng: ReplicaRNG | None) -> Any:
-        with torch.no_grad():
-            if not self.traced:
-                return module(*args, **kwargs)
-            with Trace(rng):
-                return module(*args, **kwargs)
+        with ForwardPass(Trace(rng) if self.traced else None, grad=False):
+            return module(*args, **kwargs)
 
     def infer_call(self, module: torch.nn.Module, micro: MicroBatches,
                    collector: OutputCollector, r: int, rng: ReplicaRNG | None) -> None:

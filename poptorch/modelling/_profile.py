@@ -35,7 +35,8 @@ from poptorch._nest import flatten
 from poptorch.modelling._op_ledger import OpLedger
 from poptorch.pipelining._stage_trace import StagePlan, StageTrace
 from poptorch.pipelining._strategies import ExecutionStrategy
-from poptorch._tracing import ReplicaRNG
+from poptorch._forward_pass import ForwardPass
+from poptorch._replica_rng import ReplicaRNG
 
 __all__ = ["StageCounts", "ModelProfile", "profile_forward", "FlopCount"]
 
@@ -290,8 +291,8 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
     profiler.segment_of_trace = lambda: trace.segment
     try:
         with ledger, counter:  # the ledger outside: it sees the leaf operations
-            with torch.enable_grad() if training else torch.no_grad(), \
-                    torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t), trace:
+            with torch.autograd.graph.saved_tensors_hooks(profiler.pack, lambda t: t), \
+                    ForwardPass(trace, grad=training):
                 output = module(*args, **kwargs)
             profiler._close_forward(trace.segment)
             loss = trace.final_loss() if training else None

@@ -95,7 +95,10 @@ def describe_options(options) -> dict[str, dict]:
 
 
 def register_model(executor) -> None:
-    """Include ``executor`` in the reports (held weakly) and install the exit writer."""
+    """Include ``executor`` in the reports (held weakly) and install the exit writer. The
+    report asks the executor, by its methods only: ``_describe()`` (its entry),
+    ``_report_table()`` (its table once it ran, else None), ``_own_ipus()`` (``(device,
+    global replicas)`` of IPUs of its own, else None) and ``_engine_options()``."""
     with _lock:
         _models.append([weakref.ref(executor), None])
         if _state["registered"]:
@@ -175,8 +178,7 @@ def report_directory() -> str | None:
         ipu_node.IPUConfigError: ``POPLAR_ENGINE_OPTIONS`` is malformed.
     """
     from ipu_node.flags import report_directory as directory_of
-    return directory_of(*(model._options._Popart.options.get("engineOptions") or {}
-                          for model in _live_models()))
+    return directory_of(*(model._engine_options() for model in _live_models()))
 
 
 def summary() -> str:
@@ -184,8 +186,9 @@ def summary() -> str:
     (:meth:`poptorch.modelling._model_report.ModelReport.table`)."""
     tables = []
     for model, snapshot in _entries():
-        if model is not None and model._profile is not None and model._modelled["calls"]:
-            tables.append(model.modelReport().table())
+        table = model._report_table() if model is not None else None
+        if table is not None:
+            tables.append(table)
         elif model is None and snapshot is not None:
             entry = snapshot()
             if entry.get("model") and entry["model"].get("steps"):
@@ -199,14 +202,14 @@ def _report_of_ipus(models: list) -> dict:
     from poprun import popdist
     timelines, peaks, system, replicas, per_replica = {}, {}, None, 1, 1
     for model in models:
-        device = model._device
-        if device is None or device.job_system is not None:
+        own = model._own_ipus()
+        if own is None:
             continue
+        device, global_replicas = own
         system = device.model.name
         timelines.update(device.timelines)
         peaks.update({i: m.peak_bytes for i, m in device.memories.items()})
-        replicas = max(replicas, model._options.replication_factor *
-                       model._options.Distributed.numProcesses)
+        replicas = max(replicas, global_replicas)
         per_replica = max(per_replica, len(device.replica_ipus[0]))
     return build_report_of_ipus(system, popdist.getInstanceIndex(), popdist.getNumInstances(),
                                 replicas, per_replica, timelines, peaks)

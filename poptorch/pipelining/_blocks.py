@@ -11,35 +11,29 @@ pass (``Block.useAutoId()`` starts again from "0"). The strategy of the options
 
 Outside a PopTorch model's forward pass (plain CPU PyTorch) the annotations do nothing, as in
 PopTorch. Inside one, the forward pass running in this thread (a
-:class:`poptorch.pipelining._stage_trace.StageTrace`) is told of each block.
+:class:`poptorch.pipelining._stage_trace.StageTrace`, the trace of the thread's
+:func:`poptorch._forward_pass.current_pass`) is told of each block.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
 
 from poptorch._errors import createPoptorchError
+from poptorch._forward_pass import current_pass
 
 __all__ = ["Block", "BeginBlock", "BlockFunction", "removeBlocks", "LegacyBeginBlockFn",
-           "current_forward", "set_current_forward"]
-
-_active = threading.local()
+           "current_forward"]
 
 
 def current_forward():
-    """The forward pass of a PopTorch model running in this thread, or None."""
-    return getattr(_active, "forward", None)
-
-
-def set_current_forward(forward) -> Any:
-    """Make ``forward`` (None: none) this thread's; returns the previous one."""
-    previous = getattr(_active, "forward", None)
-    _active.forward = forward
-    return previous
+    """The forward pass of a PopTorch model that follows the blocks in this thread (a
+    :class:`~poptorch.pipelining._stage_trace.StageTrace`), or None."""
+    forward = current_pass()
+    return forward.forward if forward is not None else None
 
 
 def _begin(user_id: str | None, ipu_id: int | None) -> None:

@@ -24,7 +24,8 @@ Everything of a replica runs in its one thread: a greenlet (gevent's, a C extens
 without the operating system, where a worker thread per paused forward pass costs two thread
 wake-ups per stage and micro-batch, and every pass computes in the thread's own OpenMP team.
 The grad mode, the torch function mode stack and the current forward are the thread's, so a
-pausing forward pass steps out of them and back in. The replica's random numbers are drawn in
+pausing forward pass steps out of them and back in (its
+:class:`~poptorch._forward_pass.ForwardPass` owns them). The replica's random numbers are drawn in
 the schedule's order.
 """
 
@@ -42,7 +43,8 @@ from poptorch.data._batching import MicroBatches, OutputCollector
 from poptorch._errors import createPoptorchError
 from poptorch.pipelining._stage_trace import StagePlan, StageTrace, _Cancelled
 from poptorch.pipelining._strategies import ExecutionStrategy
-from poptorch._tracing import ReplicaRNG
+from poptorch._forward_pass import ForwardPass
+from poptorch._replica_rng import ReplicaRNG
 
 __all__ = ["PipelinedStages", "schedule_of", "scheduler_of"]
 
@@ -69,6 +71,7 @@ class _Forward:
         self.output: Any = None
         self.loss: torch.Tensor | None = None
         self.trace: StageTrace | None = None
+        self.thread_state: ForwardPass | None = None
         self._greenlet = greenlet(lambda: run(self))
 
     @property
@@ -79,11 +82,11 @@ class _Forward:
     def switch(self, segment: int) -> None:
         """In the forward pass, where stage ``segment`` begins: wait for its pass."""
         self.reached = segment
-        self.trace.suspend()
+        self.thread_state.pause()
         try:
             self._greenlet.parent.switch()
         finally:  # resumed (or cancelled: the exception unwinds from here)
-            self.trace.resume()
+            self.thread_state.resume()
 
     def run_until_paused(self) -> None:
         """In the scheduler: let the forward run through its current stage (its errors are
@@ -126,8 +129,8 @@ class PipelinedStages:
         try:
             trace = StageTrace(rng, self.strategy, self.plan, boundaries=training,
                                on_switch=fwd.switch, intercept=training or self.traced)
-            fwd.trace = trace
-            with trace:
+            fwd.trace, fwd.thread_state = trace, ForwardPass(trace, grad=training)
+            with fwd.thread_state:
                 fwd.output = module(*fwd.args, **fwd.kwargs)
             if training:
                 fwd.loss = trace.final_loss()
@@ -140,8 +143,6 @@ class PipelinedStages:
              on_output: Callable[[int, Any], None], on_backward=None) -> None:
         forwards: dict[int, _Forward] = {}
         last = self.plan.num_stages - 1
-        grad_mode = torch.is_grad_enabled()
-        torch.set_grad_enabled(training)  # the forward passes' (the thread's, shared)
 
         def body(fwd: _Forward) -> None:
             self._forward_body(fwd, module, rng, training)
@@ -171,8 +172,6 @@ class PipelinedStages:
             for fwd in forwards.values():
                 fwd.cancel()
             raise
-        finally:
-            torch.set_grad_enabled(grad_mode)
 
     def train_step(self, module: torch.nn.Module, plan, d: int, r: int,
                    rng: ReplicaRNG | None, params: list) -> None:

@@ -2,9 +2,10 @@
 
 :class:`StageTrace` extends :class:`poptorch._tracing.Trace` (losses, the replica's random
 numbers) with the blocks: it is the forward pass the annotations of
-:mod:`poptorch.pipelining._blocks`
-talk to. The forward is cut into *segments*, one per stage it runs in, in the order it runs
-them (a pipelined model's stage ids must grow along the forward; a sharded one may come back
+:mod:`poptorch.pipelining._blocks` talk to (entered by a
+:class:`poptorch._forward_pass.ForwardPass`, which owns the thread state of the pass). The
+forward is cut into *segments*, one per stage it runs in, in the order it runs them (a
+pipelined model's stage ids must grow along the forward; a sharded one may come back
 to an IPU, each visit its own segment).
 
 With ``boundaries`` (training), a tensor made in one segment and used by a later one reaches
@@ -33,10 +34,10 @@ from typing import Any, Callable
 
 import torch
 
-from poptorch.pipelining._blocks import set_current_forward
 from poptorch._errors import createPoptorchError
 from poptorch.pipelining._strategies import DEFAULT_STAGE, ExecutionStrategy
-from poptorch._tracing import ReplicaRNG, Trace
+from poptorch._replica_rng import ReplicaRNG
+from poptorch._tracing import Trace
 
 __all__ = ["StageTrace", "StagePlan", "Segment", "Crossing"]
 
@@ -146,7 +147,8 @@ class StageTrace(Trace):
                  on_switch: Callable[[int], None] | None = None, observer=None,
                  intercept: bool = True):
         super().__init__(rng)
-        self.intercept = intercept or boundaries or plan is None
+        self.intercept = intercept or boundaries or plan is None  # (Trace's attributes)
+        self.follows_blocks = True
         self.strategy, self.plan = strategy, plan
         self.on_switch, self.observer = on_switch, observer
         self.segment = 0
@@ -162,28 +164,7 @@ class StageTrace(Trace):
             self.segments = list(plan.segments)
             self._stage_id = plan.segments[0].stage_id
 
-    # -- the forward pass in this thread -------------------------------------------------
-    def __enter__(self):
-        self._previous_forward = set_current_forward(self)
-        return super().__enter__() if self.intercept else self
-
-    def __exit__(self, *exc):
-        set_current_forward(self._previous_forward)
-        return super().__exit__(*exc) if self.intercept else None
-
-    def suspend(self) -> None:
-        """Pause: other code runs in this thread until :meth:`resume` (the pipeline's
-        scheduler, other micro-batches' forward passes)."""
-        set_current_forward(self._previous_forward)
-        if self.intercept:
-            super().suspend()
-
-    def resume(self) -> None:
-        if self.intercept:
-            super().resume()
-        set_current_forward(self)
-
-    # -- blocks (poptorch.pipelining._blocks) ------------------------------------------------------
+    # -- blocks (poptorch.pipelining._blocks) -------------------------------------------
     def next_auto_id(self) -> str:
         value = self._auto
         self._auto += 1

@@ -23,7 +23,7 @@ for the replica it runs for, the stages run on ipupod's pipeline runtime
 use, the stages on the replica's IPUs by ``device_mapping``, the gradient accumulation, the
 weight update once per repeat, the outfeed rules and the modelled clock), each stage's TF ops
 run eagerly with their gradients from ``tf.GradientTape`` and the optimizer a TF/Keras
-optimizer (:mod:`ipu_tensorflow.ipu.ops._tf_stages`). The arguments' rules and messages are
+optimizer (:mod:`ipu_tensorflow._tf_stages`). The arguments' rules and messages are
 the runtime's (TF-IPU's); the ones that need no replica are checked when the op is built.
 
 The enums (``PipelineSchedule``, ``RecomputationMode``, ``PipelineStageOptions``,
@@ -46,7 +46,7 @@ from ipu_node.pipelining_ops import (GradientAccumulationReductionMethod, Pipeli
 from ipu_node.pipelining_ops import pipeline as _numpy_pipeline
 
 from ipu_tensorflow import _bridge
-from ipu_tensorflow.ipu.ops._tf_stages import StagedPipeline, TFOptimizerFunctionOutput
+from ipu_tensorflow._tf_stages import StagedPipeline, TFOptimizerFunctionOutput
 
 __all__ = ["pipeline", "PipelineSchedule", "RecomputationMode", "PipelineStageOptions",
            "OptimizerFunctionOutput", "recomputation_checkpoint", "last_report",

@@ -28,7 +28,7 @@ from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, 
                                      last_report, pipeline)
 
 from ipu_tensorflow._keras_modelled import graph_flops
-from ipu_tensorflow.ipu.ops._tf_stages import HandOver, VariableProxies
+from ipu_tensorflow._tf_stages import HandOver, VariableProxies
 from ipu_tensorflow.keras.pipelining._cut import StageCut
 
 __all__ = ["PipelineRun", "MicroBatches"]
