@@ -19,8 +19,9 @@ whose copy 0 is itself and whose copies 1..R-1 are plain variables beside it.
   the reads and writes in program order. Loops and branches capture it from the enclosing
   function (cond_v2 does not carry call-time captures, while_v2 does; the forwarding in
   :func:`_install_forwarding` makes both ordinary captures of the function's one);
-* eagerly, ``handle`` is the copy of the replica this thread runs (an eager function run by
-  ``PopDistStrategy.run``), else copy 0.
+* eagerly, ``handle`` (and ``_handle``, which TF's C++ fast path of an eager op reads
+  from a variable input) is the copy of the replica this thread runs (an eager function
+  run by ``PopDistStrategy.run``, a pipeline's stages), else copy 0.
 
 So **a read outside ``strategy.run`` is replica 0's copy** (this instance's first replica),
 as TF-IPU's host read of a replicated variable is; ``get_weights``, ``save_weights`` and
@@ -162,15 +163,36 @@ class ReplicaVariable:
             return self._replica_handle()
         graph = ops.get_default_graph()
         if not isinstance(graph, _func_graph.FuncGraph):
-            return self._handle
-        return _capture(graph, self._replica_handle, PerWorkerVariableSpec(value=self._handle),
-                        self._ipupod_key, self._handle)
+            return self._first_handle
+        return _capture(graph, self._replica_handle,
+                        PerWorkerVariableSpec(value=self._first_handle), self._ipupod_key,
+                        self._first_handle)
 
     def _replica_handle(self):
         copies, index = self._ipupod_copies, _local_index()
         if copies is None or not index:
-            return self._handle
+            return self._first_handle
         return copies[index - 1]._handle
+
+    @property
+    def _first_handle(self):
+        """Copy 0's handle (the variable TF made)."""
+        return self.__dict__["_handle"]
+
+    @property
+    def _handle(self):
+        """What TF's own code reads as the variable's resource: eagerly, the calling
+        replica's copy's handle, as :attr:`handle` (TF's C++ fast path of an eager op reads
+        a variable input's ``_handle``, not ``handle``: ``tf.matmul(x, v)``, ``g - v``, an
+        optimizer's update of its slots; without this a replica would read copy 0 there and
+        write its own copy); copy 0's in a graph (:attr:`handle` binds the replica's there)."""
+        if self.__dict__.get("_ipupod_copies") and tf.executing_eagerly():
+            return self._replica_handle()
+        return self._first_handle
+
+    @_handle.setter
+    def _handle(self, value):
+        self.__dict__["_handle"] = value
 
     @property
     def materialized(self) -> bool:
@@ -181,8 +203,8 @@ class ReplicaVariable:
         """Make the copies of replicas 1..R-1 from copy 0's value, if not made yet."""
         if self._ipupod_copies is not None:
             return
-        with tf.init_scope(), ops.device(self._handle.device):
-            value = _read(self._handle, self.dtype)
+        with tf.init_scope(), ops.device(self._first_handle.device):
+            value = _read(self._first_handle, self.dtype)
             self._ipupod_copies = [
                 _Copy(initial_value=value, trainable=False, shape=self.shape,
                       dtype=self.dtype, name=f"{self._shared_name}/replica_{r}")
@@ -192,7 +214,7 @@ class ReplicaVariable:
         """The value of every local replica's copy, replica 0 first (R tensors of the
         variable's shape and dtype; one while the copies are not made), read eagerly."""
         with tf.init_scope():
-            first = _read(self._handle, self.dtype)
+            first = _read(self._first_handle, self.dtype)
             return [first] + [_read(c._handle, self.dtype)
                               for c in (self._ipupod_copies or [])]
 
@@ -201,7 +223,7 @@ class ReplicaVariable:
         if not self._ipupod_copies:
             return
         with tf.init_scope():
-            value = _read(self._handle, self.dtype)
+            value = _read(self._first_handle, self.dtype)
             for copy in self._ipupod_copies:
                 copy.assign(value)
 

@@ -21,6 +21,8 @@ SRAM of each stage's IPU):
 * **variables made in a stage** are made once: a stage function that constructs
   ``keras.layers.Dense(...)`` or calls ``tf.Variable`` on every call gets the variables of
   its first call back (by creation order), as TF-IPU, which builds the stage's graph once.
+  In an IPU strategy's scope (entered by the op, :mod:`.pipelining_ops`) the first replica
+  to call the stage makes them, with a copy per local replica from its initial value.
 * **the optimizer** is the one of the first ``OptimizerFunctionOutput`` the pipeline op
   gets (TF-IPU calls ``optimizer_function`` once, when it builds the graph); it applies the
   accumulated gradients (as TF tensors) once per repeat, so its slots live across runs.
@@ -196,6 +198,7 @@ class StagedPipeline:
         self._flops: dict = {}     # (stage, training, input signature) -> FLOPs
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._update = HandOver(self, "TFPipelineWeightUpdate")
 
     # -- the stages as ipu_node Stages --------------------------------------------------------
 
@@ -298,7 +301,10 @@ class StagedPipeline:
 
     def apply_gradients(self, grads_and_vars) -> None:
         """The accumulated gradients (numpy, keyed by proxies) applied by the optimizer of
-        the first ``OptimizerFunctionOutput`` (with its ``apply_gradients`` arguments).
+        the first ``OptimizerFunctionOutput`` (with its ``apply_gradients`` arguments), in
+        the calling replica to its copies. The optimizer's slots are made first, by one
+        replica at a time (several local replicas apply at once; the slots, made in the
+        strategy's scope, have a copy per replica as the variables do).
 
         Raises:
             ValueError: the optimizer accumulates gradients itself (TF-IPU refuses a
@@ -306,6 +312,7 @@ class StagedPipeline:
         """
         from ipu_tensorflow.ipu.optimizers.gradient_accumulation_optimizer import (
             GradientAccumulationOptimizerV2)
+        from ipu_tensorflow.ipu.optimizers.ipu_optimizer import create_slots
 
         ofo = self.ofo
         if isinstance(ofo.opt, GradientAccumulationOptimizerV2):
@@ -315,6 +322,8 @@ class StagedPipeline:
                 "[reference §1.4, DOC:452-454]")
         pairs = [(tf.convert_to_tensor(g), self.proxies.variable(v)) for g, v in grads_and_vars
                  if g is not None]
+        with self._lock:   # (the replicas apply at once: the slots are made once, here)
+            create_slots(ofo.opt, [v for _, v in pairs])
         ofo.opt.apply_gradients(pairs, *ofo.apply_gradients_args,
                                 **ofo.apply_gradients_kwargs)
 
@@ -324,21 +333,12 @@ class StagedPipeline:
         """Run the pipeline now in the calling replica (ipu_node's runtime), with
         ``inputs`` (eager tensors) before the infeed element in stage 0's arguments.
 
-        Raises:
-            NotImplementedError: training on more than one local replica (the variables
-                are held once per instance).
+        With several local replicas each runs its own pipeline at once, on its own copies
+        of the variables (:mod:`ipu_tensorflow._replica_variables`): its stages read them and
+        its weight update writes them, with its own accumulated gradients unless the
+        optimizer reduces them across replicas (``CrossReplicaOptimizer``, as TF-IPU).
         """
         training = self.optimizer_function is not None
-        local = current_replica_context().num_local_replicas
-        if training and local > 1:
-            raise NotImplementedError(
-                f"a training pipelining_ops.pipeline on {local} replicas of one instance: "
-                "its variables are held once per instance, so every replica's weight update "
-                "would apply to the same variables while the others read them (ipupod "
-                "limitation). Run one replica per instance (IPUConfig.auto_select_ipus = the "
-                "pipeline's IPUs; poprun --num-instances = --num-replicas), or train a "
-                "pipelined Keras model, whose update is applied once per instance")
-        self._update = HandOver(self, "TFPipelineWeightUpdate")
         stages = [self.stage(s, training) for s in range(len(self.fns))]
         _run_pipeline(stages, inputs=list(tf.nest.map_structure(_numpy, inputs)),
                       infeed_queue=None if infeed is None else _Feed(infeed),

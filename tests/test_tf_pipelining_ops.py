@@ -107,6 +107,112 @@ def test_every_schedule_equals_the_stages_unpipelined_bit_for_bit(ipus, schedule
     assert int(opt.iterations.numpy()) == REPEATS
 
 
+def test_two_local_replicas_train_their_own_copies_with_the_cross_replica_mean(ipus):
+    """Reference §1.4 and oracle O1 with R = 2 replicas of 2 IPUs in one instance: replica r
+    gets elements ``(rep·G + m)·R + r``, its stages read and update its own copies, and
+    ``CrossReplicaOptimizer`` applies ``(acc_0 + acc_1) / 2`` once per repeat; both replicas'
+    weights (and Adam's slots) equal the stages unpipelined with that update, bit for bit
+    (a sum of two is exact in either order, and so is halving it)."""
+    import tensorflow as tf
+    from ipu_tensorflow._replica_variables import ReplicaVariable
+    ipu = ipus(4)
+    P = ipu.pipelining_ops
+    R = 2
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(G * REPEATS * R * 2, 5)).astype(np.float32)
+    y = rng.normal(size=(G * REPEATS * R * 2, 2)).astype(np.float32)
+    _, _, inits = _data(tf)
+    infeed = ipu.ipu_infeed_queue.IPUInfeedQueue(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(2, drop_remainder=True))
+    outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        stages, variables = _model(tf, inits)
+        opt = ipu.optimizers.CrossReplicaOptimizer(tf.keras.optimizers.Adam(0.01))
+
+        @tf.function
+        def train():
+            return P.pipeline(stages, gradient_accumulation_count=G, repeat_count=REPEATS,
+                              inputs=[tf.constant(0.0)], infeed_queue=infeed,
+                              outfeed_queue=outfeed, outfeed_loss=True,
+                              optimizer_function=lambda lr, loss:
+                                  P.OptimizerFunctionOutput(opt, loss))
+        strategy.run(train)
+    losses = outfeed.dequeue().numpy()
+    assert losses.shape == (G * REPEATS, R)
+    assert all(isinstance(v, ReplicaVariable) and v.materialized for v in variables)
+
+    ref_stages, ref_variables = _model(tf, inits)
+    ref_opt = tf.keras.optimizers.Adam(0.01)
+    element = [(x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]) for i in range(G * REPEATS * R)]
+    ref_losses = np.zeros((G * REPEATS, R), np.float32)
+    for rep in range(REPEATS):
+        accs = []
+        for r in range(R):
+            acc = [np.zeros(v.shape, np.float32) for v in ref_variables]
+            for m in range(G):
+                bx, by = element[(rep * G + m) * R + r]
+                with tf.GradientTape() as tape:
+                    out = ref_stages[0](tf.constant(0.0), tf.constant(bx), tf.constant(by))
+                    _, loss = ref_stages[1](*out)
+                acc = [a + g.numpy() for a, g in
+                       zip(acc, tape.gradient(loss, ref_variables))]
+                ref_losses[rep * G + m, r] = loss.numpy()
+            accs.append(acc)
+        mean = [(a0 + a1) / np.float32(R) for a0, a1 in zip(*accs)]
+        ref_opt.apply_gradients([(tf.constant(g), v) for g, v in zip(mean, ref_variables)])
+    np.testing.assert_array_equal(losses, ref_losses)
+    assert not np.array_equal(losses[:, 0], losses[:, 1])     # (each replica its own data)
+    # (the variables were made for the 4 replicas of one IPU the system had before the
+    # pipeline widened it to 2 of 2 IPUs: copies R.. are never used)
+    for got, want in zip(variables, ref_variables):
+        copies = got.read_all()[:R]
+        for copy in copies:
+            np.testing.assert_array_equal(copy.numpy(), want.numpy())
+    assert not np.array_equal(variables[0].numpy(), inits[0])
+    inner = opt._opt
+    assert [int(c.numpy()) for c in inner.iterations.read_all()[:R]] == [REPEATS] * R
+    for v, ref_v in zip(variables, ref_variables):
+        for name in ("m", "v"):
+            want = _slot(ref_opt, ref_v, name).numpy()
+            for copy in _slot(inner, v, name).read_all()[:R]:
+                np.testing.assert_array_equal(copy.numpy(), want)
+
+
+def test_without_a_cross_replica_optimizer_each_replica_applies_its_own_gradients(ipus):
+    """Reference §1.4: the pipeline reduces nothing across replicas itself; with a plain
+    optimizer replica r's copy moves by its own accumulated gradient (the sum of its
+    elements ``m·R + r``), and a host read gives replica 0's copy."""
+    import tensorflow as tf
+    ipu = ipus(4)
+    P = ipu.pipelining_ops
+    x = np.arange(1, 2 * G + 1, dtype=np.float32).reshape(2 * G, 1)
+    infeed = ipu.ipu_infeed_queue.IPUInfeedQueue(
+        tf.data.Dataset.from_tensor_slices(x).batch(1, drop_remainder=True))
+    outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        w = tf.Variable([[1.0]])
+        sgd = tf.keras.optimizers.SGD(0.5)
+
+        @tf.function
+        def train():
+            return P.pipeline([lambda v: tf.matmul(v, w), tf.reduce_sum], G,
+                              infeed_queue=infeed, outfeed_queue=outfeed,
+                              optimizer_function=lambda loss:
+                                  P.OptimizerFunctionOutput(sgd, loss))
+        strategy.run(train)
+    got = [float(c.numpy()[0, 0]) for c in w.read_all()[:2]]
+    assert got == [1.0 - 0.5 * float(x[r::2].sum()) for r in range(2)]     # [-7, -9]
+    assert float(w.numpy()[0, 0]) == got[0]
+
+
+def _slot(opt, variable, name):
+    """The tf-keras Adam's slot ``name`` ("m" or "v") of ``variable``."""
+    slots = opt._momentums if name == "m" else opt._velocities
+    return slots[opt._index_dict[opt._var_key(variable)]]
+
+
 def test_variables_a_stage_makes_are_made_once_and_train(ipus):
     """A stage constructing a Keras layer on every call (TF1 style) gets its first call's
     weights back: the second repeat's losses see the first repeat's update."""
@@ -265,9 +371,5 @@ def test_pipeline_errors_are_tf_ipus(ipus):
             optimizer_function=lambda v: P.OptimizerFunctionOutput(sgd, v))
     with pytest.raises(TypeError, match="must be an optimizer"):
         P.OptimizerFunctionOutput(object(), tf.constant(1.0))
-    ipu = ipus(4)                     # 2 replicas of 2 IPUs in one instance
-    strategy = ipu.ipu_strategy.IPUStrategy()
-    with pytest.raises(NotImplementedError, match="on 2 replicas of one instance"):
-        run(optimizer_function=lambda v: P.OptimizerFunctionOutput(sgd, v))
     with pytest.raises(ipu_node.NotInReplicaError, match="pipelining_ops.pipeline"):
         P.pipeline([stage, stage], 4, inputs=[tf.constant(1.0)], outfeed_queue=outfeed)

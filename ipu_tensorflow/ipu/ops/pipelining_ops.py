@@ -33,6 +33,7 @@ options take either; :func:`last_report` is the runtime's report of the last run
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Callable
 
@@ -101,6 +102,19 @@ def _check_early(stages, gradient_accumulation_count, optimizer_function) -> Non
                         f"{type(optimizer_function).__name__}")
 
 
+@contextlib.contextmanager
+def _strategy_entered(strategy):
+    """``strategy``'s scope and a TF replica context of it, as ``strategy.run`` enters them,
+    where none is entered: the op runs in a thread of TF's executor, and a variable it
+    makes there (a stage's, an optimizer's slot) must get a copy per local replica as those
+    made while building do."""
+    if strategy is None or tf.distribute.has_strategy():
+        yield
+        return
+    with strategy.scope(), tf.distribute.ReplicaContext(strategy, replica_id_in_sync_group=0):
+        yield
+
+
 @tf.autograph.experimental.do_not_convert
 def pipeline(*args, **kwargs):
     """Run ``repeat_count`` executions of a pipeline of ``gradient_accumulation_count`` (G)
@@ -118,6 +132,13 @@ def pipeline(*args, **kwargs):
     the last stage's outputs per micro-batch; training the unmasked outputs as a list, the
     loss with ``outfeed_loss``, their sum per repeat with ``accumulate_outfeed``.
 
+    Each local replica runs its own pipeline on its own copy of every variable made in the
+    strategy's scope (:mod:`ipu_tensorflow._replica_variables`; the variables and optimizer
+    slots the op makes included): its stages read its copies and its weight update writes
+    them with its own accumulated gradients. As in TF-IPU, the gradients are reduced across
+    replicas only by the optimizer (``ipu.optimizers.CrossReplicaOptimizer``: their mean,
+    once per repeat; reference §1.4), which keeps the replicas' weights equal.
+
     Must be built in a replica function (``strategy.run``, ``ipu_compiler.compile``).
 
     Returns:
@@ -134,8 +155,6 @@ def pipeline(*args, **kwargs):
             accumulation optimizer.
         FailedPreconditionError: G not a multiple of the schedule's overlap length, or
             below it (reference §1.3).
-        NotImplementedError: training on more than one replica of an instance (ipupod
-            holds the variables once per instance; one replica per instance trains).
         NotInReplicaError: outside a replica function.
     """
     bound = _SIGNATURE.bind(*args, **kwargs)
@@ -171,8 +190,12 @@ def pipeline(*args, **kwargs):
                 del exc.ag_error_metadata
             raise
 
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
     def execute(*tensors):
-        staged.run(tf.nest.pack_sequence_as(structure, list(tensors)), take, outfeed, options)
+        with _strategy_entered(strategy):
+            staged.run(tf.nest.pack_sequence_as(structure, list(tensors)), take, outfeed,
+                       options)
 
     return _bridge.call_eager(execute, leaves, "pipelining_ops.pipeline")
 

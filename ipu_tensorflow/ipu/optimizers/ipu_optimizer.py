@@ -6,11 +6,29 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
-__all__ = ["IpuOptimizer"]
+__all__ = ["IpuOptimizer", "create_slots"]
 
 
 def _is_v1(opt: Any) -> bool:
     return isinstance(opt, tf.compat.v1.train.Optimizer)
+
+
+def create_slots(opt: Any, var_list: list) -> None:
+    """Create ``opt``'s slots (and other variables) for ``var_list`` now, as its first
+    ``apply_gradients`` would: ``opt`` a tf-keras ``Optimizer`` or legacy ``OptimizerV2``, a
+    ``tf.compat.v1.train.Optimizer`` or an :class:`IpuOptimizer` (its wrapped optimizer's).
+    Idempotent; anything else is left alone."""
+    if isinstance(opt, IpuOptimizer):
+        opt._prepare_inner(var_list)
+    elif hasattr(opt, "_create_all_weights"):      # tf-keras legacy OptimizerV2
+        opt._create_all_weights(var_list)
+    elif hasattr(opt, "build") and not _is_v1(opt):  # tf-keras Optimizer
+        opt.build(var_list)
+    elif _is_v1(opt):
+        with tf.init_scope():
+            opt._create_slots(var_list)
+            if hasattr(opt, "_prepare"):
+                opt._prepare()
 
 
 class IpuOptimizer:
@@ -86,18 +104,7 @@ class IpuOptimizer:
     def _prepare_inner(self, var_list: list) -> None:
         """Create the wrapped optimizer's slots now (outside any branch of a
         ``tf.cond``, where TF cannot create variables)."""
-        inner = self._opt
-        if isinstance(inner, IpuOptimizer):
-            inner._prepare_inner(var_list)
-        elif hasattr(inner, "_create_all_weights"):      # tf-keras legacy OptimizerV2
-            inner._create_all_weights(var_list)
-        elif hasattr(inner, "build") and not _is_v1(inner):  # tf-keras Optimizer
-            inner.build(var_list)
-        elif _is_v1(inner):
-            with tf.init_scope():
-                inner._create_slots(var_list)
-                if hasattr(inner, "_prepare"):
-                    inner._prepare()
+        create_slots(self._opt, var_list)
 
     # -- slots --------------------------------------------------------------------------------
     def get_slot(self, var: tf.Variable, name: str):
