@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 from ipu_node import IPUConfig, get_system
 from ipu_node.runtime.launched import launched_config
+from ipu_node.env import env_int
 from ipu_node.errors import NotConfiguredError
 
 from collectives._engine.runtime import get_engine
@@ -134,14 +135,11 @@ _init_lock = threading.Lock()
 
 
 def _env_int(names: Sequence[str]) -> int | None:
+    """The integer in the first of ``names`` that is set (ipu_node's parse and error)."""
     for name in names:
-        raw = os.environ.get(name)
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not an "
-                                 "integer") from None
+        value = env_int(name)
+        if value is not None:
+            return value
     return None
 
 
