@@ -10,7 +10,8 @@ while other passes of the same replica run in the same thread
 back the state it found, :meth:`ForwardPass.resume` puts its own back.
 
 The invariant, checked at each pause and at the end: the pass's trace is on top of the
-function mode stack and the pass is the current one. A mode entered inside a block and still
+function mode stack (a pass whose trace intercepts nothing: the stack as deep as where it
+stepped in) and the pass is the current one. A mode entered inside a block and still
 active where the pass pauses would be on top instead; stepping out would drop it, so it is an
 error naming it. (The replica's random generator is no thread state: each replica has its
 own, :class:`poptorch._replica_rng.ReplicaRNG`.)
@@ -47,13 +48,14 @@ class ForwardPass:
         trace: as given.
     """
 
-    __slots__ = ("trace", "_mode", "_grad", "_outer_grad", "_outer_pass")
+    __slots__ = ("trace", "_mode", "_grad", "_outer_grad", "_outer_pass", "_depth")
 
     def __init__(self, trace=None, *, grad: bool):
         self.trace = trace
         self._mode = trace if trace is not None and trace.intercept else None
         self._grad = grad
         self._outer_grad, self._outer_pass = True, None
+        self._depth = 0
 
     @property
     def forward(self):
@@ -67,6 +69,7 @@ class ForwardPass:
         _thread.current = self
         if self._mode is not None:
             torch._C._push_on_torch_function_stack(self._mode)
+        self._depth = torch._C._len_torch_function_stack()
 
     def _step_out(self) -> None:
         self._check()
@@ -82,10 +85,10 @@ class ForwardPass:
         Raises:
             poptorch.Error: another function mode is on top, or another pass is current.
         """
-        top = None
-        if self._mode is not None:
-            depth = torch._C._len_torch_function_stack()
-            top = torch._C._get_function_stack_at(depth - 1) if depth else None
+        depth = torch._C._len_torch_function_stack()
+        top = torch._C._get_function_stack_at(depth - 1) if depth else None
+        if self._mode is None and (self.trace is None or depth == self._depth):
+            top = None  # (an untraced pass checks no modes; else: those around the pass)
         if top is not self._mode or current_pass() is not self:
             raise createPoptorchError(
                 "A pipelined forward pass pauses at the start of a block with "

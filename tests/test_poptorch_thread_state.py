@@ -183,3 +183,28 @@ def test_a_pause_under_a_mode_that_is_not_its_own_names_it():
         forward.pause()
         forward.resume()
     assert _top_mode() is None and current_pass() is None
+
+
+def test_a_pass_that_intercepts_nothing_names_a_mode_left_open_at_its_pause():
+    """A pipelined pass that follows its blocks without intercepting ops (inference, or
+    training cut at the modules' inputs) is not on the mode stack, yet a mode entered inside
+    a block and open at the pause would leak into the other passes: it is named."""
+    from poptorch.pipelining._stage_trace import StagePlan, StageTrace, Segment
+
+    class Other(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    plan = StagePlan([Segment(0, 0), Segment(1, 1)], {"b": 1}, sharded=False)
+    trace = StageTrace(None, poptorch.PipelinedExecution(), plan, intercept=False)
+    assert not trace.intercept
+    forward = ForwardPass(trace, grad=False)
+    with forward:
+        other = Other()
+        other.__enter__()
+        with pytest.raises(poptorch.Error, match="Other"):
+            forward.pause()
+        other.__exit__(None, None, None)
+        forward.pause()
+        forward.resume()
+    assert _top_mode() is None and current_pass() is None

@@ -333,7 +333,7 @@ def _make_stage(profile, strategy, replicas: Replicas, loss_index: int | None, t
         per_replica.append([[named[n] for n in st.params
                              if n in named and named[n].requires_grad]
                             for st in profile.stages])
-    return PipelinedStages(plan, strategy, per_replica, traced)
+    return PipelinedStages(plan, strategy, per_replica, traced, loss_index)
 
 
 def _steps_of(profile, layout: Layout, training: bool) -> list:

@@ -305,7 +305,9 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
     finally:
         for p, g in grads.items():
             p.grad = g
-    plan = StagePlan(trace.segments, dict(strategy_blocks(trace)), strategy.sharded)
+    loss_segment = trace.producer(loss) if loss is not None else None
+    plan = StagePlan(trace.segments, dict(strategy_blocks(trace)), strategy.sharded,
+                     trace.module_inputs if trace.cut_at_modules else None, loss_segment)
     stages = [profiler._stage(i) for i in range(plan.num_stages)]
     for stage in stages:
         stage.dtype = stage.dtype or "float32"
@@ -326,8 +328,7 @@ def profile_forward(module: torch.nn.Module, args: tuple, kwargs: dict, rng: Rep
     profile.output_stage = max(per_stage, key=per_stage.get) if per_stage else \
         plan.num_stages - 1
     if loss is not None:
-        found = trace.producer(loss)
-        profile.loss_stage = plan.num_stages - 1 if found is None else found
+        profile.loss_stage = plan.num_stages - 1 if loss_segment is None else loss_segment
     return profile, output, trace
 
 

@@ -42,6 +42,16 @@ def _begin(user_id: str | None, ipu_id: int | None) -> None:
         forward.begin_block(forward.next_auto_id() if user_id is None else user_id, ipu_id)
 
 
+def _begin_module(user_id: str | None, ipu_id: int | None, inputs: tuple) -> tuple | None:
+    """A block begins with a call of its module: the inputs the module gets (None: its
+    own), those of earlier stages as their copies in a pipelined training forward."""
+    forward = current_forward()
+    if forward is None:
+        return None
+    return forward.begin_module(forward.next_auto_id() if user_id is None else user_id,
+                                ipu_id, inputs)
+
+
 class Block(torch.nn.Module):
     """A context manager: the operations inside run in block ``user_id`` on IPU ``ipu_id``
     of the replica (an index within the replica, not a gc-info device id).
@@ -91,13 +101,15 @@ class LegacyBeginBlockFn(torch.nn.Module):
 
 
 class _BlockHook:
-    """The forward pre-hook of ``BeginBlock``."""
+    """The forward pre-hook of ``BeginBlock``: the block begins, and the module gets the
+    tensors of earlier stages as the stage's copies of them (the cut between the stages'
+    autograd graphs, :class:`~poptorch.pipelining._stage_trace.StageTrace`)."""
 
     def __init__(self, user_id: str | None, ipu_id: int | None) -> None:
         self._user_id, self._ipu_id = user_id, ipu_id
 
-    def __call__(self, module: torch.nn.Module, inputs: tuple) -> None:
-        _begin(self._user_id, self._ipu_id)
+    def __call__(self, module: torch.nn.Module, inputs: tuple) -> tuple | None:
+        return _begin_module(self._user_id, self._ipu_id, inputs)
 
     def __repr__(self) -> str:
         return f"BeginBlock(user_id={self._user_id}, ipu_id={self._ipu_id})"

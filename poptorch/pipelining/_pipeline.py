@@ -15,7 +15,9 @@ calls back at the block that begins it, and steps out of the thread's torch func
 stack until it resumes); the forward pass ``F_s(m)`` lets micro-batch m's forward run through
 stage s, so the stages' operations run in exactly the schedule's order. The backward pass
 ``B_s(m)`` is ``torch.autograd.backward`` of stage s's part of micro-batch m's graph (the
-stages' graphs are cut at detached boundary tensors). Each parameter's gradients therefore
+stages' graphs are cut at detached boundary tensors: at the inputs of the modules that begin
+the stages, with no op intercepted, where the compiled forward crossed only there,
+:attr:`PipelinedStages.at_modules`). Each parameter's gradients therefore
 accumulate in ascending micro-batch order, as in the unsplit model: the weights are the same,
 bit for bit (a parameter used by two stages gets its contributions in the schedule's order
 instead).
@@ -44,6 +46,7 @@ from poptorch._errors import createPoptorchError
 from poptorch.pipelining._stage_trace import StagePlan, StageTrace, _Cancelled
 from poptorch.pipelining._strategies import ExecutionStrategy
 from poptorch._forward_pass import ForwardPass
+from poptorch._nest import flatten
 from poptorch._replica_rng import ReplicaRNG
 
 __all__ = ["PipelinedStages", "schedule_of", "scheduler_of"]
@@ -108,14 +111,25 @@ class PipelinedStages:
         stage_params: per local replica, per stage, the parameters whose gradients it
             accumulates (the running mean and float16 accumulators treat them after its
             backward passes).
-        traced: intercept every op in inference (random numbers); training always does.
+        traced: intercept every op (random numbers, or a loss that is not an output).
+        loss_index: where the final loss is among the leaves of the forward's outputs
+            (training; None: not an output).
+
+    Attributes:
+        at_modules: training cuts the stages' graphs at the inputs of the modules that
+            begin them (the plan's ``module_inputs``) and intercepts no op: the plan found
+            every crossing there, and nothing else needs recording (no random numbers, the
+            loss an output). Otherwise every op of a training forward is intercepted.
     """
 
     def __init__(self, plan: StagePlan, strategy: ExecutionStrategy, stage_params: list,
-                 traced: bool):
+                 traced: bool, loss_index: int | None = None):
         self.plan, self.strategy = plan, strategy
         self.stage_params = stage_params
         self.traced = traced
+        self.loss_index = loss_index
+        self.at_modules = (plan.module_inputs is not None and not traced and
+                           loss_index is not None)
         self.scheduler = scheduler_of(plan)
 
     def steps(self, micro_batches: int, training: bool) -> list:
@@ -126,14 +140,16 @@ class PipelinedStages:
     def _forward_body(self, fwd: _Forward, module: torch.nn.Module, rng: ReplicaRNG | None,
                       training: bool) -> None:
         """The greenlet's body (its errors reach the scheduler's switch)."""
+        trace = StageTrace(rng, self.strategy, self.plan, boundaries=training,
+                           on_switch=fwd.switch,
+                           intercept=self.traced or (training and not self.at_modules))
         try:
-            trace = StageTrace(rng, self.strategy, self.plan, boundaries=training,
-                               on_switch=fwd.switch, intercept=training or self.traced)
             fwd.trace, fwd.thread_state = trace, ForwardPass(trace, grad=training)
             with fwd.thread_state:
                 fwd.output = module(*fwd.args, **fwd.kwargs)
             if training:
-                fwd.loss = trace.final_loss()
+                fwd.loss = (flatten(fwd.output)[0][self.loss_index] if self.at_modules
+                            else trace.final_loss())
         except _Cancelled:
             pass
 

@@ -15,6 +15,16 @@ segment's backward pass from the gradients its copies received (plus the loss, i
 segment). The forward values are those of the unsplit model; the gradients of each segment's
 parameters are computed by the same operations from the same values.
 
+Where a module's ``BeginBlock`` begins a segment, its inputs of earlier segments cross right
+there (its forward pre-hook hands the module their copies, :meth:`StageTrace.begin_module`).
+When every crossing of the compiled forward was such an input (``StagePlan.module_inputs``:
+the graphs cut between modules, as ``torch.distributed.pipelining`` cuts a model into stage
+modules) and nothing else needs recording, a training forward intercepts no op: the hooks
+cut the graphs where the plan says, with the same copies, so the same numbers (a forward that
+then used an earlier stage's tensor elsewhere, unlike the compiled one, would run its
+gradient through that stage's graph early). Otherwise every op is intercepted and a tensor
+crosses wherever an op of a later segment uses it.
+
 Two modes:
 
 * **discovering** (``plan=None``, once at compile): blocks are resolved by the options'
@@ -62,12 +72,23 @@ class StagePlan:
         segments: the stages, in the order the forward runs them.
         block_stage: block user id -> stage id.
         sharded: ``ShardedExecution`` (stages one after another), else a pipeline.
+        module_inputs: where every tensor that crossed into a later segment of the compiled
+            forward was an input of the module whose ``BeginBlock`` began that segment (and
+            used there only through it): per segment, ``(position, source segment)`` of each
+            such input; None where some tensor crossed elsewhere (the forward is then
+            followed op by op).
+        loss_segment: the segment that made the final loss (training; None: not made in
+            the forward pass).
     """
 
-    def __init__(self, segments: list[Segment], block_stage: dict[str, int], sharded: bool):
+    def __init__(self, segments: list[Segment], block_stage: dict[str, int], sharded: bool,
+                 module_inputs: dict[int, tuple[tuple[int, int], ...]] | None = None,
+                 loss_segment: int | None = None):
         self.segments = tuple(segments)
         self.block_stage = dict(block_stage)
         self.sharded = sharded
+        self.module_inputs = None if module_inputs is None else dict(module_inputs)
+        self.loss_segment = loss_segment
 
     @property
     def num_stages(self) -> int:
@@ -137,9 +158,17 @@ class StageTrace(Trace):
         on_switch: called with the new segment index before each segment after the first
             (running only).
         observer: sees the ops, switches and notes (discovering only).
-        intercept: see every op (a ``TorchFunctionMode``): needed to cut boundaries, to find
-            the loss, to route random numbers, to discover; without it only the blocks are
-            followed (cheaper).
+        intercept: see every op (a ``TorchFunctionMode``): needed to find the loss, to
+            route random numbers, to discover, and to cut boundaries anywhere in the forward;
+            without it only the blocks are followed (cheaper), and with ``boundaries`` the
+            tensors cross where the plan's ``module_inputs`` say, at the inputs of the
+            modules that begin the segments.
+
+    Attributes:
+        module_inputs: discovering: per segment begun by a module's ``BeginBlock``, the
+            ``(position, source segment)`` of each of its inputs that crossed.
+        cut_at_modules: discovering: whether every crossing so far was such an input (no
+            op of a later segment used an earlier segment's tensor otherwise).
     """
 
     def __init__(self, rng: ReplicaRNG | None, strategy: ExecutionStrategy,
@@ -147,16 +176,22 @@ class StageTrace(Trace):
                  on_switch: Callable[[int], None] | None = None, observer=None,
                  intercept: bool = True):
         super().__init__(rng)
-        self.intercept = intercept or boundaries or plan is None  # (Trace's attributes)
+        self.intercept = intercept or plan is None  # (Trace's attributes)
+        self._at_modules = boundaries and not self.intercept
+        if self._at_modules and plan.module_inputs is None:
+            raise ValueError("StageTrace: boundaries without intercept need a plan cut at "
+                             "the modules' inputs")
         self.follows_blocks = True
         self.strategy, self.plan = strategy, plan
         self.on_switch, self.observer = on_switch, observer
         self.segment = 0
         self._stage_id = DEFAULT_STAGE
         self._auto = 0
-        self._producers = _Producers() if boundaries else None
+        self._producers = _Producers() if boundaries and self.intercept else None
         self._copies: dict[tuple[int, int], torch.Tensor] = {}
         self.crossings: list[Crossing] = []
+        self.module_inputs: dict[int, tuple[tuple[int, int], ...]] = {}
+        self.cut_at_modules = True
         if plan is None:
             self.segments = [Segment(DEFAULT_STAGE, strategy.default_ipu())]
             self._ops_in_first = 0
@@ -206,6 +241,64 @@ class StageTrace(Trace):
                 "poptorch.AutoStage.SameAsIpu a block may not go back to an earlier IPU; "
                 "poptorch.ShardedExecution allows it)")
         self._switch(stage_id, ipu, user_id)
+
+    def begin_module(self, user_id: str, ipu_id: int | None, inputs: tuple) -> tuple | None:
+        """Block ``user_id`` begins with a call of its module (``BeginBlock``'s forward
+        pre-hook): :meth:`begin_block`, then, where a new segment begins, the module's
+        inputs made in earlier segments handed to it as their copies. Returns the inputs
+        for the module (None: as they are).
+
+        Raises:
+            poptorch.Error: as :meth:`begin_block`; running cut at the modules' inputs: an
+                input the compiled forward passed across that is no tensor now.
+        """
+        before = self.segment
+        self.begin_block(user_id, ipu_id)
+        if self.segment == before:
+            return None
+        if self._at_modules:
+            return self._cross_at_module(inputs)
+        if self._producers is None:
+            return None
+        depth = torch._C._len_torch_function_stack()
+        if not depth or torch._C._get_function_stack_at(depth - 1) is not self:
+            return None  # (another mode on top: the ops cross them, as elsewhere)
+        torch._C._pop_torch_function_stack()  # (no op of the stage, as in the ops' handler)
+        try:
+            out, entries = list(inputs), []
+            for i, t in enumerate(inputs):
+                src = self._producers.get(t) if isinstance(t, torch.Tensor) else None
+                if src is not None and src != self.segment:
+                    if any(t is inputs[j] for j, _ in entries):
+                        self.cut_at_modules = False  # (one copy for both: op by op)
+                    out[i] = self._cross(t)
+                    entries.append((i, src))
+        finally:
+            torch._C._push_on_torch_function_stack(self)
+        if self.plan is None and entries:
+            self.module_inputs[self.segment] = tuple(entries)
+        return tuple(out) if entries else None
+
+    def _cross_at_module(self, inputs: tuple) -> tuple | None:
+        """The module's inputs with those the plan says cross replaced by their copies."""
+        entries = self.plan.module_inputs.get(self.segment, ())
+        if not entries:
+            return None
+        out = list(inputs)
+        for i, src in entries:
+            t = inputs[i] if i < len(inputs) else None
+            if not isinstance(t, torch.Tensor):
+                raise createPoptorchError(
+                    f"The module that begins stage {self._stage_id} was given "
+                    f"{type(t).__name__} as its input {i}, where the compiled forward pass "
+                    "gave it a tensor of an earlier stage: the forward pass must take the "
+                    "same path on every call")
+            copy = t.detach()
+            if t.requires_grad:
+                copy.requires_grad_()
+            self.crossings.append(Crossing(src, self.segment, t, copy))
+            out[i] = copy
+        return tuple(out)
 
     def _switch(self, stage_id: int, ipu: int | None, user_id: str) -> None:
         previous = self.segment
@@ -285,6 +378,7 @@ class StageTrace(Trace):
             else:
                 continue
             if c is not v:
+                self.cut_at_modules = False  # (an op, not a block's module, took it across)
                 if out is None:
                     out = list(values)
                 out[i] = c
@@ -315,7 +409,8 @@ class StageTrace(Trace):
         from the gradients its tensors' copies in later segments received. Gradients
         accumulate into the parameters' ``.grad`` and the copies' (for earlier segments)."""
         roots, grads = [], []
-        if loss is not None and self.producer(loss) == segment:
+        if loss is not None and segment == (self.plan.loss_segment if self._at_modules
+                                            else self.producer(loss)):
             if loss_scaling != 1.0:
                 loss = loss * loss_scaling
             roots.append(loss)
