@@ -3,17 +3,28 @@ pipeline runtime (:func:`ipu_node.pipelining_ops.pipeline`: the schedules, the g
 accumulation and the modelled clock the numpy and PopTorch pipelines use).
 
 Each stage of the :class:`~ipu_tensorflow.keras.pipelining._cut.StageCut` becomes an
-``ipu_node`` ``Stage``: its forward runs the stage's layer calls under a
-``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs;
-the stash it accounts is the stage's activations: its inputs and every layer output, held
-until the backward pass); its backward is ``tape.gradient`` of the stage's outputs with the gradients
-the next stage sent back, keyed by an ``ipu_node.Variable`` that stands for each
-``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last stage computes
-the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the micro-batch
-gradients in ascending order from zeros and applies them once per ``G`` micro-batches with
-the model's optimizer, so the weights equal the unpipelined model trained with the same
-gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's profiler on the
-traced stage (the front end's ``graph_flops``).
+``ipu_node`` ``Stage``: its forward calls the replica's traced function of the stage's layer
+calls under a ``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies
+between IPUs; the stash it accounts is the stage's activations: its inputs and every layer
+output, held until the backward pass); its backward is ``tape.gradient`` of the stage's
+outputs with the gradients the next stage sent back, keyed by an ``ipu_node.Variable`` that
+stands for each ``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last
+stage computes the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the
+micro-batch gradients in ascending order from zeros and applies them once per ``G``
+micro-batches with the model's optimizer, so the weights equal the unpipelined model trained
+with the same gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's
+profiler on the traced stage (the front end's ``graph_flops``).
+
+**Random numbers** (Dropout, GaussianNoise, ...). Each local replica calls its own traced
+function of each stage, as each replica of the unpipelined model calls its own traced step
+(:func:`ipu_tensorflow._keras_run.fit`): a random op in it takes its seeds when it is traced,
+from TensorFlow's global seed and the op's place in the model (the stage's graph numbers its
+seedless random ops on from where the earlier stages' left off, so the op seeds are those of
+the model's unpipelined step), and draws from its own kernel, advanced once per micro-batch.
+So a replica's numbers depend neither on the other replicas' threads nor on how the replicas
+are laid out over instances, and equal the unpipelined model's. Eagerly run layer calls would
+instead take their op seeds from the one process-wide eager context in whatever order the
+replica threads reach them.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 from ipu_node import current_replica_context
+from tensorflow.python.framework import random_seed as _random_seed
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
 
@@ -69,19 +81,6 @@ def _tensors(nest: Any) -> Any:
     return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
-def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
-    """FLOPs of stage ``s``'s layer calls: the front end's count of a traced graph
-    (:func:`ipu_tensorflow._keras_modelled.graph_flops`, TensorFlow's profiler) on the stage
-    traced for these input shapes."""
-    keys = sorted(live)
-    specs = [tf.TensorSpec(live[k].shape, live[k].dtype) for k in keys]
-
-    def body(*tensors):
-        out = cut.run_stage(s, dict(zip(keys, tensors)), training)
-        return [out[k] for k in sorted(out) if k not in keys]
-    return float(graph_flops(tf.function(body).get_concrete_function(*specs)))
-
-
 class PipelineRun:
     """The stages of one pipelined model for one replica, reusable across executions.
 
@@ -98,6 +97,10 @@ class PipelineRun:
         self.reduce_gradients = reduce_gradients
         self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
+        # (local replica, stage, training, input signature) -> the replica's traced stage
+        self._traced: dict = {}
+        self._seed_counts: dict = {}   # (stage, training) -> seedless random ops it traced
+        self._trace_lock = threading.Lock()  # (Keras layers are traced by one thread at a time)
         self._update = HandOver(self, "KerasPipelineWeightUpdate")
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
@@ -116,11 +119,39 @@ class PipelineRun:
         y, sw = kwargs.pop(_Y, None), kwargs.pop(_SW, None)
         return {k: tf.convert_to_tensor(v) for k, v in kwargs.items()}, y, sw
 
-    def _count(self, s: int, live: dict, training: bool) -> float:
-        key = (s, training)
-        if key not in self._flops:
-            self._flops[key] = _flops_of(self.cut, s, dict(live), training)
-        return self._flops[key]
+    def _stage_function(self, s: int, live: dict, training: bool):
+        """The calling replica's stage ``s`` traced for ``live``'s inputs (id -> tensor): a
+        ``ConcreteFunction`` of those inputs returning the tensors the stage's layer calls
+        add (id -> tensor). Traced once per replica, stage, mode and input signature, one
+        trace at a time; its FLOPs are counted at the first trace of the stage and mode."""
+        ctx = current_replica_context()
+        key = (0 if ctx is None else ctx.local_index, s, training,
+               tuple((k, tuple(t.shape), t.dtype) for k, t in live.items()))
+        concrete = self._traced.get(key)
+        if concrete is None:
+            with self._trace_lock:
+                concrete = tf.function(self._stage_body(s, training)).get_concrete_function(
+                    dict(live))
+                self._traced[key] = concrete
+                if (s, training) not in self._flops:
+                    self._flops[(s, training)] = float(graph_flops(concrete))
+        return concrete
+
+    def _stage_body(self, s: int, training: bool) -> Callable:
+        """What :meth:`_stage_function` traces: stage ``s``'s layer calls, its seedless random
+        ops numbered on from the earlier stages' (``random_seed.get_seed`` numbers them per
+        graph from 0, so the stages' graphs give them the op seeds of the one unpipelined
+        graph when the earlier stages were traced first, as the pipeline's first forward
+        passes trace them)."""
+        def body(live: dict) -> dict:
+            graph = tf.compat.v1.get_default_graph()
+            first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
+            _random_seed._graph_to_seed_dict[graph] = first
+            out = self.cut.run_stage(s, dict(live), training)
+            self._seed_counts[(s, training)] = \
+                _random_seed._graph_to_seed_dict.get(graph, first) - first
+            return {k: v for k, v in out.items() if k not in live}
+        return body
 
     def stage_flops(self, s: int, training: bool = True) -> float:
         """Stage ``s``'s FLOPs of one forward pass (0 before it ran)."""
@@ -134,7 +165,7 @@ class PipelineRun:
             inputs = dict(live)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
-            live = cut.run_stage(s, live, training)
+            live.update(self._stage_function(s, inputs, training)(inputs))
             if held is not None:   # the activations the backward pass keeps (the stash)
                 held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
                 self.saved_bytes[s] = sum(h.nbytes for h in held)
@@ -154,7 +185,8 @@ class PipelineRun:
 
         def flops(*args, **kwargs):
             """The stage's FLOPs for these inputs (counted once per stage and mode)."""
-            return self._count(s, self._live_of(s, args, dict(kwargs))[0], training)
+            self._stage_function(s, self._live_of(s, args, dict(kwargs))[0], training)
+            return self._flops[(s, training)]
 
         if not training:
             def infer(*args, **kwargs):
