@@ -307,6 +307,9 @@ def test_pipeline_stage_tags_construction_and_calls(isolated):
 # -- through Keras fit / evaluate / predict (the core's extension) -----------------------------
 
 def _keras_model(stages: bool, ipus: int, opt=None, dropout=False):
+    """Dense, Dense; ``dropout``: Dropout in each stage and a softmax output with the
+    cross-entropy of probabilities (which Keras computes from the softmax's logits in a
+    traced step)."""
     from tensorflow.python import ipu
     cfg = ipu.config.IPUConfig()
     cfg.auto_select_ipus = ipus
@@ -322,12 +325,12 @@ def _keras_model(stages: bool, ipus: int, opt=None, dropout=False):
         with PipelineStage(1):
             if dropout:
                 h = tf_keras.layers.Dropout(0.25)(h)
-            o = tf_keras.layers.Dense(3)(h)
+            o = tf_keras.layers.Dense(3, activation="softmax" if dropout else None)(h)
         m = tf_keras.Model(inp, o)
         if not stages:
             m.reset_pipeline_stage_assignment()
         m.compile(optimizer=opt or tf_keras.optimizers.SGD(0.1),
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=not dropout),
                   metrics=["accuracy"], steps_per_execution=8)
     return strategy, m
 
@@ -366,7 +369,8 @@ def test_a_pipelined_fit_with_dropout_repeats_and_equals_the_unpipelined_fit(iso
     """Dropout in both stages, 2 replicas, G = 4: each replica runs its own traced stages,
     whose random ops take the op seeds of the unpipelined step (TensorFlow's global seed and
     the op's place in the model), so a second fit in the same process gives the same weights
-    and losses bit for bit, and so does the unpipelined model with the same accumulation."""
+    and losses bit for bit, and so does the unpipelined model with the same accumulation
+    (its softmax output's cross-entropy too: the last stage's trace computes the loss)."""
     rng = np.random.RandomState(0)
     x, y = rng.randn(64, 6).astype(np.float32), rng.randint(0, 3, 64)
 

@@ -9,7 +9,9 @@ between IPUs; the stash it accounts is the stage's activations: its inputs and e
 output, held until the backward pass); its backward is ``tape.gradient`` of the stage's
 outputs with the gradients the next stage sent back, keyed by an ``ipu_node.Variable`` that
 stands for each ``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last
-stage computes the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the
+stage computes the loss as ``train_step`` does (``model.compute_loss``), in its traced function
+(so Keras computes a softmax or sigmoid output's cross-entropy from the logits, as in the
+unpipelined step's graph, not from the probabilities as it does eagerly); the runtime sums the
 micro-batch gradients in ascending order from zeros and applies them once per ``G``
 micro-batches with the model's optimizer, so the weights equal the unpipelined model trained
 with the same gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's
@@ -81,6 +83,14 @@ def _tensors(nest: Any) -> Any:
     return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
+def _signature(nest: Any) -> tuple:
+    """What a traced function is specialised on: each tensor's shape and dtype (None as
+    itself), keys included."""
+    if isinstance(nest, dict):
+        return tuple((k, _signature(v)) for k, v in nest.items())
+    return tuple(None if t is None else (tuple(t.shape), t.dtype) for t in tf.nest.flatten(nest))
+
+
 class PipelineRun:
     """The stages of one pipelined model for one replica, reusable across executions.
 
@@ -119,21 +129,24 @@ class PipelineRun:
         y, sw = kwargs.pop(_Y, None), kwargs.pop(_SW, None)
         return {k: tf.convert_to_tensor(v) for k, v in kwargs.items()}, y, sw
 
-    def _stage_function(self, s: int, live: dict, training: bool):
+    def _stage_function(self, s: int, live: dict, training: bool, labels=None):
         """The calling replica's stage ``s`` traced for ``live``'s inputs (id -> tensor): a
-        ``ConcreteFunction`` of those inputs returning the tensors the stage's layer calls
-        add (id -> tensor). Traced once per replica, stage, mode and input signature, one
-        trace at a time; its FLOPs are counted at the first trace of the stage and mode."""
+        ``ConcreteFunction`` of ``(inputs, None)`` returning the tensors the stage's layer
+        calls add (id -> tensor); given ``labels`` ``(y, sample_weight)`` (the last stage,
+        training or evaluating), of ``(inputs, labels)`` returning ``(those tensors, the
+        loss)`` by the replica's ``compute_loss``. Traced once per replica, stage, mode, loss and input
+        signature, one trace at a time; its FLOPs are counted at the first trace of the
+        stage and mode (without the loss)."""
         ctx = current_replica_context()
-        key = (0 if ctx is None else ctx.local_index, s, training,
-               tuple((k, tuple(t.shape), t.dtype) for k, t in live.items()))
+        key = (0 if ctx is None else ctx.local_index, s, training, _signature(live),
+               None if labels is None else (_signature(labels), self._local.loss_key))
         concrete = self._traced.get(key)
         if concrete is None:
             with self._trace_lock:
                 concrete = tf.function(self._stage_body(s, training)).get_concrete_function(
-                    dict(live))
+                    dict(live), labels)
                 self._traced[key] = concrete
-                if (s, training) not in self._flops:
+                if labels is None and (s, training) not in self._flops:
                     self._flops[(s, training)] = float(graph_flops(concrete))
         return concrete
 
@@ -143,14 +156,18 @@ class PipelineRun:
         graph from 0, so the stages' graphs give them the op seeds of the one unpipelined
         graph when the earlier stages were traced first, as the pipeline's first forward
         passes trace them)."""
-        def body(live: dict) -> dict:
+        def body(live: dict, labels):
             graph = tf.compat.v1.get_default_graph()
             first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
             _random_seed._graph_to_seed_dict[graph] = first
             out = self.cut.run_stage(s, dict(live), training)
             self._seed_counts[(s, training)] = \
                 _random_seed._graph_to_seed_dict.get(graph, first) - first
-            return {k: v for k, v in out.items() if k not in live}
+            added = {k: v for k, v in out.items() if k not in live}
+            if labels is None:
+                return added
+            y, sw = labels
+            return added, self._local.compute_loss(None, y, self.cut.model_outputs(out), sw)
         return body
 
     def stage_flops(self, s: int, training: bool = True) -> float:
@@ -165,7 +182,12 @@ class PipelineRun:
             inputs = dict(live)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
-            live.update(self._stage_function(s, inputs, training)(inputs))
+            if last and y is not None:    # (training, evaluate: the loss in the trace too)
+                labels = (_tensors(y), _tensors(sw))
+                added, loss = self._stage_function(s, inputs, training, labels)(inputs, labels)
+            else:
+                added = self._stage_function(s, inputs, training)(inputs, None)
+            live.update(added)
             if held is not None:   # the activations the backward pass keeps (the stash)
                 held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
                 self.saved_bytes[s] = sum(h.nbytes for h in held)
@@ -175,8 +197,7 @@ class PipelineRun:
                 y_pred = cut.model_outputs(live)
                 if y is None:             # predict
                     return inputs, (_numpy(y_pred),), None
-                y, sw = _tensors(y), _tensors(sw)
-                loss = self._local.compute_loss(None, y, y_pred, sw)
+                y, sw = labels
                 return inputs, (loss.numpy(), y, _numpy(y_pred), sw), [loss]
             passed = {k: live[k] for k in cut.passed_after[s]}
             out = {k: v.numpy() for k, v in passed.items()}
@@ -185,7 +206,8 @@ class PipelineRun:
 
         def flops(*args, **kwargs):
             """The stage's FLOPs for these inputs (counted once per stage and mode)."""
-            self._stage_function(s, self._live_of(s, args, dict(kwargs))[0], training)
+            if (s, training) not in self._flops:
+                self._stage_function(s, self._live_of(s, args, dict(kwargs))[0], training)
             return self._flops[(s, training)]
 
         if not training:
@@ -267,7 +289,9 @@ class PipelineRun:
 
         ``compute_loss(x, y, y_pred, sample_weight)`` and ``compute_metrics(...)`` default to
         the model's (``train_step``'s); a caller running several replicas passes each
-        replica's own loss and metrics containers.
+        replica's own loss and metrics containers. ``compute_loss`` is traced into the last
+        stage (TF ops on TF tensors); its ``loss_container`` attribute, where it has one,
+        names it across calls (a new callable of the same container reuses the trace).
 
         Raises:
             NotInReplicaError: outside a replica function.
@@ -276,6 +300,7 @@ class PipelineRun:
         """
         outfeed = _Outfeed()
         self._local.compute_loss = compute_loss or self._shared(self.model.compute_loss)
+        self._local.loss_key = getattr(compute_loss, "loss_container", compute_loss)
         self._local.compute_metrics = compute_metrics or self._shared(
             self.model.compute_metrics)
         stages = [self._stage(s, training) for s in range(self.cut.num_stages)]
