@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 from ipu_node import current_replica_context
-from tensorflow.python.framework import random_seed as _random_seed
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
+from tensorflow.python.framework import random_seed as _random_seed
 
 from ipu_tensorflow._keras_modelled import graph_flops
 from ipu_tensorflow._tf_stages import HandOver, VariableProxies
@@ -88,7 +88,8 @@ def _signature(nest: Any) -> tuple:
     itself), keys included."""
     if isinstance(nest, dict):
         return tuple((k, _signature(v)) for k, v in nest.items())
-    return tuple(None if t is None else (tuple(t.shape), t.dtype) for t in tf.nest.flatten(nest))
+    return tuple(None if t is None else (tuple(t.shape), t.dtype)
+                 for t in tf.nest.flatten(nest))
 
 
 class PipelineRun:
@@ -107,7 +108,7 @@ class PipelineRun:
         self.reduce_gradients = reduce_gradients
         self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
-        # (local replica, stage, training, input signature) -> the replica's traced stage
+        # (local replica, stage, training, inputs, loss) -> the replica's traced stage
         self._traced: dict = {}
         self._seed_counts: dict = {}   # (stage, training) -> seedless random ops it traced
         self._trace_lock = threading.Lock()  # (Keras layers are traced by one thread at a time)
@@ -134,9 +135,9 @@ class PipelineRun:
         ``ConcreteFunction`` of ``(inputs, None)`` returning the tensors the stage's layer
         calls add (id -> tensor); given ``labels`` ``(y, sample_weight)`` (the last stage,
         training or evaluating), of ``(inputs, labels)`` returning ``(those tensors, the
-        loss)`` by the replica's ``compute_loss``. Traced once per replica, stage, mode, loss and input
-        signature, one trace at a time; its FLOPs are counted at the first trace of the
-        stage and mode (without the loss)."""
+        loss)`` by the replica's ``compute_loss``. Traced once per replica, stage, mode,
+        loss and input signature, one trace at a time; its FLOPs are counted at the first
+        trace of the stage and mode (without the loss)."""
         ctx = current_replica_context()
         key = (0 if ctx is None else ctx.local_index, s, training, _signature(live),
                None if labels is None else (_signature(labels), self._local.loss_key))
@@ -253,7 +254,8 @@ class PipelineRun:
 
     def _shared(self, fn: Callable) -> Callable:
         """``fn`` (the model's own loss or metrics, which every replica would update)
-        called by one replica at a time."""
+        called by one replica at a time (the loss: traced into the last stage, once per
+        replica, so the lock orders its traces; its runs are the replicas' own)."""
         def locked(*args):
             with self._shared_lock:
                 return fn(*args)
