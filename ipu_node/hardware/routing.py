@@ -203,6 +203,8 @@ def _domain_shifts(model: SystemModel):
         return None
     nodes, rank, _, _ = _graph(model, True)
     index = {frozenset((link.a, link.b)): k for k, link in enumerate(model.links)}
+    if len(index) != len(model.links):  # two bundles between the same nodes
+        return None
     ipu_neighbours = {node: frozenset(l.other(node) for l in model.links_at(node)
                                       if isinstance(l.other(node), int))
                       for node in nodes if not isinstance(node, int)}
@@ -213,7 +215,7 @@ def _domain_shifts(model: SystemModel):
                 for k, members in enumerate(domains) for p, ipu in enumerate(members)}
         for node, ns in ipu_neighbours.items():
             move[node] = by_neighbours.get(frozenset(move[i] for i in ns)) if ns else node
-        if any(to is None for to in move.values()):
+        if any(to is None for to in move.values()) or len(set(move.values())) != len(move):
             return None
         directed = [0] * (2 * len(model.links))
         for k, link in enumerate(model.links):
