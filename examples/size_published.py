@@ -231,6 +231,9 @@ def _mlperf_ratios(card: ModelCard, micro_batch: int) -> None:
             system, p.replicas, micro_batch=micro_batch,
             gradient_accumulation=p.gradient_accumulation)).samples_per_s
     print("\n" + mlperf_v11.table(mlperf_v11.ratios(rates)))
+    print("\nwith the logs' host-side seconds added to each predicted time "
+          "(mlperf_v11.Published.host_side_s)\n")
+    print(mlperf_v11.table(mlperf_v11.ratios_with_host_side(rates)))
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def test_card_from_a_pipelined_run_declares_its_flops(isolated):
 
     report = in_replica(body)
     card = ModelCard.from_run(pipeline=report, micro_batch=4, params=1000,
-                              grad_dtype="float32")
+                              grad_dtype="float32", infeed={})  # no input: no stream copies
     assert card.flops_per_item == pytest.approx(2 * (f + b) / 4)
     assert card.stage_shares == pytest.approx((0.5, 0.5))
     est = predict(card, StepConfig("POD16", 1, ipus_per_replica=2, micro_batch=4,
