@@ -100,35 +100,29 @@ RATIOS = (("resnet50", "POD16", "POD64"), ("resnet50", "POD64", "POD128"),
           ("bert-large", "POD64", "POD128"))
 
 
-def ratios(samples_per_s: dict[tuple[str, str], float]) -> list[tuple]:
+def ratios(samples_per_s: dict[tuple[str, str], float], *, host_side: bool = False
+           ) -> list[tuple]:
     """The five ratios of :data:`RATIOS`: ``(model, slower, faster, published, predicted,
     predicted from throughput alone)``, where ``samples_per_s[(model, system)]`` is the
     model's predicted samples per second there. Predicted: the ratio of ``items /
-    samples_per_s``; from throughput alone: of ``1 / samples_per_s`` (as if every size
-    trained on the same data)."""
+    samples_per_s`` (``host_side``: plus each system's :attr:`Published.host_side_s`); from
+    throughput alone: of ``1 / samples_per_s`` (as if every size trained on the same data)."""
     tables = {"resnet50": RESNET50, "bert-large": BERT_LARGE}
     out = []
     for model, slow, fast in RATIOS:
         a, b = tables[model][slow], tables[model][fast]
         rate_a, rate_b = samples_per_s[(model, slow)], samples_per_s[(model, fast)]
-        out.append((model, slow, fast, a.minutes / b.minutes,
-                    (a.items / rate_a) / (b.items / rate_b), rate_b / rate_a))
+        time_a = a.items / rate_a + (a.host_side_s if host_side else 0.0)
+        time_b = b.items / rate_b + (b.host_side_s if host_side else 0.0)
+        out.append((model, slow, fast, a.minutes / b.minutes, time_a / time_b, rate_b / rate_a))
     return out
 
 
 def ratios_with_host_side(samples_per_s: dict[tuple[str, str], float]) -> list[tuple]:
     """:func:`ratios` with each system's :attr:`Published.host_side_s` (the logs' host-side
-    seconds, taken as they are, as the data per run is) added to the predicted time to train:
-    ``(model, slower, faster, published, predicted, predicted from throughput alone)``."""
-    tables = {"resnet50": RESNET50, "bert-large": BERT_LARGE}
-    out = []
-    for model, slow, fast in RATIOS:
-        a, b = tables[model][slow], tables[model][fast]
-        rate_a, rate_b = samples_per_s[(model, slow)], samples_per_s[(model, fast)]
-        out.append((model, slow, fast, a.minutes / b.minutes,
-                    (a.items / rate_a + a.host_side_s) / (b.items / rate_b + b.host_side_s),
-                    rate_b / rate_a))
-    return out
+    seconds, taken as they are, as the data per run is) added to the predicted time to
+    train."""
+    return ratios(samples_per_s, host_side=True)
 
 
 def table(rows: list[tuple]) -> str:
