@@ -35,7 +35,7 @@ if model == "resnet50":
 else:
     training, inputs = sized._bert(8, 24)
 training.compile(*inputs)
-card = ModelCard.from_run(run=training.modelReport())
+card = ModelCard.from_run(run=training.modelReport(), **sized.CARD_FIELDS[model])
 label, system, replicas, ipus, accumulation, published, _ = sized.PUBLISHED[model][0]
 est = predict(card, StepConfig(system, replicas, ipus_per_replica=ipus,
                                micro_batch=sized.MICRO_BATCH[model],

@@ -129,3 +129,24 @@ def test_the_ledger_records_pytorch_operations():
     assert mm.dims == (1, 2, 8, 4) and mm.nbytes == (4 + 2 * 8 + 8 * 4 + 2 * 4) * 4
     # the ledger sees what the counter runs: the same FLOPs
     assert sum(r.flops for r in ledger.records) == counter.total
+
+
+def test_the_ledger_records_the_channels_of_a_batch_norm_in_training():
+    """A batch norm computing statistics over its batch (forward and backward in training)
+    carries its channels, for a distributed batch norm's all-reduce; in evaluation, with
+    running statistics, and other normalisations, it carries none."""
+    torch = pytest.importorskip("torch")
+    from poptorch.modelling._op_ledger import OpLedger
+
+    bn, ln = torch.nn.BatchNorm2d(6), torch.nn.LayerNorm(5)
+    x = torch.randn(4, 6, 5, 5, requires_grad=True)
+    with OpLedger() as ledger:
+        ln(bn(x)).sum().backward()
+    norms = [r for r in ledger.records if r.kind == "normalisation"]
+    batch = [r for r in norms if "batch_norm" in r.name]
+    assert len(batch) == 2 and all(r.dims == (6,) for r in batch)  # forward and backward
+    assert all(r.dims == () for r in norms if "layer_norm" in r.name)
+    bn.eval()
+    with OpLedger() as ledger, torch.no_grad():
+        bn(x)
+    assert [r.dims for r in ledger.records if r.kind == "normalisation"] == [()]

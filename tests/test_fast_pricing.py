@@ -18,7 +18,9 @@ from collectives.performance.link_flows import (flow_seconds_per_byte, route_tab
                                                 step_profile)
 from ipu_node import get_system_model
 from ipu_node.hardware.links import LinkKind, node_sort_key
-from ipu_node.hardware.routing import ROUTE_REFERENCE_BYTES, routes_from, routes_from_indexed
+from ipu_node.hardware.routing import (ROUTE_REFERENCE_BYTES, _domain_shifts, route_tree_arrays,
+                                       route_trees, routes_from, routes_from_indexed)
+from ipu_node.hardware.systems import SYSTEM_NAMES
 
 
 def _oracle_profile(model, flows, extra=()):
@@ -153,3 +155,16 @@ def test_routes_are_the_link_object_search_s(system):
             assert list(got[dst]) == want[dst], (src, dst)
             ids = table.paths[src, dst, :table.num_links[src, dst]]
             assert [model.links[i // 2] for i in ids] == want[dst], (src, dst)
+
+
+@pytest.mark.parametrize("system", SYSTEM_NAMES)
+def test_the_trees_carried_over_by_symmetry_are_the_searched_ones(system):
+    """route_tree_arrays searches a POD128's or POD256's first POD64 only and carries its
+    trees over to the others by the system's symmetry: on every system the arrays equal one
+    search per source, entry by entry (so every route, and every price, is the same)."""
+    model = get_system_model(system)
+    searched = [route_trees(model, src) for src in range(model.num_ipus)]
+    for i, got in enumerate(route_tree_arrays(model), start=1):
+        want = np.array([[tree[i] for tree in trees] for trees in searched])
+        assert got.dtype == want.dtype and np.array_equal(got, want), (system, i)
+    assert (_domain_shifts(model) is not None) == (len(model.domains) > 1)

@@ -396,7 +396,15 @@ def test_a_card_from_the_run_answers_what_if():
         G * max(ops.price(GC200, dtype="float32").total_s for ops in card.compute_ops))
     assert sum(pod16.compute_breakdown.values()) == pytest.approx(pod16.breakdown["compute"])
     assert pod16.top_ops and "compute by operation" in pod16.table()
-    assert predict(card, config, efficiency=0.5).breakdown["compute"] == pytest.approx(
-        G * max(card.shares_for(2)) * card.flops_per_item * 4 / (62.4e12 * 0.5))
+    # with an efficiency, each stage's share of the FLOPs at that share of peak; the first
+    # stage also waits for its micro-batch's input stream copy (PCIe latency + its bytes at
+    # 12.8 GB/s), which here outweighs the few FLOPs: the step waits for the first stage
+    stage = [s * card.flops_per_item * 4 / (62.4e12 * 0.5) for s in card.shares_for(2)]
+    stream = 1e-6 + 4 * card.input_bytes_per_item / 12.8e9
+    assert stage[0] + stream > stage[1]
+    est = predict(card, config, efficiency=0.5)
+    assert est.breakdown["compute"] == pytest.approx(G * stage[0])
+    assert est.breakdown["stream_copy"] == pytest.approx(G * stream)
+    assert est.breakdown["bubble"] == pytest.approx(stage[0] + stream)
     with pytest.raises(ValueError, match="unknown field"):
         ModelCard.from_run(run={"params": 1, "flops_per_item": 1.0, "layers": 3})

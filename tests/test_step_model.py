@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -139,7 +141,7 @@ def test_card_from_a_pipelined_run_declares_its_flops(isolated):
 
     report = in_replica(body)
     card = ModelCard.from_run(pipeline=report, micro_batch=4, params=1000,
-                              grad_dtype="float32")
+                              grad_dtype="float32", infeed={})  # no input: no stream copies
     assert card.flops_per_item == pytest.approx(2 * (f + b) / 4)
     assert card.stage_shares == pytest.approx((0.5, 0.5))
     est = predict(card, StepConfig("POD16", 1, ipus_per_replica=2, micro_batch=4,
@@ -199,3 +201,64 @@ def test_card_from_a_pipelined_run_with_an_infeed_reads_its_input_bytes(isolated
                               steps=repeats, infeed={}).input_bytes_per_item == 0
     reset_dequeued_bytes()
     assert dequeued_bytes() == {}
+
+
+def test_input_stream_copies_stop_the_ipu_without_io_tiles():
+    """Each micro-batch's input is copied into the IPU from the Streaming Memory staging area
+    at its share of the machine's 51.2 GB/s, the IPU computing nothing meanwhile (PopART's
+    default); with IO tiles the copy overlaps compute."""
+    cfg = StepConfig("POD16", 16, micro_batch=20, gradient_accumulation=10)
+    est = predict(R50, cfg)
+    per_micro = 1e-6 + 20 * 150_528 / (51.2e9 / 4)   # PCIe latency + 3.0 MB at 12.8 GB/s
+    assert est.breakdown["stream_copy"] == pytest.approx(10 * per_micro)
+    assert est.breakdown["norm_allreduce"] == 0
+    overlapped = predict(dataclasses.replace(R50, io_tiles=64), cfg)
+    assert overlapped.breakdown["stream_copy"] == 0
+    assert est.step_s - overlapped.step_s == pytest.approx(10 * per_micro)
+    assert "no IO tiles" in est.table() and "IO tiles" in overlapped.table()
+    # a pipeline streams into its first stage only; a C2 card reads the host over PCIe
+    two = predict(dataclasses.replace(R50, stage_shares=(1, 3)),
+                  StepConfig("POD16", 8, ipus_per_replica=2, micro_batch=20))
+    assert two.breakdown["stream_copy"] == 0 and two.breakdown["bubble"] == pytest.approx(
+        two.breakdown["compute"])
+    c2 = predict(R50, StepConfig("C2-16", 1, micro_batch=20))
+    assert c2.breakdown["stream_copy"] == pytest.approx(1e-6 + 20 * 150_528 / 32e9)
+    with pytest.raises(ValueError, match="io_tiles must be an integer >= 0"):
+        ModelCard(1, 1.0, io_tiles=-1)
+
+
+def _bn_card(group: int) -> ModelCard:
+    from collectives.performance.compute_model import ComputeProfile, OpRecord
+
+    ops = ComputeProfile.of([OpRecord("convolution", "conv", "float16", (1, 4000, 64, 9, 64),
+                                      8_000_000, 2 * 4000 * 64 * 9 * 64)]
+                            + [OpRecord("native_batch_norm", "normalisation", "float16", (64,),
+                                        1_024_000)] * 2
+                            + [OpRecord("native_batch_norm_backward", "normalisation",
+                                        "float16", (64,), 2_048_000),
+                               OpRecord("native_layer_norm", "normalisation", "float16", (),
+                                        1_024_000)])
+    return ModelCard(1000, 1e9, compute_ops=(ops,), compute_micro_batch=4,
+                     distributed_batch_norm_replica_group_size=group)
+
+
+def test_a_distributed_batch_norm_all_reduces_its_statistics_each_time_it_runs():
+    """Every batch norm computing statistics (twice forward, as a recomputation does, once
+    backward) sums 8 bytes a channel over its pair of replicas; a layer norm does not."""
+    from collectives.performance.compute_model import SYNC_CYCLES
+
+    cfg = StepConfig("POD16", 16, micro_batch=4, gradient_accumulation=5)
+    est = predict(_bn_card(2), cfg)
+    cost = HardwareCostModel.for_replicas(get_system_model("POD16"), 16)
+    pairs = [(r, r + 1) for r in range(0, 16, 2)]
+    one = cost.estimate("cross_replica_sum", 64 * 8, groups=pairs)
+    # rung partners, one step: an IPU-Link's latency and 512 bytes at 16 GB/s
+    assert one == pytest.approx(0.5e-6 + 512 / 16e9)
+    assert est.breakdown["norm_allreduce"] == pytest.approx(
+        5 * 3 * (one + SYNC_CYCLES / GC200.clock_hz))
+    alone = predict(_bn_card(1), cfg)
+    assert alone.breakdown["norm_allreduce"] == 0
+    assert est.step_s - alone.step_s == pytest.approx(est.breakdown["norm_allreduce"])
+    assert "groups of 2 replicas" in est.table()
+    with pytest.raises(ValueError, match=r"replicas \(6\) to be a multiple of 4"):
+        predict(_bn_card(4), StepConfig("POD16", 6, micro_batch=4))

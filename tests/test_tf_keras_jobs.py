@@ -11,6 +11,7 @@ from tests.tf_helpers import TF_MARKS, layout_result
 pytestmark = TF_MARKS
 
 LAYOUT = str(PROGRAMS / "tf_keras_layout.py")
+PIPELINED = str(PROGRAMS / "tf_keras_pipelined_layout.py")
 
 
 def test_keras_fit_is_bit_identical_at_every_layout_of_four_replicas():
@@ -18,6 +19,15 @@ def test_keras_fit_is_bit_identical_at_every_layout_of_four_replicas():
     two = layout_result(poprun(["-n", "2", "--num-replicas", "4", sys.executable, LAYOUT], 300))
     four = layout_result(poprun(["-n", "4", "--num-replicas", "4", sys.executable, LAYOUT], 400))
     assert alone == two == four, (alone, two, four)
+
+
+def test_a_pipelined_keras_fit_with_dropout_is_bit_identical_alone_and_one_replica_each():
+    # alone: 2 replicas of 2 stages in one process (their threads at once); under poprun one
+    # replica per process; each process fits twice: one (weights, losses) in all 6 fits
+    alone = layout_result(run([sys.executable, PIPELINED], 240, env=child_env(), cwd=ROOT))
+    two = layout_result(poprun(["-n", "2", "--num-replicas", "2", "--ipus-per-replica", "2",
+                                sys.executable, PIPELINED], 300))
+    assert alone == two, (alone, two)
 
 
 def test_the_sixth_main_job_trains_the_seeds_keras_cnn_under_poprun():

@@ -158,17 +158,24 @@ def test_set_pipelining_options_refusals_and_fit_checks():
 
 def _unpipelined(elements, g, replicas, windows, method="SUM", seed=1):
     """The oracle: the same model unpipelined, each replica accumulating its G micro-batch
-    gradients in float32 from zeros in order, summed over the replicas, applied once."""
+    gradients in float32 from zeros in order, summed over the replicas, applied once. The
+    gradients come from a traced step, as Keras' ``fit`` computes them (TensorFlow's graph
+    optimizations may change the last bits against the same ops run eagerly)."""
     r = _functional(seed)
+
+    @tf.function
+    def gradients(x, y):
+        with tf.GradientTape() as tape:
+            loss = r.compute_loss(None, y, r(x, training=True), None)
+        return tape.gradient(loss, r.trainable_variables)
     for w in range(windows):
         total = None
         for rep in range(replicas):
             acc = None
             for i in range(g):
                 x, y, sw = elements[(w * g + i) * replicas + rep]
-                with tf.GradientTape() as tape:
-                    loss = r.compute_loss(None, tf.constant(y), r(x, training=True), sw)
-                grads = [v.numpy() for v in tape.gradient(loss, r.trainable_variables)]
+                assert sw is None
+                grads = [v.numpy() for v in gradients(x, tf.constant(y))]
                 acc = ([np.zeros_like(v) + v for v in grads] if acc is None else
                        [a + b for a, b in zip(acc, grads)])
             if method == "MEAN":
@@ -250,8 +257,9 @@ def test_predict_window_equals_the_model_and_counts_flops(isolated):
     def body():
         return m._pipeline_window(xs, False)[0]
     outs = ipu_node.get_system().run_replicas(body, [()], [{}])[0]
+    model = tf.function(lambda x: m(x, training=False))   # (traced, as Keras' predict)
     for (x,), (y_pred,) in zip(xs, outs):
-        np.testing.assert_array_equal(y_pred, m(x, training=False).numpy())
+        np.testing.assert_array_equal(y_pred, model(x).numpy())
     flops = m._pipeline_run(None)._flops
     # Dense 6->8 and 8->8 on a batch of 5: 2*5*(48+64) multiply-adds plus biases
     assert flops[(0, False)] >= 2 * 5 * (48 + 64) and flops[(1, False)] > 0
@@ -298,7 +306,10 @@ def test_pipeline_stage_tags_construction_and_calls(isolated):
 
 # -- through Keras fit / evaluate / predict (the core's extension) -----------------------------
 
-def _keras_model(stages: bool, ipus: int, opt=None):
+def _keras_model(stages: bool, ipus: int, opt=None, dropout=False):
+    """Dense, Dense; ``dropout``: Dropout in each stage and a softmax output with the
+    cross-entropy of probabilities (which Keras computes from the softmax's logits in a
+    traced step)."""
     from tensorflow.python import ipu
     cfg = ipu.config.IPUConfig()
     cfg.auto_select_ipus = ipus
@@ -309,13 +320,17 @@ def _keras_model(stages: bool, ipus: int, opt=None):
         inp = tf_keras.Input((6,))
         with PipelineStage(0):
             h = tf_keras.layers.Dense(16, activation="relu")(inp)
+            if dropout:
+                h = tf_keras.layers.Dropout(0.5)(h)
         with PipelineStage(1):
-            o = tf_keras.layers.Dense(3)(h)
+            if dropout:
+                h = tf_keras.layers.Dropout(0.25)(h)
+            o = tf_keras.layers.Dense(3, activation="softmax" if dropout else None)(h)
         m = tf_keras.Model(inp, o)
         if not stages:
             m.reset_pipeline_stage_assignment()
         m.compile(optimizer=opt or tf_keras.optimizers.SGD(0.1),
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=not dropout),
                   metrics=["accuracy"], steps_per_execution=8)
     return strategy, m
 
@@ -348,6 +363,37 @@ def test_pipelined_fit_equals_the_unpipelined_fit_bit_for_bit(isolated):
     assert history.history == plain_history.history
     assert logs == plain_logs
     np.testing.assert_array_equal(predicted, plain_predicted)
+
+
+def test_a_pipelined_fit_with_dropout_repeats_and_equals_the_unpipelined_fit(isolated):
+    """Dropout in both stages, 2 replicas, G = 4: each replica runs its own traced stages,
+    whose random ops take the op seeds of the unpipelined step (TensorFlow's global seed and
+    the op's place in the model), so a second fit in the same process gives the same weights
+    and losses bit for bit, and so does the unpipelined model with the same accumulation
+    (its softmax output's cross-entropy too: the last stage's trace computes the loss)."""
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(64, 6).astype(np.float32), rng.randint(0, 3, 64)
+
+    def fit(stages: bool, ipus: int):
+        strategy, m = _keras_model(stages, ipus, dropout=True)
+        with strategy.scope():
+            if stages:
+                m.set_pipelining_options(gradient_accumulation_steps_per_replica=4)
+            else:
+                m.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=4)
+            history = m.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+            assert ipu_node.get_system().num_replicas == 2
+        return [w.tobytes() for w in m.get_weights()], history.history
+
+    first, second, plain = fit(True, 4), fit(True, 4), fit(False, 2)
+    assert first == second
+    assert first == plain
+    # (the masks matter: without Dropout the weights differ)
+    strategy, m = _keras_model(False, 2)
+    with strategy.scope():
+        m.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=4)
+        m.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+    assert [w.tobytes() for w in m.get_weights()] != first[0]
 
 
 def test_a_pipelined_model_may_not_override_its_step_functions(isolated):

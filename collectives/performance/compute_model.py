@@ -121,7 +121,10 @@ class OpRecord:
         kind: one of :data:`KINDS`.
         dtype: ``"float16"`` or ``"float32"`` (others count as float32 for the AMP).
         dims: ``matmul``: ``(groups, M, K, N)``; ``conv``: ``(groups, M, C_in, kernel
-            elements, C_out)`` per group (``M``: batch x output positions); others: ``()``.
+            elements, C_out)`` per group (``M``: batch x output positions); a batch norm
+            computing statistics over its batch (training, forward and backward):
+            ``(channels,)`` (:mod:`collectives.performance.step_model` prices a distributed
+            batch norm's all-reduce of them); others: ``()``.
         nbytes: bytes read and written (operands and results).
         flops: FLOPs as PyTorch's flop counter counts them (0 for all but matmul/conv).
     """

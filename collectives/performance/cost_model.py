@@ -305,7 +305,10 @@ class HardwareCostModel:
         stages = [j for j, b in enumerate(ipu_nbytes) if b > 0]
         if not stages or kind in ("host broadcast", "host reduce"):
             return self._host_s(kind, sum(ipu_nbytes)) if stages else 0.0
-        all_groups = tuple(g for j in stages for g in self._ipu_groups(groups, j))
+        # one stage contends with nothing but its own groups: priced as estimate() prices
+        # it (the same step profiles, cached once for both)
+        all_groups = (tuple(g for j in stages for g in self._ipu_groups(groups, j))
+                      if len(stages) > 1 else None)
         worst = 0.0
         for j in stages:
             own = self._ipu_groups(groups, j)

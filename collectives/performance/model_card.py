@@ -60,6 +60,21 @@ class ModelCard:
             priced with: ``'float32'`` (PopART's default ``partialsTypeMatMuls``) or
             ``'float16'`` (PopTorch's ``Precision.setPartialsType(torch.half)``, TF-IPU's
             half partials).
+        io_tiles: tiles set aside for I/O (PopTorch's ``opts.TensorLocations.numIOTiles``,
+            PopART's ``numIOTiles``, TF-IPU's ``IPUConfig.io_tiles.num_io_tiles``). 0 (the
+            default): an IPU computes nothing while its input streams in, so the step model
+            charges each micro-batch's stream copy after its compute ("By default, while
+            PopART is streaming data to and from an IPU, no other computation can occur on
+            the IPU until the data transfer is complete", PopART User Guide, "Overlapping IO
+            with compute"); more: the copies overlap compute.
+        distributed_batch_norm_replica_group_size: replicas whose batch-norm statistics are
+            all-reduced together, each time a batch norm runs in training (forward, its
+            recomputation, backward: TF-IPU's
+            ``norms.experimental.distributed_batch_norm_replica_group_size``, seeds
+            004:1794-1796; Graphcore's MLPerf ResNet-50 ``BN_span: 2``, the result logs'
+            ``model_bn_span`` 40 = 2 replicas x micro-batch 20). 1 (the default): each
+            replica normalises its own micro-batch. Priced from the batch norms of
+            ``compute_ops`` (their channels).
 
     Raises:
         ValueError: a count or size out of range, an unknown dtype or place.
@@ -76,6 +91,8 @@ class ModelCard:
     compute_ops: tuple = ()
     compute_micro_batch: int = 1
     partials: str = "float32"
+    io_tiles: int = 0
+    distributed_batch_norm_replica_group_size: int = 1
 
     def __post_init__(self):
         _positive("ModelCard.params", self.params, integer=True)
@@ -100,6 +117,12 @@ class ModelCard:
         if self.partials not in PARTIALS_BYTES:
             raise ValueError(f"ModelCard.partials must be one of {tuple(PARTIALS_BYTES)}, got "
                              f"{self.partials!r}")
+        if isinstance(self.io_tiles, bool) or not isinstance(self.io_tiles, int) \
+                or self.io_tiles < 0:
+            raise ValueError(f"ModelCard.io_tiles must be an integer >= 0, got "
+                             f"{self.io_tiles!r}")
+        _positive("ModelCard.distributed_batch_norm_replica_group_size",
+                  self.distributed_batch_norm_replica_group_size, integer=True)
         if self.optimizer_state_in not in ("sram", "streaming"):
             raise ValueError(f"ModelCard.optimizer_state_in must be 'sram' or 'streaming', "
                              f"got {self.optimizer_state_in!r}")
@@ -133,7 +156,8 @@ class ModelCard:
         * ``run``: a front end's own account of its model in plain types, a mapping of card
           fields (``params``, ``flops_per_item``, ``stage_shares``, ``grad_dtype``,
           ``input_bytes_per_item``, ``optimizer_state_bytes_per_param``,
-          ``optimizer_state_in``, ``compute_ops``, ``compute_micro_batch``, ``partials``)
+          ``optimizer_state_in``, ``compute_ops``, ``compute_micro_batch``, ``partials``,
+          ``io_tiles``)
           or an object with a ``card_fields()`` method giving one
           (PopTorch: ``model.modelReport()``, FLOPs counted from the PyTorch operations); the
           fields given as keywords win. With ``run`` nothing below is needed.

@@ -104,7 +104,7 @@ class ModelReport:
         """``ModelCard`` fields of this model (plain types): ``params``, ``flops_per_item``,
         ``stage_shares``, ``grad_dtype``, ``input_bytes_per_item``,
         ``optimizer_state_bytes_per_param``, ``optimizer_state_in`` (PopTorch's also
-        ``compute_ops``, ``compute_micro_batch``, ``partials``)."""
+        ``compute_ops``, ``compute_micro_batch``, ``partials``, ``io_tiles``)."""
         return dict(self.card)
 
     def to_dict(self) -> dict:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import heapq
 
+import numpy as np
+
 from ipu_node.hardware.links import Link, LinkKind, Node, node_sort_key
 from ipu_node.hardware.systems import SystemModel
 
@@ -153,6 +155,81 @@ def route_trees(model: SystemModel, src: int) -> tuple[tuple, ...]:
     """
     model.ipu(src)
     return tuple((inside,) + _tree(model, src, inside)[1:] for inside in _searches(model))
+
+
+def route_tree_arrays(model: SystemModel) -> tuple[np.ndarray, ...]:
+    """:func:`route_trees` of every IPU of ``model`` as arrays, for building every route at
+    once: ``(back, parent, depth, latency_s)``, each ``[IPU, search, node rank]`` (the
+    searches in :func:`route_trees`' order: inside the source's domain, then across).
+
+    A system whose IPU-Link domains are copies of one another (POD128, POD256: the POD64s,
+    the GW-Links between their machines) is searched from the first domain's IPUs only: a
+    source's trees in domain ``d`` are those of the same place in the first domain carried
+    over by the system's symmetry that moves every domain ``d`` places on (its nodes and
+    links; :func:`_domain_shifts`), which the searches would find again (the tests compare
+    both on every system of :data:`ipu_node.hardware.systems.SYSTEM_NAMES`): a quarter of
+    the searches on a POD256. Other systems: one search per source.
+    """
+    shifts = _domain_shifts(model)
+    sources = model.domains[0] if shifts is not None else range(model.num_ipus)
+    found = [route_trees(model, src) for src in sources]
+    back, parent, depth, latency = (np.array([[tree[i] for tree in trees] for trees in found])
+                                    for i in (1, 2, 3, 4))
+    if shifts is None:
+        return back, parent, depth, latency
+    out = (np.full((model.num_ipus,) + back.shape[1:], -1, dtype=back.dtype),
+           np.full((model.num_ipus,) + parent.shape[1:], -1, dtype=parent.dtype),
+           np.zeros((model.num_ipus,) + depth.shape[1:], dtype=depth.dtype),
+           np.zeros((model.num_ipus,) + latency.shape[1:], dtype=latency.dtype))
+    for members, (ranks, directed) in zip(model.domains, shifts):
+        rows, cols = np.asarray(members)[:, None], ranks[None, :]
+        for s in range(back.shape[1]):  # rank r of the first domain's tree goes to ranks[r]
+            out[0][rows, s, cols] = np.where(back[:, s] >= 0, directed[back[:, s]], -1)
+            out[1][rows, s, cols] = np.where(parent[:, s] >= 0, ranks[parent[:, s]], -1)
+            out[2][rows, s, cols], out[3][rows, s, cols] = depth[:, s], latency[:, s]
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _domain_shifts(model: SystemModel):
+    """For each IPU-Link domain ``d``, the symmetry of ``model`` that moves every domain
+    ``d`` places on (IPU ``p`` of domain ``k`` to IPU ``p`` of domain ``k + d``, modulo the
+    domains; a named node to the one joined to the moved IPUs, a node joined to none to
+    itself) as ``(node rank map, directed link map)``; None when ``model`` has one domain,
+    domains of unequal sizes, or the moved links are not links of the same kind, count,
+    bandwidth and latency (no such symmetry)."""
+    domains = model.domains
+    if len(domains) < 2 or len({len(d) for d in domains}) != 1:
+        return None
+    nodes, rank, _, _ = _graph(model, True)
+    index = {frozenset((link.a, link.b)): k for k, link in enumerate(model.links)}
+    if len(index) != len(model.links):  # two bundles between the same nodes
+        return None
+    ipu_neighbours = {node: frozenset(l.other(node) for l in model.links_at(node)
+                                      if isinstance(l.other(node), int))
+                      for node in nodes if not isinstance(node, int)}
+    by_neighbours = {ns: node for node, ns in ipu_neighbours.items() if ns}
+    shifts = []
+    for d in range(len(domains)):
+        move = {ipu: domains[(k + d) % len(domains)][p]
+                for k, members in enumerate(domains) for p, ipu in enumerate(members)}
+        for node, ns in ipu_neighbours.items():
+            move[node] = by_neighbours.get(frozenset(move[i] for i in ns)) if ns else node
+        if any(to is None for to in move.values()) or len(set(move.values())) != len(move):
+            return None
+        directed = [0] * (2 * len(model.links))
+        for k, link in enumerate(model.links):
+            other = index.get(frozenset((move[link.a], move[link.b])))
+            if other is None:
+                return None
+            image = model.links[other]
+            if (image.kind, image.count, image.bandwidth_bytes_per_s, image.latency_s) != (
+                    link.kind, link.count, link.bandwidth_bytes_per_s, link.latency_s):
+                return None
+            flip = image.a != move[link.a]
+            directed[2 * k], directed[2 * k + 1] = 2 * other + flip, 2 * other + (not flip)
+        shifts.append((np.array([rank[move[node]] for node in nodes]), np.array(directed)))
+    return shifts
 
 
 def node_ranks(model: SystemModel) -> dict[Node, int]:

@@ -229,8 +229,8 @@ def _stage_compute(clock, s: int) -> tuple[tuple, tuple]:
 def _card(exe, optimizer) -> dict:
     """``ModelCard`` fields of training executable ``exe``: its trainable parameters, FLOPs
     per item (forward, backward and recomputation; per IPU of a replica for the stage
-    shares), input bytes per item, optimizer state, the operations of a micro-batch per IPU
-    and the partials type (for the per-operation compute model)."""
+    shares), input bytes per item, optimizer state, the operations of a micro-batch per IPU,
+    the partials type (for the per-operation compute model) and the IO tiles."""
     profile, clock = exe.profile, exe.clock
     plan, micro = profile.plan, exe.micro_rows or 1
     trainable = [p for p in exe.replicas.modules[0].parameters() if p.requires_grad]
@@ -254,7 +254,15 @@ def _card(exe, optimizer) -> dict:
                 state_nbytes_per_param(optimizer).values())),
             "optimizer_state_in": "streaming" if streaming else "sram",
             "compute_ops": tuple(p.to_plain() for p in ops), "compute_micro_batch": micro,
-            "partials": profile.partials}
+            "partials": profile.partials, "io_tiles": _io_tiles(exe.options)}
+
+
+def _io_tiles(options) -> int:
+    """The IO tiles ``options`` set aside (``opts.TensorLocations.numIOTiles``, or PopART's
+    ``numIOTiles`` through ``opts._Popart``; 0: none)."""
+    tiles = options.TensorLocations.toDict().get("numIOTiles",
+                                                  options._Popart.options.get("numIOTiles", 0))
+    return int(tiles or 0)
 
 
 def offer_card(exe) -> None:

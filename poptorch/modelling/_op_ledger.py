@@ -32,6 +32,13 @@ _NORMALISATION = frozenset({
     "native_layer_norm", "native_layer_norm_backward", "native_group_norm",
     "native_group_norm_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
     "_log_softmax_backward_data", "_batch_norm_with_update", "batch_norm_backward"})
+#: Batch norms that compute statistics over the batch in training: name -> (index of the
+#: training flag in the ATen schema, None: always training; index of the normalised input,
+#: ``[N, C, ...]``).
+_BATCH_STATISTICS = {
+    "native_batch_norm": (5, 0), "_native_batch_norm_legit": (5, 0),
+    "_native_batch_norm_legit_functional": (5, 0), "_batch_norm_with_update": (None, 0),
+    "native_batch_norm_backward": (7, 1), "batch_norm_backward": (7, 1)}
 _REDUCTION = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean",
     "argmax", "argmin", "norm", "linalg_vector_norm", "prod", "any", "all", "cumsum",
@@ -104,7 +111,21 @@ def describe(func, args: tuple, kwargs: dict, out, flops: float) -> list[OpRecor
         return [OpRecord(name, "matmul", dtype, (), nbytes, flops)]
     kind = ("normalisation" if name in _NORMALISATION else "reduction" if name in _REDUCTION
             else "data movement" if name in _DATA_MOVEMENT else "elementwise")
-    return [OpRecord(name, kind, dtype, (), nbytes, 0.0)]
+    return [OpRecord(name, kind, dtype, _batch_statistics(name, args), nbytes, 0.0)]
+
+
+def _batch_statistics(name: str, args: tuple) -> tuple:
+    """``(channels,)`` of a batch norm that computes statistics over its batch (training:
+    forward and backward, whose per-channel sums a distributed batch norm all-reduces over
+    replicas), else ``()``."""
+    where = _BATCH_STATISTICS.get(name)
+    if where is None:
+        return ()
+    flag, data = where
+    if flag is not None and not (len(args) > flag and args[flag]):
+        return ()  # evaluation: running statistics, nothing computed over the batch
+    x = args[data]
+    return (int(x.shape[1]),) if isinstance(x, torch.Tensor) and x.dim() > 1 else ()
 
 
 class OpLedger(TorchDispatchMode):

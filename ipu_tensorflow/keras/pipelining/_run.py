@@ -3,17 +3,30 @@ pipeline runtime (:func:`ipu_node.pipelining_ops.pipeline`: the schedules, the g
 accumulation and the modelled clock the numpy and PopTorch pipelines use).
 
 Each stage of the :class:`~ipu_tensorflow.keras.pipelining._cut.StageCut` becomes an
-``ipu_node`` ``Stage``: its forward runs the stage's layer calls under a
-``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies between IPUs;
-the stash it accounts is the stage's activations: its inputs and every layer output, held
-until the backward pass); its backward is ``tape.gradient`` of the stage's outputs with the gradients
-the next stage sent back, keyed by an ``ipu_node.Variable`` that stands for each
-``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last stage computes
-the loss as ``train_step`` does (``model.compute_loss``); the runtime sums the micro-batch
-gradients in ascending order from zeros and applies them once per ``G`` micro-batches with
-the model's optimizer, so the weights equal the unpipelined model trained with the same
-gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's profiler on the
-traced stage (the front end's ``graph_flops``).
+``ipu_node`` ``Stage``: its forward calls the replica's traced function of the stage's layer
+calls under a ``tf.GradientTape`` and hands numpy arrays on (so the runtime sizes the copies
+between IPUs; the stash it accounts is the stage's activations: its inputs and every layer
+output, held until the backward pass); its backward is ``tape.gradient`` of the stage's
+outputs with the gradients the next stage sent back, keyed by an ``ipu_node.Variable`` that
+stands for each ``tf.Variable`` (it accounts the weight's bytes on the stage's IPU). The last
+stage computes the loss as ``train_step`` does (``model.compute_loss``), in its traced function
+(so Keras computes a softmax or sigmoid output's cross-entropy from the logits, as in the
+unpipelined step's graph, not from the probabilities as it does eagerly); the runtime sums the
+micro-batch gradients in ascending order from zeros and applies them once per ``G``
+micro-batches with the model's optimizer, so the weights equal the unpipelined model trained
+with the same gradient accumulation, bit for bit. FLOPs per stage come from TensorFlow's
+profiler on the traced stage (the front end's ``graph_flops``).
+
+**Random numbers** (Dropout, GaussianNoise, ...). Each local replica calls its own traced
+function of each stage, as each replica of the unpipelined model calls its own traced step
+(:func:`ipu_tensorflow._keras_run.fit`): a random op in it takes its seeds when it is traced,
+from TensorFlow's global seed and the op's place in the model (the stage's graph numbers its
+seedless random ops on from where the earlier stages' left off, so the op seeds are those of
+the model's unpipelined step), and draws from its own kernel, advanced once per micro-batch.
+So a replica's numbers depend neither on the other replicas' threads nor on how the replicas
+are laid out over instances, and equal the unpipelined model's. Eagerly run layer calls would
+instead take their op seeds from the one process-wide eager context in whatever order the
+replica threads reach them.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import tensorflow as tf
 from ipu_node import current_replica_context
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
+from tensorflow.python.framework import random_seed as _random_seed
 
 from ipu_tensorflow._keras_modelled import graph_flops
 from ipu_tensorflow._tf_stages import HandOver, VariableProxies
@@ -69,17 +83,13 @@ def _tensors(nest: Any) -> Any:
     return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
-def _flops_of(cut: StageCut, s: int, live: dict, training: bool) -> float:
-    """FLOPs of stage ``s``'s layer calls: the front end's count of a traced graph
-    (:func:`ipu_tensorflow._keras_modelled.graph_flops`, TensorFlow's profiler) on the stage
-    traced for these input shapes."""
-    keys = sorted(live)
-    specs = [tf.TensorSpec(live[k].shape, live[k].dtype) for k in keys]
-
-    def body(*tensors):
-        out = cut.run_stage(s, dict(zip(keys, tensors)), training)
-        return [out[k] for k in sorted(out) if k not in keys]
-    return float(graph_flops(tf.function(body).get_concrete_function(*specs)))
+def _signature(nest: Any) -> tuple:
+    """What a traced function is specialised on: each tensor's shape and dtype (None as
+    itself), keys included."""
+    if isinstance(nest, dict):
+        return tuple((k, _signature(v)) for k, v in nest.items())
+    return tuple(None if t is None else (tuple(t.shape), t.dtype)
+                 for t in tf.nest.flatten(nest))
 
 
 class PipelineRun:
@@ -98,6 +108,10 @@ class PipelineRun:
         self.reduce_gradients = reduce_gradients
         self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
+        # (local replica, stage, training, inputs, loss) -> the replica's traced stage
+        self._traced: dict = {}
+        self._seed_counts: dict = {}   # (stage, training) -> seedless random ops it traced
+        self._trace_lock = threading.Lock()  # (Keras layers are traced by one thread at a time)
         self._update = HandOver(self, "KerasPipelineWeightUpdate")
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
@@ -116,11 +130,46 @@ class PipelineRun:
         y, sw = kwargs.pop(_Y, None), kwargs.pop(_SW, None)
         return {k: tf.convert_to_tensor(v) for k, v in kwargs.items()}, y, sw
 
-    def _count(self, s: int, live: dict, training: bool) -> float:
-        key = (s, training)
-        if key not in self._flops:
-            self._flops[key] = _flops_of(self.cut, s, dict(live), training)
-        return self._flops[key]
+    def _stage_function(self, s: int, live: dict, training: bool, labels=None):
+        """The calling replica's stage ``s`` traced for ``live``'s inputs (id -> tensor): a
+        ``ConcreteFunction`` of ``(inputs, None)`` returning the tensors the stage's layer
+        calls add (id -> tensor); given ``labels`` ``(y, sample_weight)`` (the last stage,
+        training or evaluating), of ``(inputs, labels)`` returning ``(those tensors, the
+        loss)`` by the replica's ``compute_loss``. Traced once per replica, stage, mode,
+        loss and input signature, one trace at a time; its FLOPs are counted at the first
+        trace of the stage and mode (without the loss)."""
+        ctx = current_replica_context()
+        key = (0 if ctx is None else ctx.local_index, s, training, _signature(live),
+               None if labels is None else (_signature(labels), self._local.loss_key))
+        concrete = self._traced.get(key)
+        if concrete is None:
+            with self._trace_lock:
+                concrete = tf.function(self._stage_body(s, training)).get_concrete_function(
+                    dict(live), labels)
+                self._traced[key] = concrete
+                if labels is None and (s, training) not in self._flops:
+                    self._flops[(s, training)] = float(graph_flops(concrete))
+        return concrete
+
+    def _stage_body(self, s: int, training: bool) -> Callable:
+        """What :meth:`_stage_function` traces: stage ``s``'s layer calls, its seedless random
+        ops numbered on from the earlier stages' (``random_seed.get_seed`` numbers them per
+        graph from 0, so the stages' graphs give them the op seeds of the one unpipelined
+        graph when the earlier stages were traced first, as the pipeline's first forward
+        passes trace them)."""
+        def body(live: dict, labels):
+            graph = tf.compat.v1.get_default_graph()
+            first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
+            _random_seed._graph_to_seed_dict[graph] = first
+            out = self.cut.run_stage(s, dict(live), training)
+            self._seed_counts[(s, training)] = \
+                _random_seed._graph_to_seed_dict.get(graph, first) - first
+            added = {k: v for k, v in out.items() if k not in live}
+            if labels is None:
+                return added
+            y, sw = labels
+            return added, self._local.compute_loss(None, y, self.cut.model_outputs(out), sw)
+        return body
 
     def stage_flops(self, s: int, training: bool = True) -> float:
         """Stage ``s``'s FLOPs of one forward pass (0 before it ran)."""
@@ -134,7 +183,12 @@ class PipelineRun:
             inputs = dict(live)
             if tape is not None:
                 tape.watch([t for t in inputs.values() if t.dtype.is_floating])
-            live = cut.run_stage(s, live, training)
+            if last and y is not None:    # (training, evaluate: the loss in the trace too)
+                labels = (_tensors(y), _tensors(sw))
+                added, loss = self._stage_function(s, inputs, training, labels)(inputs, labels)
+            else:
+                added = self._stage_function(s, inputs, training)(inputs, None)
+            live.update(added)
             if held is not None:   # the activations the backward pass keeps (the stash)
                 held.extend(v.numpy() for v in live.values() if isinstance(v, tf.Tensor))
                 self.saved_bytes[s] = sum(h.nbytes for h in held)
@@ -144,8 +198,7 @@ class PipelineRun:
                 y_pred = cut.model_outputs(live)
                 if y is None:             # predict
                     return inputs, (_numpy(y_pred),), None
-                y, sw = _tensors(y), _tensors(sw)
-                loss = self._local.compute_loss(None, y, y_pred, sw)
+                y, sw = labels
                 return inputs, (loss.numpy(), y, _numpy(y_pred), sw), [loss]
             passed = {k: live[k] for k in cut.passed_after[s]}
             out = {k: v.numpy() for k, v in passed.items()}
@@ -154,7 +207,9 @@ class PipelineRun:
 
         def flops(*args, **kwargs):
             """The stage's FLOPs for these inputs (counted once per stage and mode)."""
-            return self._count(s, self._live_of(s, args, dict(kwargs))[0], training)
+            if (s, training) not in self._flops:
+                self._stage_function(s, self._live_of(s, args, dict(kwargs))[0], training)
+            return self._flops[(s, training)]
 
         if not training:
             def infer(*args, **kwargs):
@@ -199,7 +254,8 @@ class PipelineRun:
 
     def _shared(self, fn: Callable) -> Callable:
         """``fn`` (the model's own loss or metrics, which every replica would update)
-        called by one replica at a time."""
+        called by one replica at a time (the loss: traced into the last stage, once per
+        replica, so the lock orders its traces; its runs are the replicas' own)."""
         def locked(*args):
             with self._shared_lock:
                 return fn(*args)
@@ -235,7 +291,9 @@ class PipelineRun:
 
         ``compute_loss(x, y, y_pred, sample_weight)`` and ``compute_metrics(...)`` default to
         the model's (``train_step``'s); a caller running several replicas passes each
-        replica's own loss and metrics containers.
+        replica's own loss and metrics containers. ``compute_loss`` is traced into the last
+        stage (TF ops on TF tensors); its ``loss_container`` attribute, where it has one,
+        names it across calls (a new callable of the same container reuses the trace).
 
         Raises:
             NotInReplicaError: outside a replica function.
@@ -244,6 +302,7 @@ class PipelineRun:
         """
         outfeed = _Outfeed()
         self._local.compute_loss = compute_loss or self._shared(self.model.compute_loss)
+        self._local.loss_key = getattr(compute_loss, "loss_container", compute_loss)
         self._local.compute_metrics = compute_metrics or self._shared(
             self.model.compute_metrics)
         stages = [self._stage(s, training) for s in range(self.cut.num_stages)]

@@ -461,6 +461,7 @@ class PipeliningExtension:
 
         def compute_metrics(x, y, y_pred, sample_weight):
             metrics_container.update_state(y, y_pred, sample_weight)
+        compute_loss.loss_container = loss_container   # (the pipeline's trace reuses it)
         return compute_loss, compute_metrics
 
     def _pipeline_train_window(self, elements: list, loss_container,
