@@ -8,13 +8,12 @@ order from zeros, one weight update per repeat, the outfeed rules, the modelled 
 SRAM of each stage's IPU):
 
 * **forward** calls the replica's traced function of the stage (:class:`StageTraces`: one
-  per local replica, so its random ops draw the same numbers run to run and at every
-  layout) under a ``tf.GradientTape`` (its float inputs watched) and hands its outputs on
-  as numpy (so the runtime sizes the copies between IPUs); the last
-  stage of a training pipeline also calls ``optimizer_function`` on its outputs under the
-  same tape. The stash the runtime accounts on the stage's IPU is the stage's inputs and
-  outputs (ipupod assumption: TF does not expose the tape's intermediate tensors; a lower
-  bound of the real activations).
+  per local replica, so its random ops draw the same numbers run to run and at every layout)
+  under a ``tf.GradientTape`` (its float inputs watched) and hands its outputs on as numpy
+  (so the runtime sizes the copies between IPUs); the last stage of a training pipeline also
+  calls ``optimizer_function`` on its outputs under the same tape. The stash the runtime
+  accounts on the stage's IPU is the stage's inputs and outputs (ipupod assumption: TF does
+  not expose the tape's intermediate tensors; a lower bound of the real activations).
 * **backward** is ``tape.gradient`` of the stage's outputs with the gradients the next stage
   sent back (the last stage: of the loss, from ones), for the trainable variables the stage
   read and its float inputs; each ``tf.Variable`` is keyed by an ``ipu_node.Variable``

@@ -21,14 +21,13 @@ profiler on the traced stage (the front end's ``graph_flops``).
 function of each stage (:class:`ipu_tensorflow._tf_stages.StageTraces`, shared with the TF
 stages of ``pipelining_ops.pipeline``), as each replica of the unpipelined model calls its
 own traced step (:func:`ipu_tensorflow._keras_run.fit`): a random op in it takes its seeds
-when it is traced,
-from TensorFlow's global seed and the op's place in the model (the stage's graph numbers its
-seedless random ops on from where the earlier stages' left off, so the op seeds are those of
-the model's unpipelined step), and draws from its own kernel, advanced once per micro-batch.
-So a replica's numbers depend neither on the other replicas' threads nor on how the replicas
-are laid out over instances, and equal the unpipelined model's. Eagerly run layer calls would
-instead take their op seeds from the one process-wide eager context in whatever order the
-replica threads reach them.
+when it is traced, from TensorFlow's global seed and the op's place in the model (the
+stage's graph numbers its seedless random ops on from where the earlier stages' left off, so
+the op seeds are those of the model's unpipelined step), and draws from its own kernel,
+advanced once per micro-batch. So a replica's numbers depend neither on the other replicas'
+threads nor on how the replicas are laid out over instances, and equal the unpipelined
+model's. Eagerly run layer calls would instead take their op seeds from the one process-wide
+eager context in whatever order the replica threads reach them.
 """
 
 from __future__ import annotations
