@@ -111,8 +111,10 @@ class LocalBackend:
                                   lambda: self._signal_all(instances, signal.SIGKILL),
                                   lambda: any(i.proc.poll() is None for i in instances))
         try:
-            self._start(plan, workdir, instances)
+            # the handlers are in place before the first instance starts: a signal that comes
+            # while poprun is still starting instances reaches those started, and no more start
             with signals:
+                self._start(plan, workdir, instances, signals)
                 self._supervise(instances, signals)
         finally:
             self._kill_all(instances)
@@ -130,12 +132,15 @@ class LocalBackend:
 
     # -- start --------------------------------------------------------------------------
 
-    def _start(self, plan: LaunchPlan, workdir: str, instances: list[_Instance]) -> None:
+    def _start(self, plan: LaunchPlan, workdir: str, instances: list[_Instance],
+               signals: forward_signals) -> None:
         out, err = stream_writer(self.stdout), stream_writer(self.stderr)
         command = instance_command(plan.command)
         logger.info("Running command: %s (%d instances, as children of poprun)",
                     " ".join(command), plan.num_instances)
         for placement in plan.instances:
+            if signals.received is not None:   # poprun was told to stop: start no more
+                return
             error_file = os.path.join(workdir, f"error.{placement.index}.json")
             env = dict(os.environ)
             env.update(self.instance_env(plan, placement, error_file))
@@ -157,6 +162,10 @@ class LocalBackend:
                 reader.start()
                 inst.readers.append(reader)
             instances.append(inst)
+            if signals.received is not None:
+                # the signal came between this instance's start and its place in ``instances``
+                # (where the handler looks): it gets the signal here
+                _signal_group(proc, signals.received)
 
     # -- supervise ----------------------------------------------------------------------
 

@@ -150,7 +150,12 @@ def test_a_signal_to_poprun_ends_the_job_with_128_plus_it(job, launcher, signum,
     try:
         _wait_ready(proc, 2)
         proc.send_signal(signum)
-        proc.wait(timeout=END_S)
+        try:
+            proc.wait(timeout=END_S)
+        except subprocess.TimeoutExpired:
+            kill_session(proc)
+            raise AssertionError(f"poprun did not end within {END_S} s of {signum!r}; its "
+                                 f"stderr:\n{proc.stderr.read()}") from None
         err = proc.stderr.read()
     finally:
         kill_session(proc)
