@@ -9,6 +9,18 @@ PYTEST_DONT_REWRITE: imported by the bootstrap before a program under poprun sta
 (see ``launch``).
 """
 
+import os
+
+#: gRPC's own fork handlers are off unless the user set them: every fork in ipupod's processes
+#: is followed by ``exec`` (poprun starts mpirun and the bootstrap its program through a
+#: ``preexec_fn``, which makes Python fork instead of vfork). With them on (grpcio's default),
+#: the forked child restarts gRPC's poller thread before ``exec``, and that thread aborts the
+#: child once ``close_fds`` has closed its epoll descriptor ("epoll_wait error: Bad file
+#: descriptor", grpc/grpc#43055): with grpcio 1.85.4 here, 4 of 150 such children of a busy
+#: gRPC process died of SIGABRT, 0 of 150 with them off. This module is imported before any
+#: gRPC channel or server is made (gRPC reads the variable then).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 #: metadata key of the job token that every call carries
 TOKEN_METADATA_KEY = "ipupod-job-token"
 

@@ -1,6 +1,7 @@
 """The generated protos/ modules are up to date with the .proto files, and importable as
 protos.xxx_pb2; importing collectives loads no grpc."""
 
+import os
 import re
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from protos.generate import PROTOS_DIR, generate
+from tests.procs import ROOT
 
 # lines that name the generator's version (they change with grpcio-tools, not with the protos)
 _VERSION_LINES = re.compile(
@@ -50,3 +52,41 @@ def test_collectives_does_not_import_launch_or_poprun():
     bad = [str(p) for p in root.rglob("*.py")
            if re.search(r"^\s*(from|import)\s+(launch|poprun)\b", p.read_text(), re.M)]
     assert not bad
+
+
+_FORK_PROGRAM = r"""
+import subprocess, sys, threading
+import protos  # first, as in every ipupod process that uses gRPC
+import grpc
+from concurrent import futures
+server = grpc.server(futures.ThreadPoolExecutor(4))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+done = threading.Event()
+def busy():
+    call = grpc.insecure_channel(f"127.0.0.1:{port}").unary_unary("/ipupod.Test/Nothing")
+    while not done.is_set():
+        try:
+            call(b"", timeout=0.05)
+        except grpc.RpcError:
+            pass
+for _ in range(3):
+    threading.Thread(target=busy, daemon=True).start()
+codes = [subprocess.run(["true"], close_fds=True, preexec_fn=lambda: None).returncode
+         for _ in range(150)]
+done.set()
+print(sum(c != 0 for c in codes))
+"""
+
+
+@pytest.mark.slow
+def test_children_forked_beside_busy_grpc_threads_reach_exec():
+    """poprun forks mpirun (``preexec_fn``) while its coordinator serves: with gRPC's fork
+    handlers on, a few such children died of SIGABRT before ``exec`` (grpc/grpc#43055);
+    importing ``protos`` turns them off, so every child runs."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    result = subprocess.run([sys.executable, "-c", _FORK_PROGRAM], capture_output=True,
+                            text=True, timeout=120, env=env, cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "0", f"children that died: {result.stdout}\n" \
+        f"{result.stderr[-2000:]}"
