@@ -16,16 +16,9 @@ in the process), as each replica of a Keras model calls its own traced step
 (:func:`ipu_tensorflow._keras_run._replica_fn`) and each of a pipelined Keras model its own
 traced stages (:mod:`ipu_tensorflow.keras.pipelining._run`). A stateful random op
 (``tf.nn.dropout``, ``tf.random.uniform``, ...) takes its op seeds when it is traced, from
-the trace's graph seed and its place in the graph, and draws from its own kernel: so each
-replica's numbers are the same run to run and at every layout. With one trace for all
-replicas they drew from one kernel, in whatever order their threads reached it.
-
-**Each replica its own graph seed.** Every such trace begins with :func:`seed_trace`: global
-replica r's graph-level seed is derived from TensorFlow's global seed and r (replica 0's is
-the global seed itself), so the replicas draw different numbers, as TF-IPU's do after
-``reset_ipu_seed`` (TFI ``ipu/utils.py:91-121``; seed 004:714), unless
-``experimental_identical_replicas=True`` was given to it (then every replica's is the global
-seed). Replica r draws what global replica r draws at any other layout.
+TensorFlow's global seed and its place in the graph, and draws from its own kernel: so every
+replica draws the numbers one replica alone draws, run to run and at every layout. With one
+trace for all replicas they drew from one kernel, in whatever order their threads reached it.
 
 **Program order.** Every replica must call its collectives in the same order (GCL's
 sequence numbers), but a traced function runs its ops as their inputs allow, several at a
@@ -49,12 +42,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
-from ipu_node import current_replica_context, get_system, rand_ops, require_replica_context
+from ipu_node import current_replica_context, get_system, require_replica_context
 from ipu_node.runtime.replica import entered_replica_context
 
-__all__ = ["index_tensor", "has_index_tensor", "replica_function", "seed_trace", "seeded",
-           "call", "call_eager", "local_index_scope", "take_error", "ordered_numpy_function",
-           "call_unwrapped"]
+__all__ = ["index_tensor", "has_index_tensor", "replica_function", "call", "call_eager",
+           "local_index_scope", "take_error", "ordered_numpy_function", "call_unwrapped"]
 
 _tracing = threading.local()
 #: the exception a bridged op raised, by local replica index, until :func:`take_error`
@@ -145,8 +137,8 @@ def replica_function(fn: Callable[..., Any],
         with _trace_lock:   # (its trace for these arguments, made now if it is new)
             function = functions.get(int(local_index))
             if function is None:
-                function = functions[int(local_index)] = tf.function(
-                    seeded(traced, int(local_index)), autograph=autograph)
+                function = functions[int(local_index)] = tf.function(traced,
+                                                                     autograph=autograph)
             function.get_concrete_function(local_index, *args, **kwargs)
         ctx = current_replica_context()
         if ctx is None:
@@ -154,46 +146,6 @@ def replica_function(fn: Callable[..., Any],
         with _running_as(ctx):
             return function(local_index, *args, **kwargs)
     return run
-
-
-@tf.autograph.experimental.do_not_convert
-def seed_trace(local_index: int) -> None:
-    """Called first in local replica ``local_index``'s trace of a replica function (module
-    docstring): unless ``reset_ipu_seed(..., experimental_identical_replicas=True)`` was the
-    last reset (:func:`ipu_node.rand_ops.identical_replicas`), the trace's graph-level seed
-    becomes global replica r's: TensorFlow's global seed for r = 0, else one drawn by
-    ``numpy.random.SeedSequence([global seed, r])`` (in ``[0, 2**31 - 1)``, the range TF
-    truncates seeds to). With no global seed (``tf.random.set_seed`` never called), or
-    outside a trace, nothing changes. The seedless random ops traced after it take their op
-    seeds from that seed (``random_seed.get_seed``), so do the functions it calls (a nested
-    graph inherits its seed)."""
-    graph = tf.compat.v1.get_default_graph()
-    if tf.executing_eagerly() or graph.seed is None or rand_ops.identical_replicas():
-        return
-    replica = _global_index(local_index)
-    if replica:
-        entropy = [int(graph.seed) % _MAXINT32, replica]
-        graph.seed = int(np.random.SeedSequence(entropy).generate_state(1)[0]) % _MAXINT32
-
-
-def seeded(fn: Callable[..., Any], local_index: int) -> Callable[..., Any]:
-    """``fn``, whose every trace begins with :func:`seed_trace` of ``local_index``."""
-    def seeded_fn(*args, **kwargs):
-        seed_trace(local_index)
-        return fn(*args, **kwargs)
-    return seeded_fn
-
-
-_MAXINT32 = 2**31 - 1   # (TF's random_seed._MAXINT32: seeds are taken modulo it)
-
-
-def _global_index(local_index: int) -> int:
-    """The global replica index of local replica ``local_index`` (the calling replica's, else
-    the system's)."""
-    ctx = current_replica_context()
-    if ctx is not None and ctx.local_index == local_index:
-        return ctx.replica_index
-    return get_system().replica_context(local_index).replica_index
 
 
 #: one trace at a time in the process (Keras layers and the variables a first trace makes are

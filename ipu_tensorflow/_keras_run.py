@@ -166,8 +166,7 @@ def _containers(model, r):
 
 
 def _replica_fn(model, kind, r, element_spec, strategy=None, steps=1):
-    """Local replica r's traced function of ``kind`` (its graph seed the replica's,
-    :func:`ipu_tensorflow._bridge.seed_trace`; train/test/predict; train_apply: train and
+    """Replica r's traced function of ``kind`` (train/test/predict; train_apply: train and
     apply the gradients at once, for a job of one replica without accumulation;
     train_reduce_apply: train, sum the gradients over the job's replicas and apply them at
     once, for an instance of one replica without accumulation), traced now, in the caller's
@@ -223,7 +222,7 @@ def _replica_fn(model, kind, r, element_spec, strategy=None, steps=1):
     else:
         def fn(x, y, sw):
             return model(x, training=False)
-    traced = tf.function(_bridge.seeded(fn, r), autograph=True)   # (replica r's graph seed)
+    traced = tf.function(fn, autograph=True)
     if kind.startswith("train") and "train_flops" not in fns:   # (one step's)
         concrete = traced.get_concrete_function(*element_spec)
         fns["train_flops"] = _keras_modelled.graph_flops(concrete)
@@ -236,7 +235,7 @@ def _replica_fn(model, kind, r, element_spec, strategy=None, steps=1):
                 step(*[None if t is None else tf.nest.map_structure(lambda a: a[i], t)
                        for t in (xs, ys, sws)])
             return tf.constant(0)
-        traced = tf.function(_bridge.seeded(fn, r), autograph=True)
+        traced = tf.function(fn, autograph=True)
         element_spec = tf.nest.map_structure(
             lambda s: tf.TensorSpec([steps] + s.shape.as_list(), s.dtype)
             if isinstance(s, tf.TensorSpec) else s, element_spec)

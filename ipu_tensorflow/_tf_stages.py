@@ -50,7 +50,6 @@ from ipu_node.pipelining_ops import pipeline as _run_pipeline
 
 from tensorflow.python.framework import random_seed as _random_seed
 
-from ipu_tensorflow import _bridge
 from ipu_tensorflow._keras_modelled import graph_flops
 
 __all__ = ["StagedPipeline", "TFOptimizerFunctionOutput", "VariableProxies", "HandOver",
@@ -76,12 +75,10 @@ class StageTraces:
     its own trace (:mod:`ipu_tensorflow._bridge`): a random op in it (``tf.nn.dropout``,
     Keras ``Dropout``, ...) takes its op seeds when it is traced, from TensorFlow's global
     seed and its place in the graph, and draws from its own kernel, advanced once per
-    micro-batch; its graph seed is the replica's (:func:`ipu_tensorflow._bridge.seed_trace`:
-    replicas differ unless ``experimental_identical_replicas``). The stage's graph numbers
-    its seedless random ops on from where the earlier stages' left off
-    (``random_seed.get_seed`` numbers them per graph from 0), so the op seeds are those of
-    the stages traced as one graph, unpipelined, when the earlier stages were traced first,
-    as the pipeline's first forward passes trace them. So a replica's
+    micro-batch. The stage's graph numbers its seedless random ops on from where the earlier
+    stages' left off (``random_seed.get_seed`` numbers them per graph from 0), so the op
+    seeds are those of the stages traced as one graph, unpipelined, when the earlier stages
+    were traced first, as the pipeline's first forward passes trace them. So a replica's
     numbers depend neither on the other replicas' threads nor on the layout. Run eagerly,
     a random op would take its op seed from the one process-wide eager context, in whatever
     order the replica threads reach it.
@@ -103,18 +100,16 @@ class StageTraces:
         concrete = self._traced.get(full)
         if concrete is None:
             with self._lock:
-                concrete = tf.function(self._numbered(full[0], s, training, body)
-                                       ).get_concrete_function(*args)
+                concrete = tf.function(self._numbered(s, training, body)).get_concrete_function(
+                    *args)
                 self._traced[full] = concrete
                 if traced is not None:
                     traced(concrete)
         return concrete
 
-    def _numbered(self, local_index: int, s: int, training: bool, body: Callable) -> Callable:
-        """``body`` with the replica's graph seed (:func:`ipu_tensorflow._bridge.seed_trace`)
-        and its seedless random ops numbered on from the earlier stages'."""
+    def _numbered(self, s: int, training: bool, body: Callable) -> Callable:
+        """``body`` with its seedless random ops numbered on from the earlier stages'."""
         def numbered(*args):
-            _bridge.seed_trace(local_index)
             graph = tf.compat.v1.get_default_graph()
             first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
             _random_seed._graph_to_seed_dict[graph] = first

@@ -23,7 +23,7 @@ import numpy as np
 
 from ipu_node.runtime.replica import current_replica_context
 
-__all__ = ["reset_seed", "identical_replicas", "generator", "dropout"]
+__all__ = ["reset_seed", "generator", "dropout"]
 
 _lock = threading.Lock()
 _seed: list = [None, False]            # seed (None: from the OS), identical replicas
@@ -44,12 +44,6 @@ def reset_seed(seed: int, identical_replicas: bool = False) -> None:
     with _lock:
         _seed[0], _seed[1] = int(seed), bool(identical_replicas)
         _streams.clear()
-
-
-def identical_replicas() -> bool:
-    """Whether the last :func:`reset_seed` made every replica's stream the same
-    (``experimental_identical_replicas``; False before any)."""
-    return _seed[1]
 
 
 def stream_seed(replica_index: int) -> list[int] | None:

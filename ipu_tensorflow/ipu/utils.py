@@ -26,16 +26,12 @@ def reset_ipu_seed(seed: int, device: str = "/device:IPU:0", cpu_device: str = "
     (:func:`ipu_node.utils.reset_ipu_seed`: replica r draws from ``[seed, r]``, or every
     replica from ``[seed]`` with ``experimental_identical_replicas``), and TensorFlow's
     global seed (``tf.random.set_seed(seed)``), from which the op seeds of TF's stateful
-    random ops and Keras' initializers and dropout follow. Each local replica runs its own
-    trace of the program's function (``strategy.run``, a Keras step, a pipeline stage),
-    whose graph-level seed is global replica r's (``ipu_tensorflow._bridge.seed_trace``:
-    the global seed for r = 0, one derived from the seed and r for the others; the global
-    seed for all with ``experimental_identical_replicas``). So TF's own random ops draw
-    different numbers on different replicas unless ``experimental_identical_replicas`` is
-    set (TFI ``ipu/utils.py:91-121``; seed 004:714), and replica r's are the same run to
-    run and at every layout. ipupod assumption: a trace takes the seed current when it is
-    made; a function traced before a later ``reset_ipu_seed`` keeps its seeds, as a
-    ``tf.function`` keeps them after ``tf.random.set_seed``.
+    random ops and Keras' initializers and dropout follow. ipupod assumption: each local
+    replica runs its own trace of the program's function (``strategy.run``, a Keras step, a
+    pipeline stage), whose random ops take the same op seeds from the global seed and their
+    place in the graph, so TF's own random ops draw the same numbers on every replica (as
+    with ``experimental_identical_replicas``), run to run and at every layout; per-replica
+    numbers come from ipupod's streams.
 
     Raises:
         ValueError: ``device`` is not ``/device:IPU:0``.

@@ -4,8 +4,8 @@ in one instance, on 4 IPUs) and under ``poprun -n 2 --num-replicas 2 --ipus-per-
 (``set_pipeline_stage_assignment``: PopDistStrategy refuses ``PipelineStage``), gradient
 accumulation 4, ``fit`` with the same per-replica batches at every layout (global replica g
 gets batch ``s*2 + g`` at step s). Each instance fits the model twice, from the same seed
-(TensorFlow's global seed, which with the global replica index the op seeds of Dropout
-follow, is the same on every instance), and prints for each fit ``weights=<sha256 of the final weights>`` and
+(TensorFlow's global seed, which the op seeds of Dropout follow, is the same on every
+instance), and prints for each fit ``weights=<sha256 of the final weights>`` and
 ``losses=<the MEAN-reduced loss of each epoch, as float hex>``."""
 
 import hashlib
