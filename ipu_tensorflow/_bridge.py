@@ -7,18 +7,8 @@ first argument is the local replica index as an int32 scalar tensor. While it is
 tensor is this thread's *index tensor* (:func:`index_tensor`); every bridged op
 (:func:`call`) passes it to its ``numpy_function``, which enters that replica's context
 (``ipu_node.runtime.replica.entered_replica_context``) on TF's thread and calls the
-collective there. Outside a trace (eager code in a replica thread) the index is the
-thread's own replica's.
-
-**One trace per local replica.** Each local replica calls its own ``tf.function`` of the
-user's function (made at its first call, traced once per input signature, one trace at a time
-in the process), as each replica of a Keras model calls its own traced step
-(:func:`ipu_tensorflow._keras_run._replica_fn`) and each of a pipelined Keras model its own
-traced stages (:mod:`ipu_tensorflow.keras.pipelining._run`). A stateful random op
-(``tf.nn.dropout``, ``tf.random.uniform``, ...) takes its op seeds when it is traced, from
-TensorFlow's global seed and its place in the graph, and draws from its own kernel: so every
-replica draws the numbers one replica alone draws, run to run and at every layout. With one
-trace for all replicas they drew from one kernel, in whatever order their threads reached it.
+collective there. One trace serves every local replica. Outside a trace (eager code in a
+replica thread) the index is the thread's own replica's.
 
 **Program order.** Every replica must call its collectives in the same order (GCL's
 sequence numbers), but a traced function runs its ops as their inputs allow, several at a
@@ -113,9 +103,7 @@ def replica_function(fn: Callable[..., Any],
     when ``fn`` is a ``tf.function`` (a returned ``tf.Operation`` becomes None; while it
     runs, its bridged ops enter the calling replica's context), else a Python function
     running ``fn`` eagerly; either way inside ``context()`` (e.g. the strategy's TF replica
-    context, entered in the trace's graph). Each local index has its own ``tf.function``,
-    traced once per input signature under the process's trace lock (module docstring); the
-    runs themselves are not serialised."""
+    context, entered in the trace's graph)."""
     python_fn = getattr(fn, "python_function", None)
     if python_fn is None:
         def eager(local_index, *args, **kwargs):
@@ -130,27 +118,15 @@ def replica_function(fn: Callable[..., Any],
         # None, as TF 2.6's tf.function made it (it runs: the function's control outputs)
         return tf.nest.map_structure(
             lambda v: None if isinstance(v, tf.Operation) else v, result)
-    autograph = getattr(fn, "_autograph", True)
-    functions: dict[int, Any] = {}   # local index -> that replica's tf.function
+    function = tf.function(traced, autograph=getattr(fn, "_autograph", True))
 
     def run(local_index, *args, **kwargs):
-        with _trace_lock:   # (its trace for these arguments, made now if it is new)
-            function = functions.get(int(local_index))
-            if function is None:
-                function = functions[int(local_index)] = tf.function(traced,
-                                                                     autograph=autograph)
-            function.get_concrete_function(local_index, *args, **kwargs)
         ctx = current_replica_context()
         if ctx is None:
             return function(local_index, *args, **kwargs)
         with _running_as(ctx):
             return function(local_index, *args, **kwargs)
     return run
-
-
-#: one trace at a time in the process (Keras layers and the variables a first trace makes are
-#: not built by two threads at once); held while tracing, never while a trace runs
-_trace_lock = threading.RLock()
 
 
 _order_lock = threading.Lock()

@@ -12,11 +12,9 @@ whose copy 0 is itself and whose copies 1..R-1 are plain variables beside it.
 
 * in a traced function (a ``tf.function`` or a loop or branch in it), ``handle`` is a
   *call-time capture* of the function (``FuncGraph.capture_call_time_value``, the mechanism
-  of TF's ``PerWorkerVariable``): a trace may serve any replica (``strategy.run``, the
-  Keras steps and the pipeline stages give each local replica its own, for the kernels of
-  its random ops, :mod:`ipu_tensorflow._bridge`), and each call binds the copy of the
-  replica that calls it (the ipu_node replica context of the calling thread; no replica:
-  copy 0). The capture has one key per variable,
+  of TF's ``PerWorkerVariable``): one trace serves every replica, as one Poplar program
+  does, and each call binds the copy of the replica that calls it (the ipu_node replica
+  context of the calling thread; no replica: copy 0). The capture has one key per variable,
   so every op of one function uses one handle and TF's automatic control dependencies keep
   the reads and writes in program order. Loops and branches capture it from the enclosing
   function (cond_v2 does not carry call-time captures, while_v2 does; the forwarding in

@@ -7,13 +7,12 @@ schedules' closed forms, the SUM/MEAN/RUNNING_MEAN accumulation in ascending mic
 order from zeros, one weight update per repeat, the outfeed rules, the modelled clock and the
 SRAM of each stage's IPU):
 
-* **forward** calls the replica's traced function of the stage (:class:`StageTraces`: one
-  per local replica, so its random ops draw the same numbers run to run and at every layout)
-  under a ``tf.GradientTape`` (its float inputs watched) and hands its outputs on as numpy
-  (so the runtime sizes the copies between IPUs); the last stage of a training pipeline also
-  calls ``optimizer_function`` on its outputs under the same tape. The stash the runtime
-  accounts on the stage's IPU is the stage's inputs and outputs (ipupod assumption: TF does
-  not expose the tape's intermediate tensors; a lower bound of the real activations).
+* **forward** runs the stage eagerly under a ``tf.GradientTape`` (its float inputs watched)
+  and hands its outputs on as numpy (so the runtime sizes the copies between IPUs); the last
+  stage of a training pipeline also calls ``optimizer_function`` on its outputs under the
+  same tape. The stash the runtime accounts on the stage's IPU is the stage's inputs and
+  outputs (ipupod assumption: TF does not expose the tape's intermediate tensors; a lower
+  bound of the real activations).
 * **backward** is ``tape.gradient`` of the stage's outputs with the gradients the next stage
   sent back (the last stage: of the loss, from ones), for the trainable variables the stage
   read and its float inputs; each ``tf.Variable`` is keyed by an ``ipu_node.Variable``
@@ -27,8 +26,8 @@ SRAM of each stage's IPU):
 * **the optimizer** is the one of the first ``OptimizerFunctionOutput`` the pipeline op
   gets (TF-IPU calls ``optimizer_function`` once, when it builds the graph); it applies the
   accumulated gradients (as TF tensors) once per repeat, so its slots live across runs.
-* **FLOPs** per stage come from TensorFlow's profiler on that trace
-  (:func:`ipu_tensorflow._keras_modelled.graph_flops`), counted once per input shape.
+* **FLOPs** per stage come from TensorFlow's profiler on the stage traced for its input
+  shapes (:func:`ipu_tensorflow._keras_modelled.graph_flops`), counted once per shape.
 
 So a pipelined training run computes what the same stages compute unpipelined with the same
 gradient accumulation, bit for bit: the same ops per micro-batch, the chain rule cut at the
@@ -48,76 +47,9 @@ from ipu_node.optimizers import Optimizer
 from ipu_node.pipelining_ops import OptimizerFunctionOutput as _NumpyOFO, Stage
 from ipu_node.pipelining_ops import pipeline as _run_pipeline
 
-from tensorflow.python.framework import random_seed as _random_seed
-
 from ipu_tensorflow._keras_modelled import graph_flops
 
-__all__ = ["StagedPipeline", "TFOptimizerFunctionOutput", "VariableProxies", "HandOver",
-           "StageTraces", "signature"]
-
-
-def signature(nest: Any) -> tuple:
-    """What a traced function is specialised on: each tensor's shape and dtype (None as
-    itself), keys included."""
-    if isinstance(nest, dict):
-        return tuple((k, signature(v)) for k, v in nest.items())
-    return tuple(None if t is None else (tuple(t.shape), t.dtype)
-                 for t in tf.nest.flatten(nest))
-
-
-class StageTraces:
-    """Each local replica's traced function of each pipeline stage (the TF stages of
-    :class:`StagedPipeline` and the Keras stages of
-    :class:`ipu_tensorflow.keras.pipelining._run.PipelineRun`).
-
-    Each replica calls its own ``ConcreteFunction`` of a stage, as each replica of an
-    unpipelined Keras model calls its own traced step and each replica of ``strategy.run``
-    its own trace (:mod:`ipu_tensorflow._bridge`): a random op in it (``tf.nn.dropout``,
-    Keras ``Dropout``, ...) takes its op seeds when it is traced, from TensorFlow's global
-    seed and its place in the graph, and draws from its own kernel, advanced once per
-    micro-batch. The stage's graph numbers its seedless random ops on from where the earlier
-    stages' left off (``random_seed.get_seed`` numbers them per graph from 0), so the op
-    seeds are those of the stages traced as one graph, unpipelined, when the earlier stages
-    were traced first, as the pipeline's first forward passes trace them. So a replica's
-    numbers depend neither on the other replicas' threads nor on the layout. Run eagerly,
-    a random op would take its op seed from the one process-wide eager context, in whatever
-    order the replica threads reach it.
-    """
-
-    def __init__(self):
-        self._traced: dict = {}   # (local replica, stage, training, key) -> ConcreteFunction
-        self._seed_counts: dict = {}   # (stage, training) -> seedless random ops it traced
-        self._lock = threading.Lock()  # (one trace at a time: Keras layers, made variables)
-
-    def function(self, s: int, training: bool, key: Any, body: Callable, *args,
-                 traced: Callable | None = None):
-        """The calling replica's ``ConcreteFunction`` of ``body(*args)`` (stage ``s``'s
-        code) for ``key`` (what it is specialised on besides the stage and mode, e.g.
-        :func:`signature` of ``args``), traced now if it is new, one trace at a time;
-        ``traced(concrete)`` is called on each new trace (e.g. to count its FLOPs)."""
-        ctx = current_replica_context()
-        full = (0 if ctx is None else ctx.local_index, s, training, key)
-        concrete = self._traced.get(full)
-        if concrete is None:
-            with self._lock:
-                concrete = tf.function(self._numbered(s, training, body)).get_concrete_function(
-                    *args)
-                self._traced[full] = concrete
-                if traced is not None:
-                    traced(concrete)
-        return concrete
-
-    def _numbered(self, s: int, training: bool, body: Callable) -> Callable:
-        """``body`` with its seedless random ops numbered on from the earlier stages'."""
-        def numbered(*args):
-            graph = tf.compat.v1.get_default_graph()
-            first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
-            _random_seed._graph_to_seed_dict[graph] = first
-            out = body(*args)
-            self._seed_counts[(s, training)] = \
-                _random_seed._graph_to_seed_dict.get(graph, first) - first
-            return out
-        return numbered
+__all__ = ["StagedPipeline", "TFOptimizerFunctionOutput", "VariableProxies", "HandOver"]
 
 
 class TFOptimizerFunctionOutput(_NumpyOFO):
@@ -264,7 +196,6 @@ class StagedPipeline:
         self.ofo: TFOptimizerFunctionOutput | None = None   # the first one: its optimizer
         self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training, input signature) -> FLOPs
-        self.traces = StageTraces()
         self._local = threading.local()
         self._lock = threading.Lock()
         self._update = HandOver(self, "TFPipelineWeightUpdate")
@@ -275,22 +206,19 @@ class StagedPipeline:
         with self.made.scope(s):
             return self.fns[s](*args, **kwargs)
 
-    def _traced(self, s: int, training: bool, args: tuple, kwargs: dict):
-        """``(the calling replica's ConcreteFunction of stage s for these inputs, its FLOPs)``
-        (:class:`StageTraces`; ``args`` / ``kwargs`` TF tensors or None), traced now if new;
-        the FLOPs counted at the first trace for these input shapes."""
-        key = (repr(tf.nest.map_structure(lambda _: 0, (args, kwargs))),
-               signature((args, kwargs)))
+    def _flops_of(self, s: int, training: bool, args: tuple, kwargs: dict) -> float:
+        structure = (args, kwargs)
+        flat = [_tensor(v) for v in _flat(structure)]
+        key = (s, training, tuple((tuple(t.shape), t.dtype.name) for t in flat))
+        if key not in self._flops:
+            specs = [tf.TensorSpec(t.shape, t.dtype) for t in flat]
 
-        def count(concrete):
-            if (s, training, key) not in self._flops:   # (once for every replica)
-                self._flops[(s, training, key)] = float(graph_flops(concrete))
-        concrete = self.traces.function(s, training, key, lambda a, k: self._call(s, a, k),
-                                        args, kwargs, traced=count)
-        return concrete, self._flops[(s, training, key)]
-
-    def _traced_call(self, s: int, training: bool, args: tuple, kwargs: dict) -> Any:
-        return self._traced(s, training, args, kwargs)[0](args, kwargs)
+            def body(*tensors):
+                a, k = tf.nest.pack_sequence_as(structure, list(tensors))
+                return self._call(s, a, k)
+            self._flops[key] = float(graph_flops(
+                tf.function(body, autograph=False).get_concrete_function(*specs)))
+        return self._flops[key]
 
     def _last_ofo(self, outputs: Any) -> TFOptimizerFunctionOutput:
         """The user's ``optimizer_function`` on the last stage's outputs (under its tape);
@@ -311,12 +239,12 @@ class StagedPipeline:
         last = s == len(self.fns) - 1
 
         def flops(*args, **kwargs):
-            return self._traced(s, training, *tf.nest.map_structure(_tensor, (args, kwargs)))[1]
+            return self._flops_of(s, training, args, kwargs)
 
         if not training:
             def infer(*args, **kwargs):
                 args, kwargs = tf.nest.map_structure(_tensor, (args, kwargs))
-                return tf.nest.map_structure(_numpy, self._traced_call(s, False, args, kwargs))
+                return tf.nest.map_structure(_numpy, self._call(s, args, kwargs))
             infer.flops = flops   # (the runtime reads a stage's ``flops``)
             return infer
 
@@ -326,7 +254,7 @@ class StagedPipeline:
             loss = None
             with tf.GradientTape() as tape:
                 tape.watch([t for t in inputs if t is not None and t.dtype.is_floating])
-                outputs = self._traced_call(s, True, args, kwargs)
+                outputs = self._call(s, args, kwargs)
                 if last:
                     loss = self._last_ofo(outputs).loss
             flat_out = [None if t is None else tf.convert_to_tensor(t) for t in _flat(outputs)]

@@ -115,39 +115,6 @@ def test_a_custom_training_loop_on_two_replicas_equals_the_loop_by_hand(ipus):
     np.testing.assert_array_equal(losses, np.float32(hand_losses))
 
 
-def test_a_custom_loop_with_dropout_draws_each_replicas_numbers_run_to_run(ipus):
-    """strategy.run over a tf.function with tf.nn.dropout, 2 local replicas, from
-    reset_ipu_seed twice in one process: bit-identical masks, every replica the one replica's
-    (each replica runs its own trace: its random ops take their op seeds at trace time and
-    draw from their own kernels, not from one kernel in whatever order the threads reach
-    it)."""
-    import ipu_node
-    import tensorflow as tf
-
-    def masks(replicas):
-        ipu_node.reset_ipu_configuration()
-        ipu = ipus(replicas)
-        ipu.utils.reset_ipu_seed(7)
-        strategy = ipu.ipu_strategy.IPUStrategy()
-        outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
-        with strategy.scope():
-            @tf.function
-            def step(x):
-                def body(x):
-                    return x, outfeed.enqueue(tf.nn.dropout(x, 0.5))
-                return ipu.loops.repeat(4, body, [x])
-            strategy.run(step, args=(tf.ones([256]),))
-        return outfeed.dequeue().numpy()
-
-    first, second, alone = masks(2), masks(2), masks(1)
-    assert first.shape == (4, 2, 256) and alone.shape == (4, 256)
-    np.testing.assert_array_equal(first, second)
-    for r in range(2):
-        np.testing.assert_array_equal(first[:, r], alone)
-    assert set(np.unique(alone)) == {0.0, 2.0}          # dropped and scaled
-    assert not np.array_equal(alone[0], alone[1])        # a new mask every step
-
-
 def test_loops_check_what_tf_ipu_checks(ipus):
     import tensorflow as tf
     ipu = ipus(1)

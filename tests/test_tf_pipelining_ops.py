@@ -273,41 +273,6 @@ def test_an_inference_pipeline_feeds_every_replica_and_outfeeds_its_outputs(ipus
     assert not report.training and report.stash_depth == [0, 0]
 
 
-def test_a_stage_with_dropout_draws_each_replicas_numbers_run_to_run(ipus):
-    """A stage with tf.nn.dropout, 2 replicas of 2 stages (4 IPUs), from reset_ipu_seed twice
-    in one process: bit-identical masks, every replica's equal to one replica's (2 IPUs):
-    each replica runs its own trace of each stage, not the stage eagerly, whose random ops
-    took their op seeds from the one eager context in whatever order the threads came."""
-    import ipu_node
-    import tensorflow as tf
-
-    def masks(num_ipus):
-        ipu_node.reset_ipu_configuration()
-        ipu = ipus(num_ipus)
-        ipu.utils.reset_ipu_seed(7)
-        P = ipu.pipelining_ops
-        infeed = ipu.ipu_infeed_queue.IPUInfeedQueue(
-            tf.data.Dataset.range(2 * G).map(lambda i: tf.ones([256])))
-        outfeed = ipu.ipu_outfeed_queue.IPUOutfeedQueue()
-        strategy = ipu.ipu_strategy.IPUStrategy()
-        with strategy.scope():
-            @tf.function
-            def infer():
-                return P.pipeline([lambda v: tf.nn.dropout(v, 0.5),
-                                   lambda v: {"out": tf.nn.dropout(v, 0.5)}], G,
-                                  infeed_queue=infeed, outfeed_queue=outfeed)
-            strategy.run(infer)
-        return outfeed.dequeue()["out"].numpy()
-
-    first, second, alone = masks(4), masks(4), masks(2)
-    assert first.shape == (G, 2, 256) and alone.shape == (G, 256)
-    np.testing.assert_array_equal(first, second)
-    for r in range(2):
-        np.testing.assert_array_equal(first[:, r], alone)
-    assert set(np.unique(alone)) == {0.0, 4.0}          # both stages drop out
-    assert not np.array_equal(alone[0], alone[1])        # a new mask every micro-batch
-
-
 def test_compile_under_ipu_scope_runs_an_eager_pipeline(ipus):
     """``ipu_compiler.compile`` of a Python function under ``ipu_scope`` (no strategy):
     the pipeline runs at once in the replica, its stages where ``device_mapping`` puts them;

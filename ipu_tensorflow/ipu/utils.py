@@ -26,12 +26,10 @@ def reset_ipu_seed(seed: int, device: str = "/device:IPU:0", cpu_device: str = "
     (:func:`ipu_node.utils.reset_ipu_seed`: replica r draws from ``[seed, r]``, or every
     replica from ``[seed]`` with ``experimental_identical_replicas``), and TensorFlow's
     global seed (``tf.random.set_seed(seed)``), from which the op seeds of TF's stateful
-    random ops and Keras' initializers and dropout follow. ipupod assumption: each local
-    replica runs its own trace of the program's function (``strategy.run``, a Keras step, a
-    pipeline stage), whose random ops take the same op seeds from the global seed and their
-    place in the graph, so TF's own random ops draw the same numbers on every replica (as
-    with ``experimental_identical_replicas``), run to run and at every layout; per-replica
-    numbers come from ipupod's streams.
+    random ops and Keras' initializers and dropout follow. ipupod assumption: the replicas
+    of one strategy share one traced function, so TF's own random ops draw the same numbers
+    on every replica (as with ``experimental_identical_replicas``); per-replica numbers
+    come from ipupod's streams.
 
     Raises:
         ValueError: ``device`` is not ``/device:IPU:0``.

@@ -1,7 +1,6 @@
 """Run by tests/test_tf_feeds_loops.py as ``python prog.py`` (4 replicas in one instance) and
 under ``poprun -n 2 --num-replicas 4``: a TF-IPU custom training loop (``strategy.run`` over
-a ``tf.function`` calling ``loops.repeat`` with an ``IPUInfeedQueue``, ``tf.nn.dropout`` on
-the features from ``reset_ipu_seed``, gradients through
+a ``tf.function`` calling ``loops.repeat`` with an ``IPUInfeedQueue``, gradients through
 ``cross_replica_ops.cross_replica_sum``, losses through an ``IPUOutfeedQueue``). Every
 instance reads the same dataset from its start, so global replica g gets element
 ``i*4 + g`` at every layout. Prints ``weights=<sha256>`` and ``losses=<sha256 of every
@@ -18,7 +17,6 @@ from tests.programs.tf_job import popdist_strategy
 REPLICAS, STEPS, BATCH = 4, 6, 4
 
 strategy, offset = popdist_strategy(REPLICAS)
-ipu.utils.reset_ipu_seed(11)   # (the dropout masks: each replica's, at every layout)
 
 rng = np.random.default_rng(3)
 x = rng.normal(size=(STEPS * REPLICAS * BATCH, 5)).astype(np.float32)
@@ -38,8 +36,7 @@ with strategy.scope():
         def body(w, b, features, labels):
             with tf.GradientTape() as tape:
                 tape.watch([w, b])
-                dropped = tf.nn.dropout(features, 0.25)
-                loss = tf.reduce_mean(tf.square(tf.matmul(dropped, w) + b - labels))
+                loss = tf.reduce_mean(tf.square(tf.matmul(features, w) + b - labels))
             grads = ipu.cross_replica_ops.cross_replica_sum(tape.gradient(loss, [w, b]))
             return w - 0.05 * grads[0], b - 0.05 * grads[1], outfeed.enqueue(loss)
         return ipu.loops.repeat(STEPS, body, [w, b], infeed)

@@ -18,16 +18,15 @@ with the same gradient accumulation, bit for bit. FLOPs per stage come from Tens
 profiler on the traced stage (the front end's ``graph_flops``).
 
 **Random numbers** (Dropout, GaussianNoise, ...). Each local replica calls its own traced
-function of each stage (:class:`ipu_tensorflow._tf_stages.StageTraces`, shared with the TF
-stages of ``pipelining_ops.pipeline``), as each replica of the unpipelined model calls its
-own traced step (:func:`ipu_tensorflow._keras_run.fit`): a random op in it takes its seeds
-when it is traced, from TensorFlow's global seed and the op's place in the model (the
-stage's graph numbers its seedless random ops on from where the earlier stages' left off, so
-the op seeds are those of the model's unpipelined step), and draws from its own kernel,
-advanced once per micro-batch. So a replica's numbers depend neither on the other replicas'
-threads nor on how the replicas are laid out over instances, and equal the unpipelined
-model's. Eagerly run layer calls would instead take their op seeds from the one process-wide
-eager context in whatever order the replica threads reach them.
+function of each stage, as each replica of the unpipelined model calls its own traced step
+(:func:`ipu_tensorflow._keras_run.fit`): a random op in it takes its seeds when it is traced,
+from TensorFlow's global seed and the op's place in the model (the stage's graph numbers its
+seedless random ops on from where the earlier stages' left off, so the op seeds are those of
+the model's unpipelined step), and draws from its own kernel, advanced once per micro-batch.
+So a replica's numbers depend neither on the other replicas' threads nor on how the replicas
+are laid out over instances, and equal the unpipelined model's. Eagerly run layer calls would
+instead take their op seeds from the one process-wide eager context in whatever order the
+replica threads reach them.
 """
 
 from __future__ import annotations
@@ -40,9 +39,10 @@ import tensorflow as tf
 from ipu_node import current_replica_context
 from ipu_node.pipelining_ops import (OptimizerFunctionOutput, PipelineSchedule, Stage,
                                      last_report, pipeline)
+from tensorflow.python.framework import random_seed as _random_seed
 
 from ipu_tensorflow._keras_modelled import graph_flops
-from ipu_tensorflow._tf_stages import HandOver, StageTraces, VariableProxies, signature
+from ipu_tensorflow._tf_stages import HandOver, VariableProxies
 from ipu_tensorflow.keras.pipelining._cut import StageCut
 
 __all__ = ["PipelineRun", "MicroBatches"]
@@ -83,6 +83,15 @@ def _tensors(nest: Any) -> Any:
     return None if nest is None else tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
+def _signature(nest: Any) -> tuple:
+    """What a traced function is specialised on: each tensor's shape and dtype (None as
+    itself), keys included."""
+    if isinstance(nest, dict):
+        return tuple((k, _signature(v)) for k, v in nest.items())
+    return tuple(None if t is None else (tuple(t.shape), t.dtype)
+                 for t in tf.nest.flatten(nest))
+
+
 class PipelineRun:
     """The stages of one pipelined model for one replica, reusable across executions.
 
@@ -99,7 +108,10 @@ class PipelineRun:
         self.reduce_gradients = reduce_gradients
         self.proxies = VariableProxies()
         self._flops: dict = {}     # (stage, training) -> FLOPs per micro-batch
-        self._traces = StageTraces()   # each replica's traced stages
+        # (local replica, stage, training, inputs, loss) -> the replica's traced stage
+        self._traced: dict = {}
+        self._seed_counts: dict = {}   # (stage, training) -> seedless random ops it traced
+        self._trace_lock = threading.Lock()  # (Keras layers are traced by one thread at a time)
         self._update = HandOver(self, "KerasPipelineWeightUpdate")
         self._reduced: dict = {}   # local replica index -> its reduced gradients
         self._local = threading.local()  # the running replica's loss and metrics functions
@@ -126,20 +138,32 @@ class PipelineRun:
         loss)`` by the replica's ``compute_loss``. Traced once per replica, stage, mode,
         loss and input signature, one trace at a time; its FLOPs are counted at the first
         trace of the stage and mode (without the loss)."""
-        key = (signature(live),
-               None if labels is None else (signature(labels), self._local.loss_key))
-
-        def count(concrete):
-            if labels is None and (s, training) not in self._flops:
-                self._flops[(s, training)] = float(graph_flops(concrete))
-        return self._traces.function(s, training, key, self._stage_body(s, training),
-                                     dict(live), labels, traced=count)
+        ctx = current_replica_context()
+        key = (0 if ctx is None else ctx.local_index, s, training, _signature(live),
+               None if labels is None else (_signature(labels), self._local.loss_key))
+        concrete = self._traced.get(key)
+        if concrete is None:
+            with self._trace_lock:
+                concrete = tf.function(self._stage_body(s, training)).get_concrete_function(
+                    dict(live), labels)
+                self._traced[key] = concrete
+                if labels is None and (s, training) not in self._flops:
+                    self._flops[(s, training)] = float(graph_flops(concrete))
+        return concrete
 
     def _stage_body(self, s: int, training: bool) -> Callable:
-        """What :meth:`_stage_function` traces: stage ``s``'s layer calls (their seedless
-        random ops numbered on from the earlier stages', :class:`StageTraces`)."""
+        """What :meth:`_stage_function` traces: stage ``s``'s layer calls, its seedless random
+        ops numbered on from the earlier stages' (``random_seed.get_seed`` numbers them per
+        graph from 0, so the stages' graphs give them the op seeds of the one unpipelined
+        graph when the earlier stages were traced first, as the pipeline's first forward
+        passes trace them)."""
         def body(live: dict, labels):
+            graph = tf.compat.v1.get_default_graph()
+            first = sum(self._seed_counts.get((t, training), 0) for t in range(s))
+            _random_seed._graph_to_seed_dict[graph] = first
             out = self.cut.run_stage(s, dict(live), training)
+            self._seed_counts[(s, training)] = \
+                _random_seed._graph_to_seed_dict.get(graph, first) - first
             added = {k: v for k, v in out.items() if k not in live}
             if labels is None:
                 return added
