@@ -267,19 +267,27 @@ class MpirunBackend:
         logger.info("Running command: %s", " ".join(cmd))
         segments_before = _mpich_segments()
         env = self.environment(plan)
-        try:
-            proc = self.spawn(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        except OSError as exc:
-            raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
-        tailer = FileTailer(sources).start()
-        statuses: list[int] = []
-        relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
-                                 daemon=True)
-        relay.start()
-        signals = forward_signals(proc.send_signal, lambda: kill_tree(proc.pid),
-                                  lambda: proc.poll() is None)
+        # the handlers are in place before mpirun starts (as in the local backend): a signal
+        # that comes while it is starting reaches it once it is there
+        started: list[subprocess.Popen] = []
+        signals = forward_signals(lambda signum: [p.send_signal(signum) for p in started],
+                                  lambda: [kill_tree(p.pid) for p in started],
+                                  lambda: any(p.poll() is None for p in started))
         with signals:
+            try:
+                proc = self.spawn(cmd, env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  preexec_fn=die_with_parent)
+            except OSError as exc:
+                raise LaunchError(f"could not start {self.mpirun}: {exc}") from exc
+            started.append(proc)
+            if signals.received is not None:
+                proc.send_signal(signals.received)
+            tailer = FileTailer(sources).start()
+            statuses: list[int] = []
+            relay = threading.Thread(target=self._relay, args=(proc.stdout, err, statuses),
+                                     daemon=True)
+            relay.start()
             try:
                 returncode = supervise_mpirun(proc, workdir, signals)
             finally:
